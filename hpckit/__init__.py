@@ -1,0 +1,37 @@
+"""hpckit: Ray Train's checkpoint and storage API on MPI, Slurm and shared storage."""
+
+from __future__ import annotations
+
+from hpckit._session import get_checkpoint, get_context, report
+from hpckit.checkpoint import Checkpoint
+from hpckit.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from hpckit.context import TrainContext
+from hpckit.errors import (CheckpointError, CommitError, ConfigError, HpckitError, LaunchError,
+                           ManifestError, MetricsError, ReportMismatchError, StorageError,
+                           TrainingFailedError)
+from hpckit.result import Result
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointConfig",
+    "CheckpointError",
+    "CommitError",
+    "ConfigError",
+    "FailureConfig",
+    "HpckitError",
+    "LaunchError",
+    "ManifestError",
+    "MetricsError",
+    "ReportMismatchError",
+    "Result",
+    "RunConfig",
+    "ScalingConfig",
+    "StorageError",
+    "TrainContext",
+    "TrainingFailedError",
+    "get_checkpoint",
+    "get_context",
+    "report",
+]

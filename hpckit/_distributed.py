@@ -1,0 +1,85 @@
+"""torch.distributed for the MPI world: device choice and a rendezvous agreed over MPI."""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+from typing import Any
+
+from hpckit._comm import Topology, everywhere
+from hpckit._devices import assign_gpus, cpu_threads
+from hpckit._env import Environment
+from hpckit._log import log
+from hpckit.config import ScalingConfig
+from hpckit.errors import LaunchError
+
+_device: Any = None
+
+
+def device() -> Any:
+    """This rank's torch device (CPU until a run has set it)."""
+    import torch
+
+    return _device if _device is not None else torch.device("cpu")
+
+
+def setup(comm: Any, local_comm: Any, topology: Topology, scaling: ScalingConfig,
+          env: Environment, timeout: timedelta) -> Any:
+    """Pick this rank's device, set its threads, and join the process group; returns the device."""
+    global _device
+    import torch
+    import torch.distributed as dist
+
+    visible = local_comm.allgather(env.cuda_visible_devices)
+    _device = everywhere(comm, lambda: _choose_device(topology, scaling, visible),
+                         "choosing devices", LaunchError)[comm.rank]
+    if not scaling.use_gpu:
+        threads = cpu_threads(scaling.cpus_per_worker, len(os.sched_getaffinity(0)), topology.local_size)
+        torch.set_num_threads(threads)
+    if dist.is_initialized():
+        return _device
+    host = _rendezvous_host(topology, env) if comm.rank == 0 else None
+    store = None
+    if comm.rank == 0:
+        store = dist.TCPStore(host, 0, topology.world_size, is_master=True, timeout=timeout,
+                              wait_for_workers=False)
+    host, port = comm.bcast((host, store.port if store else None), root=0)
+    if store is None:
+        store = dist.TCPStore(host, port, topology.world_size, is_master=False, timeout=timeout)
+    backend = "nccl" if scaling.use_gpu else "gloo"
+    dist.init_process_group(backend, store=store, rank=comm.rank, world_size=comm.size,
+                            timeout=timeout)
+    log.debug("process group %s ready at %s:%d", backend, host, port)
+    return _device
+
+
+def _choose_device(topology: Topology, scaling: ScalingConfig, visible: list[str | None]) -> Any:
+    import torch
+
+    if not scaling.use_gpu:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise LaunchError(
+            f"ScalingConfig(use_gpu=True) but rank {topology.world_rank} on {topology.hostname} "
+            "sees no CUDA device (torch.cuda.is_available() is False); run on GPU nodes, install "
+            "a CUDA build of torch, or set use_gpu=False.")
+    ids = assign_gpus(topology.local_rank, topology.local_size, scaling.gpus_per_worker,
+                      torch.cuda.device_count(), visible, topology.hostname)
+    torch.cuda.set_device(ids[0])
+    return torch.device("cuda", ids[0])
+
+
+def _rendezvous_host(topology: Topology, env: Environment) -> str:
+    if env.master_addr:
+        return env.master_addr
+    if topology.num_nodes == 1:
+        return "127.0.0.1"
+    return socket.getfqdn()
+
+
+def teardown() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,213 @@
+"""Starting ranks (``python train.py`` with num_workers > 1) and ending them on failure.
+
+hpckit re-runs the user's script under ``mpiexec`` the way multiprocessing's spawn does: each
+rank imports the main file as ``__mp_main__`` (so ``if __name__ == "__main__":`` blocks do not
+run), stops that import at the script's own ``fit()`` call, and then runs the pickled trainer.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import types
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from hpckit import _comm, _experiment
+from hpckit._env import Environment, variable
+from hpckit._log import log
+from hpckit.errors import HpckitError, LaunchError, TrainingFailedError
+
+if TYPE_CHECKING:
+    from hpckit._trainer import TorchTrainer
+    from hpckit.result import Result
+
+importing_main = False
+
+
+class MainImported(BaseException):
+    """Raised by fit() while a spawned rank imports the user's script: stop the import there."""
+
+
+def spawn(trainer: TorchTrainer, env: Environment) -> Result:
+    """Start ``num_workers`` ranks on this node under mpiexec; restart them on failure."""
+    from hpckit.result import Result
+
+    n = trainer.scaling_config.num_workers
+    trainer = trainer._named(env)
+    root = trainer._storage_root(env)
+    _experiment.preflight(root, trainer.run_config.name)
+    command = [*_mpiexec(env), "-n", str(n), sys.executable, "-m", "hpckit._worker"]
+    limit = trainer.run_config.failure_config.max_failures
+    payload = tempfile.mkdtemp(prefix="hpckit-launch-", dir=env.local_dir)
+    try:
+        _write_payload(payload, trainer)
+        attempt = 0
+        while True:
+            log.info("starting %d ranks (attempt %d): %s", n, attempt, " ".join(command))
+            code = _run(command, payload, attempt)
+            if code == 0:
+                return Result.from_path(root.join(trainer.run_config.name).path, root.filesystem)
+            failure = _read_failures(payload, code)
+            if isinstance(failure, HpckitError) and not isinstance(failure, TrainingFailedError):
+                raise failure
+            if limit != -1 and attempt >= limit:
+                raise failure
+            attempt += 1
+            log.warning("attempt %d failed; restarting from the last committed checkpoint "
+                        "(restart %d of %s):\n%s", attempt - 1, attempt,
+                        "unlimited" if limit == -1 else limit, failure)
+    finally:
+        shutil.rmtree(payload, ignore_errors=True)
+
+
+def _mpiexec(env: Environment) -> list[str]:
+    found = env.mpiexec or shutil.which("mpiexec", path=os.path.dirname(sys.executable)) \
+        or shutil.which("mpiexec")
+    if not found:
+        raise LaunchError(
+            "num_workers > 1 needs mpiexec to start the ranks, and none was found next to "
+            f"{sys.executable} or on PATH; pip install mpich, or set {variable('mpiexec')}.")
+    try:
+        version = subprocess.run([found, "--version"], capture_output=True, text=True,
+                                 timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise LaunchError(f"cannot run {found} --version: {exc}") from None
+    # Hydra would use the Slurm allocation's nodes; hpckit starts ranks on this node only.
+    return [found, "-launcher", "fork"] if "HYDRA" in version else [found]
+
+
+def _write_payload(payload: str, trainer: TorchTrainer) -> None:
+    main = sys.modules["__main__"]
+    path = getattr(main, "__file__", None)
+    if not path:
+        raise LaunchError(
+            "ScalingConfig(num_workers > 1) from an interactive session: hpckit starts the ranks "
+            "by re-running a script file. Put the code in a .py file, or launch with "
+            "mpiexec -n N python script.py.")
+    try:
+        data = pickle.dumps(trainer)
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        raise LaunchError(
+            f"the trainer cannot be sent to the ranks ({exc}); define "
+            f"{trainer.train_loop_per_worker.__qualname__} at module level (not a lambda or a "
+            "nested function) and keep train_loop_config picklable.") from None
+    with open(os.path.join(payload, "trainer.pkl"), "wb") as f:
+        f.write(data)
+    spec = {"main": os.path.abspath(path), "argv": sys.argv, "sys_path": sys.path,
+            "cwd": os.getcwd()}
+    with open(os.path.join(payload, "main.json"), "w") as f:
+        json.dump(spec, f)
+    os.makedirs(os.path.join(payload, "errors"))
+
+
+def _run(command: list[str], payload: str, attempt: int) -> int:
+    env = {**os.environ, variable("worker"): payload, variable("attempt"): str(attempt)}
+    for stale in os.listdir(os.path.join(payload, "errors")):
+        os.unlink(os.path.join(payload, "errors", stale))
+    process = subprocess.Popen(command, env=env)
+    try:
+        return process.wait()
+    except BaseException:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        raise
+
+
+def _read_failures(payload: str, code: int) -> BaseException:
+    folder = os.path.join(payload, "errors")
+    reports = []
+    for name in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, name), "rb") as f:
+            reports.append(pickle.load(f))
+    if not reports:
+        return TrainingFailedError(
+            f"mpiexec exited with status {code} and no rank reported an exception: a rank was "
+            "probably killed (by a signal, or the out-of-memory killer); see the output above.")
+    reports.sort(key=lambda r: r.failure.rank)
+    first = reports[0]
+    if not first.training:
+        original = first.failure.original()
+        if isinstance(original, BaseException):
+            return original
+    return TrainingFailedError(_comm.describe([r.failure for r in reports], "training"))
+
+
+@dataclass(frozen=True)
+class _ErrorReport:
+    failure: _comm.RankFailure
+    training: bool
+
+
+def fail(comm: Any, env: Environment, exc: BaseException, collective: bool,
+         training: bool) -> None:
+    """End this rank's part in a failed run; the others must not be left waiting.
+
+    An error every rank raised together is raised on each rank. An error of one rank alone
+    is logged with its traceback and the whole MPI job is aborted, since the other ranks may
+    be blocked in a collective that this rank will never join.
+    """
+    failure = _comm.RankFailure.capture(comm.rank, exc)
+    if env.worker:
+        _write_error(env.worker, _ErrorReport(failure, training))
+    error = _as_raised(exc, training, comm.rank)
+    if collective or comm.size == 1:
+        if comm.rank == 0 and not env.worker and training:
+            log.error("%s\nTo resume, run the same command again: the experiment directory has "
+                      "a manifest, so the run continues from its last committed checkpoint.", error)
+        raise error from exc
+    log.error("rank %d failed; aborting all %d ranks.\n%s", comm.rank, comm.size,
+              failure.traceback.rstrip())
+    if not env.worker:
+        log.error("To resume, run the same command again: the run continues from its last "
+                  "committed checkpoint.")
+    for handler in log.handlers:
+        handler.flush()
+    sys.stderr.flush()
+    _comm.world().Abort(1)
+
+
+def _as_raised(exc: BaseException, training: bool, rank: int) -> BaseException:
+    if not training:
+        return exc
+    if isinstance(exc, TrainingFailedError):
+        return exc
+    return TrainingFailedError(_comm.describe([_comm.RankFailure.capture(rank, exc)], "training"))
+
+
+def _write_error(payload: str, report: _ErrorReport) -> None:
+    path = os.path.join(payload, "errors", f"rank-{report.failure.rank}.pkl")
+    try:
+        with open(path + ".tmp", "wb") as f:
+            pickle.dump(report, f)
+        os.replace(path + ".tmp", path)
+    except OSError as exc:
+        log.error("could not hand the error to the launching process: %s", exc)
+
+
+def import_main(path: str) -> None:
+    """Import the user's script as ``__mp_main__``, stopping at its call of fit()."""
+    global importing_main
+    module = types.ModuleType("__mp_main__")
+    module.__file__ = path
+    module.__builtins__ = builtins  # type: ignore[attr-defined]
+    sys.modules["__main__"] = sys.modules["__mp_main__"] = module
+    with open(path, "rb") as f:
+        code = compile(f.read(), path, "exec")
+    importing_main = True
+    try:
+        exec(code, module.__dict__)
+    except MainImported:
+        pass
+    finally:
+        importing_main = False

@@ -1,0 +1,70 @@
+"""Turn reported metrics into plain JSON values, naming the key when that is impossible."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from hpckit.errors import MetricsError
+
+
+def to_json_metrics(metrics: Any) -> dict[str, Any]:
+    """Convert numbers, 0-d/1-element tensors and numpy scalars; refuse anything else.
+
+    Non-finite floats become None, so every file hpckit writes is strict JSON.
+    """
+    if not isinstance(metrics, Mapping):
+        raise MetricsError(
+            f"report() metrics must be a dict of name -> value, got {type(metrics).__name__} "
+            f"({_short(metrics)}); e.g. hpckit.report({{'loss': 0.12}}).")
+    return _convert_mapping(metrics, prefix="")
+
+
+def _convert_mapping(mapping: Mapping[Any, Any], prefix: str) -> dict[str, Any]:
+    out = {}
+    for key, value in mapping.items():
+        if not isinstance(key, str):
+            raise MetricsError(
+                f"metric key {prefix}{key!r} is a {type(key).__name__}; metric names must be strings.")
+        out[key] = _convert(value, f"{prefix}{key}")
+    return out
+
+
+def _convert(value: Any, key: str) -> Any:
+    if value is None or isinstance(value, (bool, str, int)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return _convert_mapping(value, prefix=f"{key}/")
+    if isinstance(value, (list, tuple)):
+        return [_convert(v, f"{key}[{i}]") for i, v in enumerate(value)]
+    scalar = _scalar(value)
+    if scalar is not None:
+        return _convert(scalar, key)
+    raise MetricsError(
+        f"metric {key!r} has a value of type {type(value).__name__} ({_short(value)}), which "
+        "cannot be stored as JSON; report numbers, strings, booleans, one-element tensors, or "
+        "lists/dicts of them.")
+
+
+def _scalar(value: Any) -> Any:
+    """The Python number inside a one-element tensor or numpy scalar/array, else None."""
+    item = getattr(value, "item", None)
+    if item is None:
+        return None
+    size = getattr(value, "numel", None)
+    count = size() if callable(size) else getattr(value, "size", None)
+    if count != 1:
+        return None
+    try:
+        result = item()
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return result if isinstance(result, (bool, int, float, str)) else None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

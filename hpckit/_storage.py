@@ -1,0 +1,201 @@
+"""Reading and writing through pyarrow.fs, with fsync where the filesystem is local.
+
+Every function takes a :class:`Location` and raises :class:`StorageError` naming it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import posixpath
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pyarrow
+import pyarrow.fs
+
+from hpckit._uri import Location, redact
+from hpckit.errors import StorageError
+
+CHUNK = 8 << 20
+
+
+@contextlib.contextmanager
+def errors_named(location: Location, action: str) -> Iterator[None]:
+    """Re-raise storage failures as StorageError naming the location and the likely fix."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except (OSError, pyarrow.ArrowException) as exc:
+        raise StorageError(f"cannot {action} {location.display}: {_explain(exc)}") from exc
+
+
+def _explain(exc: BaseException) -> str:
+    code = getattr(exc, "errno", None)
+    if code == errno.ENOSPC or "No space left" in str(exc):
+        return "the disk is full (No space left on device); free space or point storage_path elsewhere"
+    if code in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"permission denied ({exc.strerror or exc}); choose a storage_path you can write"
+    return redact(str(exc)) or type(exc).__name__
+
+
+def file_type(location: Location) -> pyarrow.fs.FileType:
+    with errors_named(location, "inspect"):
+        return location.filesystem.get_file_info(location.path).type
+
+
+def make_dir(location: Location) -> None:
+    with errors_named(location, "create directory"):
+        location.filesystem.create_dir(location.path, recursive=True)
+
+
+def read_bytes(location: Location) -> bytes:
+    with errors_named(location, "read"):
+        with location.filesystem.open_input_stream(location.path) as stream:
+            return stream.read()
+
+
+def write_atomic(location: Location, data: bytes) -> None:
+    """Replace the object at ``location`` all at once: temp file + fsync + rename, or one PUT."""
+    with errors_named(location, "write"):
+        if not location.is_local:
+            with location.filesystem.open_output_stream(location.path) as stream:
+                stream.write(data)
+            return
+        directory = os.path.dirname(location.path)
+        tmp = os.path.join(directory, f".{os.path.basename(location.path)}.tmp-{uuid.uuid4().hex[:8]}")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, location.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        fsync_dir(directory)
+
+
+def write_bytes(location: Location, data: bytes) -> None:
+    with errors_named(location, "write"):
+        with location.filesystem.open_output_stream(location.path) as stream:
+            stream.write(data)
+
+
+def append_text(location: Location, text: str, whole: str) -> None:
+    """Append ``text``; where the filesystem cannot append (object stores), write ``whole``."""
+    with errors_named(location, "append to"):
+        try:
+            stream = location.filesystem.open_append_stream(location.path)
+        except (pyarrow.ArrowNotImplementedError, NotImplementedError):
+            write_bytes(location, whole.encode())
+            return
+        with stream:
+            stream.write(text.encode())
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def list_dir(location: Location) -> list[pyarrow.fs.FileInfo]:
+    with errors_named(location, "list"):
+        return location.filesystem.get_file_info(pyarrow.fs.FileSelector(location.path,
+                                                                          allow_not_found=True))
+
+
+def list_files(location: Location) -> list[tuple[str, int]]:
+    """Every file under ``location`` as (relative POSIX path, size)."""
+    with errors_named(location, "list"):
+        infos = location.filesystem.get_file_info(
+            pyarrow.fs.FileSelector(location.path, recursive=True))
+    base = location.path.rstrip("/") + "/"
+    return sorted((i.path[len(base):], i.size) for i in infos if i.type == pyarrow.fs.FileType.File)
+
+
+def delete_dir(location: Location) -> None:
+    with errors_named(location, "delete"):
+        if file_type(location) != pyarrow.fs.FileType.NotFound:
+            location.filesystem.delete_dir(location.path)
+
+
+def delete_file(location: Location) -> None:
+    with errors_named(location, "delete"):
+        location.filesystem.delete_file(location.path)
+
+
+def persist_file(source: str, target: Location) -> tuple[int, str]:
+    """Copy a local file to ``target``, durably, hashing as it goes: (size, sha256 hex)."""
+    with errors_named(target, "write"):
+        parent = posixpath.dirname(target.path)
+        if target.is_local:
+            os.makedirs(parent, exist_ok=True)
+            return _copy_hashed(source, lambda: open(target.path, "wb"), fsync=True)
+        target.filesystem.create_dir(parent, recursive=True)
+        return _copy_hashed(source, lambda: target.filesystem.open_output_stream(target.path),
+                            fsync=False)
+
+
+def _copy_hashed(source: str, open_target, fsync: bool) -> tuple[int, str]:
+    """Write and hash each chunk at once: hashlib releases the GIL, so hashing costs no time."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(source, "rb") as src, open_target() as dst, ThreadPoolExecutor(1) as hasher:
+        while chunk := src.read(CHUNK):
+            hashed = hasher.submit(digest.update, chunk)
+            dst.write(chunk)
+            size += len(chunk)
+            hashed.result()
+        if fsync:
+            dst.flush()
+            os.fsync(dst.fileno())
+    return size, digest.hexdigest()
+
+
+def sha256_file(path: str) -> tuple[int, str]:
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def sha256_stored(location: Location) -> tuple[int, str]:
+    """Size and sha256 of a stored file, read back from storage."""
+    digest = hashlib.sha256()
+    size = 0
+    with errors_named(location, "read"):
+        with location.filesystem.open_input_stream(location.path) as stream:
+            while chunk := stream.read(CHUNK):
+                digest.update(chunk)
+                size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def download_file(source: Location, target: str) -> None:
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    with errors_named(source, "download"):
+        with source.filesystem.open_input_stream(source.path) as stream, open(target, "wb") as out:
+            while chunk := stream.read(CHUNK):
+                out.write(chunk)
+
+
+def download_dir(source: Location, target: str) -> None:
+    """Copy every file under ``source`` into the local directory ``target``."""
+    files = list_files(source)
+    os.makedirs(target, exist_ok=True)
+    with ThreadPoolExecutor(max(1, min(8, len(files)))) as pool:
+        for future in [pool.submit(download_file, source.join(rel), os.path.join(target, rel))
+                       for rel, _ in files]:
+            future.result()

@@ -1,0 +1,95 @@
+"""Storage locations: parse a path/URI into (pyarrow filesystem, path), and redact secrets."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+from dataclasses import dataclass
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import pyarrow.fs
+
+from hpckit.errors import ConfigError, StorageError
+
+_SECRET_QUERY = re.compile(r"secret|token|password|passwd|credential|signature|session|key", re.I)
+_NOT_SECRET_QUERY = {"endpoint_override", "region", "scheme"}
+REDACTED = "***"
+
+
+def redact(text: str) -> str:
+    """``text`` with the credentials of every URI in it replaced by ``***``."""
+    return _URI_IN_TEXT.sub(lambda m: _redact_uri(m.group(0)), text)
+
+
+_URI_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+
+
+def _redact_uri(uri: str) -> str:
+    try:
+        parts = urlsplit(uri)
+    except ValueError:
+        return uri
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = f"{REDACTED}@{netloc.rsplit('@', 1)[1]}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        query = urlencode([(k, REDACTED if _secret_key(k) else v) for k, v in pairs], safe="/:*")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _secret_key(key: str) -> bool:
+    return key not in _NOT_SECRET_QUERY and bool(_SECRET_QUERY.search(key))
+
+
+@dataclass(frozen=True)
+class Location:
+    """A directory on some pyarrow filesystem, with a display form free of secrets."""
+
+    filesystem: pyarrow.fs.FileSystem
+    path: str
+    display: str
+
+    def join(self, *parts: str) -> Location:
+        path = posixpath.join(self.path, *parts)
+        return Location(self.filesystem, path, _join_display(self.display, parts))
+
+    @property
+    def is_local(self) -> bool:
+        return isinstance(self.filesystem, pyarrow.fs.LocalFileSystem)
+
+
+def _join_display(display: str, parts: tuple[str, ...]) -> str:
+    base, sep, query = display.partition("?")
+    joined = posixpath.join(base, *parts)
+    return f"{joined}{sep}{query}"
+
+
+def resolve(path: str | os.PathLike[str], filesystem: pyarrow.fs.FileSystem | None = None) -> Location:
+    """Turn a user's storage path (and optional filesystem) into a :class:`Location`."""
+    text = os.fspath(path)
+    if filesystem is not None:
+        if "://" in text:
+            raise ConfigError(
+                f"storage path {redact(text)!r} has a scheme, but a filesystem object is given: "
+                "pass the path inside that filesystem, e.g. 'bucket/runs'.")
+        clean = text.rstrip("/") or "/"
+        if isinstance(filesystem, pyarrow.fs.LocalFileSystem):
+            return Location(filesystem, clean, clean)
+        return Location(filesystem, clean, f"{filesystem.type_name}:{clean}")
+    if "://" not in text:
+        local = os.path.abspath(os.path.expanduser(text))
+        return Location(pyarrow.fs.LocalFileSystem(), local, local)
+    try:
+        fs, inner = pyarrow.fs.FileSystem.from_uri(text)
+    except (pyarrow.ArrowInvalid, pyarrow.ArrowNotImplementedError, ValueError, OSError) as exc:
+        raise StorageError(
+            f"cannot open storage {redact(text)!r}: {redact(str(exc))}. Use a local path, file://, "
+            "s3://bucket/prefix?endpoint_override=host:port&scheme=http, or another pyarrow URI."
+        ) from None
+    if isinstance(fs, pyarrow.fs.LocalFileSystem):
+        return Location(fs, inner, inner)
+    base, sep, query = _redact_uri(text).partition("?")
+    return Location(fs, inner.rstrip("/"), f"{base.rstrip('/')}{sep}{query}")

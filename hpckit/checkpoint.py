@@ -1,0 +1,143 @@
+"""Checkpoint: a directory of files on some filesystem, as in Ray Train."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow.fs
+
+from hpckit import _storage
+from hpckit._env import Environment
+from hpckit._uri import Location, resolve
+from hpckit.errors import CheckpointError
+
+__all__ = ["Checkpoint"]
+
+METADATA_NAME = ".metadata.json"
+
+
+class Checkpoint:
+    """A checkpoint directory, local or on remote storage.
+
+    ``Checkpoint("/lustre/runs/exp/checkpoint_000003")``, ``Checkpoint("s3://bucket/...")`` or
+    ``Checkpoint("bucket/exp/checkpoint_000003", filesystem=fs)``.
+    """
+
+    def __init__(self, path: str | os.PathLike[str],
+                 filesystem: pyarrow.fs.FileSystem | None = None) -> None:
+        if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+            raise CheckpointError(f"Checkpoint(path={path!r}) must be a non-empty path or URI.")
+        self._location = resolve(path, filesystem)
+
+    @classmethod
+    def from_directory(cls, path: str | os.PathLike[str]) -> Checkpoint:
+        """A checkpoint of a local directory, as handed to ``hpckit.report``."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise CheckpointError(
+                f"Checkpoint.from_directory({path!r}) needs a directory path, got "
+                f"{type(path).__name__}.")
+        local = os.path.abspath(os.fspath(path))
+        if not os.path.exists(local):
+            raise CheckpointError(
+                f"Checkpoint.from_directory({local!r}): no such directory; save your files "
+                "there first, then create the checkpoint.")
+        if not os.path.isdir(local):
+            raise CheckpointError(
+                f"Checkpoint.from_directory({local!r}) is a file; pass the directory that "
+                "holds it (e.g. its parent).")
+        return cls(local)
+
+    @classmethod
+    def _at(cls, location: Location) -> Checkpoint:
+        checkpoint = cls.__new__(cls)
+        checkpoint._location = location
+        return checkpoint
+
+    @property
+    def path(self) -> str:
+        """The checkpoint's path inside :attr:`filesystem`."""
+        return self._location.path
+
+    @property
+    def filesystem(self) -> pyarrow.fs.FileSystem:
+        return self._location.filesystem
+
+    @property
+    def uri(self) -> str:
+        """Where the checkpoint is, without credentials."""
+        return self._location.display
+
+    def __repr__(self) -> str:
+        return f"Checkpoint(filesystem={self.filesystem.type_name}, path={self.uri})"
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, Checkpoint) and self.path == other.path
+                and self.filesystem.equals(other.filesystem))
+
+    def __hash__(self) -> int:
+        return hash((self.filesystem.type_name, self.path))
+
+    @contextlib.contextmanager
+    def as_directory(self) -> Iterator[str]:
+        """A local directory with the checkpoint's files: the directory itself when local,
+        otherwise a download that is removed on exit."""
+        if self._location.is_local:
+            self._require_dir()
+            yield self.path
+            return
+        target = tempfile.mkdtemp(prefix="hpckit-checkpoint-", dir=_local_dir())
+        try:
+            self.to_directory(target)
+            yield target
+        finally:
+            shutil.rmtree(target, ignore_errors=True)
+
+    def to_directory(self, path: str | os.PathLike[str] | None = None) -> str:
+        """Copy the checkpoint's files into ``path`` (a new temporary directory by default)."""
+        target = os.fspath(path) if path is not None else tempfile.mkdtemp(
+            prefix="hpckit-checkpoint-", dir=_local_dir())
+        self._require_dir()
+        if self._location.is_local:
+            shutil.copytree(self.path, target, dirs_exist_ok=True)
+        else:
+            _storage.download_dir(self._location, target)
+        return target
+
+    def get_metadata(self) -> dict[str, Any]:
+        """The checkpoint's metadata dict (``{}`` when none was set)."""
+        location = self._location.join(METADATA_NAME)
+        if _storage.file_type(location) == pyarrow.fs.FileType.NotFound:
+            return {}
+        return json.loads(_storage.read_bytes(location))
+
+    def set_metadata(self, metadata: dict[str, Any]) -> None:
+        """Replace the metadata; it is stored as ``.metadata.json`` beside the files."""
+        if not isinstance(metadata, dict):
+            raise CheckpointError(f"checkpoint metadata must be a dict, got {type(metadata).__name__}.")
+        try:
+            data = json.dumps(metadata, allow_nan=False).encode()
+        except (TypeError, ValueError) as exc:
+            raise CheckpointError(f"checkpoint metadata must be JSON-serialisable: {exc}.") from None
+        self._require_dir()
+        _storage.write_bytes(self._location.join(METADATA_NAME), data)
+
+    def update_metadata(self, metadata: dict[str, Any]) -> None:
+        """Merge ``metadata`` into the existing metadata."""
+        self.set_metadata({**self.get_metadata(), **metadata})
+
+    def _require_dir(self) -> None:
+        kind = _storage.file_type(self._location)
+        if kind == pyarrow.fs.FileType.File:
+            raise CheckpointError(f"checkpoint {self.uri} is a file; a checkpoint is a directory.")
+        if kind == pyarrow.fs.FileType.NotFound and self._location.is_local:
+            raise CheckpointError(f"checkpoint directory {self.uri} does not exist.")
+
+
+def _local_dir() -> str | None:
+    return Environment.read().local_dir

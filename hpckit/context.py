@@ -1,0 +1,56 @@
+"""TrainContext: what a rank knows about itself and its run, from ``hpckit.get_context()``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hpckit._comm import Topology
+from hpckit._uri import Location
+
+__all__ = ["TrainContext"]
+
+
+@dataclass
+class TrainContext:
+    """This rank's place in the job and where the experiment is stored."""
+
+    topology: Topology
+    experiment_name: str
+    experiment: Location
+    attempt: int = 0
+    launcher: str | None = None
+    _stop_requested: bool = field(default=False, repr=False)
+
+    def get_world_rank(self) -> int:
+        return self.topology.world_rank
+
+    def get_world_size(self) -> int:
+        return self.topology.world_size
+
+    def get_local_rank(self) -> int:
+        return self.topology.local_rank
+
+    def get_local_world_size(self) -> int:
+        return self.topology.local_size
+
+    def get_node_rank(self) -> int:
+        return self.topology.node_rank
+
+    def get_experiment_name(self) -> str:
+        return self.experiment_name
+
+    def get_experiment_path(self) -> str:
+        """The experiment directory's path or URI (credentials redacted)."""
+        return self.experiment.display
+
+    def get_storage_path(self) -> str:
+        """The storage root that holds the experiment directory."""
+        return self.experiment.display.rsplit("/" + self.experiment_name, 1)[0]
+
+    def get_attempt(self) -> int:
+        """0 for the first attempt, then one more for each restart after a failure."""
+        return self.attempt
+
+    def should_stop(self) -> bool:
+        """True once the ranks agreed a stop was requested (e.g. Slurm's time-limit warning)."""
+        return self._stop_requested

@@ -1,0 +1,82 @@
+"""Result: what a run produced, from fit() or read back later with Result.from_path."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow.fs
+
+from hpckit import _experiment, _retention
+from hpckit._manifest import Manifest
+from hpckit._uri import Location, resolve
+from hpckit.checkpoint import Checkpoint
+from hpckit.errors import ConfigError, ManifestError
+
+__all__ = ["Result"]
+
+
+@dataclass
+class Result:
+    """The outcome of a run: latest and best checkpoints, last metrics, and where it all is."""
+
+    metrics: dict[str, Any] | None
+    checkpoint: Checkpoint | None
+    best_checkpoints: list[tuple[Checkpoint, dict[str, Any]]]
+    path: str
+    filesystem: pyarrow.fs.FileSystem
+    metrics_history: list[dict[str, Any]] = field(default_factory=list)
+    error: BaseException | None = None
+    _location: Location | None = field(default=None, repr=False)
+    _manifest: Manifest | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_path(cls, path: str | os.PathLike[str],
+                  storage_filesystem: pyarrow.fs.FileSystem | None = None) -> Result:
+        """Read an experiment directory (local or remote) written by an earlier run."""
+        experiment = resolve(path, storage_filesystem)
+        manifest = _experiment.read_manifest(experiment)
+        if manifest is None:
+            raise ManifestError(
+                f"{experiment.display} has no manifest.json: it is not an hpckit experiment "
+                "directory (pass {storage_path}/{name}).")
+        return cls._build(experiment, manifest, _experiment.read_metrics(experiment))
+
+    @classmethod
+    def _build(cls, experiment: Location, manifest: Manifest,
+               history: list[dict[str, Any]]) -> Result:
+        retention = manifest.retention
+        ranked = _retention.rank_best_first(manifest.checkpoints, retention.get("checkpoint_score_attribute"),
+                                            retention.get("checkpoint_score_order", "max"))
+        latest = manifest.latest
+        last = history[-1]["metrics"] if history else None
+        return cls(
+            metrics=last,
+            checkpoint=Checkpoint._at(experiment.join(latest.directory)) if latest else None,
+            best_checkpoints=[(Checkpoint._at(experiment.join(r.directory)), r.metrics) for r in ranked],
+            path=experiment.display, filesystem=experiment.filesystem,
+            metrics_history=[entry["metrics"] for entry in history],
+            error=_attempt_error(manifest), _location=experiment, _manifest=manifest)
+
+    def get_best_checkpoint(self, metric: str, mode: str = "max") -> Checkpoint | None:
+        """The kept checkpoint with the best ``metric`` (``mode`` "max" or "min")."""
+        if mode not in ("max", "min"):
+            raise ConfigError(f"get_best_checkpoint(mode={mode!r}) must be 'max' or 'min'.")
+        if self._manifest is None or self._location is None:
+            return None
+        scored = [r for r in self._manifest.checkpoints
+                  if _retention.score_of(r.metrics, metric) is not None]
+        if not scored:
+            return None
+        best = _retention.rank_best_first(scored, metric, mode)[0]
+        return Checkpoint._at(self._location.join(best.directory))
+
+
+def _attempt_error(manifest: Manifest) -> BaseException | None:
+    last = manifest.attempts[-1] if manifest.attempts else {}
+    if last.get("status") == "failed":
+        from hpckit.errors import TrainingFailedError
+
+        return TrainingFailedError(last.get("error") or "the last attempt failed")
+    return None

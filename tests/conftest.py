@@ -1,0 +1,89 @@
+"""Shared helpers: run real MPI ranks with a timeout, and read what they stored."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+JOB = HERE / "ranks" / "job.py"
+MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
+
+
+@dataclass
+class Run:
+    returncode: int
+    output: str
+
+    def line(self, prefix: str) -> str | None:
+        for line in self.output.splitlines():
+            # mpiexec -prepend-rank prefixes every chunk it forwards, even mid-line.
+            text = re.sub(r"\[\d+\] ", "", line)
+            if text.startswith(prefix + " "):
+                return text[len(prefix) + 1:]
+        return None
+
+    @property
+    def result(self) -> dict:
+        found = self.line("RESULT")
+        assert found is not None, f"no RESULT line in the output:\n{self.output}"
+        return json.loads(found)
+
+
+def run(command: list[str], timeout: float, env: dict[str, str] | None = None,
+        expect: int | None = 0) -> Run:
+    """Run a command in its own process group; kill the group and show the output on timeout."""
+    environ = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, env=environ, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        pytest.fail(f"timed out after {timeout:.0f} s: {' '.join(command)}\n--- output of every "
+                    f"rank ---\n{output}")
+    if expect is not None and process.returncode != expect:
+        pytest.fail(f"exit status {process.returncode}, expected {expect}: {' '.join(command)}\n"
+                    f"--- output of every rank ---\n{output}")
+    return Run(process.returncode, output)
+
+
+def mpiexec(n: int, *args: str, timeout: float = 90, env: dict[str, str] | None = None,
+            expect: int | None = 0, script: Path = JOB) -> Run:
+    """``mpiexec -n N python script args``, each output line prefixed with its rank."""
+    return run([MPIEXEC, "-prepend-rank", "-n", str(n), sys.executable, str(script), *args],
+               timeout, env, expect)
+
+
+def python(*args: str, timeout: float = 120, env: dict[str, str] | None = None,
+           expect: int | None = 0, script: Path = JOB) -> Run:
+    """``python script args``: hpckit starts the ranks itself."""
+    return run([sys.executable, str(script), *args], timeout, env, expect)
+
+
+def manifest(experiment: Path) -> dict:
+    return json.loads((experiment / "manifest.json").read_text())
+
+
+def metrics_lines(experiment: Path) -> list[dict]:
+    return [json.loads(line) for line in (experiment / "metrics.jsonl").read_text().splitlines()]
+
+
+def checkpoint_dirs(experiment: Path) -> list[str]:
+    return sorted(p.name for p in experiment.iterdir() if p.name.startswith("checkpoint_"))
+
+
+@pytest.fixture(params=[1, 2, 3, 4], ids=lambda n: f"np{n}")
+def world(request: pytest.FixtureRequest) -> int:
+    """Each multi-rank test runs at every world size; odd sizes catch off-by-ones."""
+    return request.param
