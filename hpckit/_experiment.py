@@ -52,6 +52,18 @@ def write_manifest(experiment: Location, manifest: Manifest) -> None:
     _storage.write_atomic(experiment.join(MANIFEST_NAME), manifest.to_json().encode())
 
 
+def end_attempt(experiment: Location, manifest: Manifest, status: str, error: str | None,
+                **details: Any) -> None:
+    """Record how the newest attempt ended; best-effort, since the run is ending anyway."""
+    if not manifest.attempts:
+        return
+    manifest.attempts[-1].update(status=status, ended_at=time.time(), error=error, **details)
+    try:
+        write_manifest(experiment, manifest)
+    except StorageError as exc:
+        log.warning("could not record the attempt's end in the manifest: %s", exc)
+
+
 def remove_leftovers(experiment: Location, manifest: Manifest) -> list[str]:
     """Delete checkpoint directories and temp files that no manifest names (a crashed commit's)."""
     named = {r.directory for r in manifest.checkpoints}

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from hpckit import _comm, _experiment
 from hpckit._env import Environment, variable
 from hpckit._log import log
+from hpckit._uri import Location
 from hpckit.errors import HpckitError, LaunchError, TrainingFailedError
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ def spawn(trainer: TorchTrainer, env: Environment) -> Result:
             failure = _read_failures(payload, code)
             if isinstance(failure, HpckitError) and not isinstance(failure, TrainingFailedError):
                 raise failure
+            _record_failure(root.join(trainer.run_config.name), failure)
             if limit != -1 and attempt >= limit:
                 raise failure
             attempt += 1
@@ -66,6 +68,16 @@ def spawn(trainer: TorchTrainer, env: Environment) -> Result:
                         "unlimited" if limit == -1 else limit, failure)
     finally:
         shutil.rmtree(payload, ignore_errors=True)
+
+
+def _record_failure(experiment: Location, failure: BaseException) -> None:
+    """The ranks were aborted before they could say so: mark the attempt failed for them."""
+    try:
+        manifest = _experiment.read_manifest(experiment)
+    except HpckitError:
+        return
+    if manifest and manifest.attempts and manifest.attempts[-1].get("status") == "running":
+        _experiment.end_attempt(experiment, manifest, "failed", str(failure).split("\n", 1)[0])
 
 
 def _mpiexec(env: Environment) -> list[str]:
@@ -158,13 +170,13 @@ def fail(comm: Any, env: Environment, exc: BaseException, collective: bool,
     be blocked in a collective that this rank will never join.
     """
     failure = _comm.RankFailure.capture(comm.rank, exc)
+    error = _as_raised(exc, training, collective, comm)
     if env.worker:
-        _write_error(env.worker, _ErrorReport(failure, training))
-    error = _as_raised(exc, training, comm.rank)
+        _write_error(env.worker, _ErrorReport(_comm.RankFailure.capture(comm.rank, error), training))
     if collective or comm.size == 1:
         if comm.rank == 0 and not env.worker and training:
-            log.error("%s\nTo resume, run the same command again: the experiment directory has "
-                      "a manifest, so the run continues from its last committed checkpoint.", error)
+            log.error("training failed; to resume, run the same command again: the experiment "
+                      "has a manifest, so the run continues from its last committed checkpoint.")
         raise error from exc
     log.error("rank %d failed; aborting all %d ranks.\n%s", comm.rank, comm.size,
               failure.traceback.rstrip())
@@ -177,12 +189,14 @@ def fail(comm: Any, env: Environment, exc: BaseException, collective: bool,
     _comm.world().Abort(1)
 
 
-def _as_raised(exc: BaseException, training: bool, rank: int) -> BaseException:
-    if not training:
+def _as_raised(exc: BaseException, training: bool, collective: bool, comm: Any) -> BaseException:
+    """What fit() raises: setup errors as they are, training errors as TrainingFailedError."""
+    if not training or isinstance(exc, TrainingFailedError):
         return exc
-    if isinstance(exc, TrainingFailedError):
-        return exc
-    return TrainingFailedError(_comm.describe([_comm.RankFailure.capture(rank, exc)], "training"))
+    if collective and comm.size > 1:
+        return TrainingFailedError(
+            f"training failed on all {comm.size} ranks: {type(exc).__name__}: {exc}")
+    return TrainingFailedError(_comm.describe([_comm.RankFailure.capture(comm.rank, exc)], "training"))
 
 
 def _write_error(payload: str, report: _ErrorReport) -> None:

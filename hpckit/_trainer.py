@@ -23,7 +23,7 @@ from hpckit._uri import Location, resolve
 from hpckit.checkpoint import Checkpoint
 from hpckit.config import RunConfig, ScalingConfig
 from hpckit.context import TrainContext
-from hpckit.errors import ConfigError, HpckitError, LaunchError, StorageError, TrainingFailedError
+from hpckit.errors import ConfigError, LaunchError, StorageError, TrainingFailedError
 from hpckit.result import Result
 
 DEFAULT_STORAGE = "~/hpckit_results"
@@ -254,15 +254,9 @@ def _check_visible(experiment: Location, marker: str, topology: _comm.Topology) 
 
 
 def _close_attempt(session: Session, status: str, error: str | None) -> None:
-    manifest = session.manifest
-    if manifest is None or not manifest.attempts:
-        return
-    manifest.attempts[-1].update(status=status, ended_at=time.time(), error=error,
-                                 reports=session.reports)
-    try:
-        _experiment.write_manifest(session.context.experiment, manifest)
-    except HpckitError as exc:
-        log.warning("could not record the attempt's end in the manifest: %s", exc)
+    if session.manifest is not None:
+        _experiment.end_attempt(session.context.experiment, session.manifest, status, error,
+                                reports=session.reports)
 
 
 def default_name(env: Environment) -> str:

@@ -53,6 +53,13 @@ def train_loop(config: dict) -> None:
     args = argparse.Namespace(**config)
     ctx = hpckit.get_context()
     rank, size = ctx.get_world_rank(), ctx.get_world_size()
+    # Every rank must agree on who is who (checked first: a collective of the test's own).
+    from mpi4py import MPI
+    views = MPI.COMM_WORLD.allgather((rank, size, ctx.get_local_rank(), ctx.get_local_world_size(),
+                                      ctx.get_node_rank(), ctx.get_experiment_name()))
+    assert sorted(v[0] for v in views) == list(range(size)), views
+    assert sorted(v[2] for v in views) == list(range(size)), views
+    assert all(v[1] == size == v[3] and v[4] == 0 and v[5] == views[0][5] for v in views), views
     torch.manual_seed(0)
     model = prepare_model(torch.nn.Linear(4, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -92,18 +99,14 @@ def train_loop(config: dict) -> None:
                     fill = rank if args.collide == "different" else 7
                     write(os.path.join(d, "common.bin"), args.shard_bytes, fill)
                 checkpoint = Checkpoint.from_directory(d)
-            if args.hang_rank == rank and args.hang_epoch == epoch:
-                open(args.hang_file, "w").close()
+            if args.hang_rank == rank and args.hang_epoch == epoch and ctx.get_attempt() == 0:
+                with open(args.hang_file + ".tmp", "w") as f:
+                    f.write(str(os.getpid()))
+                os.replace(args.hang_file + ".tmp", args.hang_file)
                 time.sleep(600)
             hpckit.report(metrics, checkpoint=checkpoint)
             if args.extra_report_rank == rank and epoch == args.epochs - 1:
                 hpckit.report(metrics)
-    # Every rank must agree on who is who.
-    from mpi4py import MPI
-    views = MPI.COMM_WORLD.allgather((rank, size, ctx.get_local_rank(), ctx.get_local_world_size(),
-                                      ctx.get_node_rank(), ctx.get_experiment_name()))
-    assert sorted(v[0] for v in views) == list(range(size)), views
-    assert all(v[1] == size and v[5] == views[0][5] for v in views), views
     if rank == 0:
         print(f"SEEN {json.dumps(seen)}", flush=True)
 

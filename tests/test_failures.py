@@ -1,0 +1,70 @@
+"""A failing rank stops every rank fast, with one error naming it; no hangs."""
+
+from __future__ import annotations
+
+from conftest import checkpoint_dirs, manifest, mpiexec, python
+
+
+def test_exception_in_one_rank_stops_all_ranks_and_names_it(tmp_path):
+    run = mpiexec(3, "--storage", str(tmp_path), "--epochs", "4", "--fail-rank", "1",
+                  "--fail-epoch", "2", expect=None, timeout=60)
+    assert run.returncode != 0
+    assert "rank 1 failed; aborting all 3 ranks" in run.output
+    assert "ValueError: injected failure on rank 1 at epoch 2" in run.output
+    assert 'File "' in run.output and "in train_loop" in run.output  # the traceback
+    assert "run the same command again" in run.output
+    exp = tmp_path / "exp"
+    assert [c["directory"] for c in manifest(exp)["checkpoints"]] == [
+        "checkpoint_000000", "checkpoint_000001"]
+
+
+def test_spawned_run_raises_one_error_naming_the_rank_with_its_traceback(tmp_path):
+    run = python("--workers", "3", "--storage", str(tmp_path), "--fail-rank", "2",
+                 "--fail-epoch", "1", expect=3, timeout=90)
+    error = run.line("ERROR")
+    assert error and error.startswith("TrainingFailedError: training failed on rank 2")
+    assert "--- rank 2 ---" in run.output and "in train_loop" in run.output
+    attempts = manifest(tmp_path / "exp")["attempts"]
+    assert [a["status"] for a in attempts] == ["failed"]
+
+
+def test_a_rank_that_reports_more_often_is_detected_on_every_rank(tmp_path, world):
+    if world == 1:
+        return  # one rank cannot disagree with itself
+    run = mpiexec(world, "--storage", str(tmp_path), "--epochs", "2",
+                  "--extra-report-rank", str(world - 1), expect=3, timeout=60)
+    errors = [l for l in run.output.splitlines()
+              if f"ERROR TrainingFailedError: training failed on all {world} ranks: "
+                 "ReportMismatchError" in l]
+    assert len(errors) == world, run.output
+    assert f"rank {world - 1}: called report() for the 3rd time" in run.output
+    assert "rank 0: returned from the training function after 2 report() call(s)" in run.output
+
+
+def test_failure_config_restarts_and_resumes_from_last_checkpoint(tmp_path):
+    run = python("--workers", "2", "--storage", str(tmp_path), "--epochs", "4",
+                 "--fail-rank", "1", "--fail-epoch", "2", "--max-failures", "1", timeout=150)
+    assert run.line("SEEN") == "[2, 3]"  # the restart resumed after epoch 1's checkpoint
+    exp = tmp_path / "exp"
+    m = manifest(exp)
+    assert [a["status"] for a in m["attempts"]] == ["failed", "finished"]
+    assert "injected failure on rank 1" in m["attempts"][0]["error"]
+    assert m["latest"] == "checkpoint_000003"
+    assert [r["epoch"] for r in run.result["history"]] == [0, 1, 2, 3]
+    assert "restarting from the last committed checkpoint" in run.output
+
+
+def test_failures_beyond_max_failures_give_up(tmp_path):
+    run = python("--workers", "2", "--storage", str(tmp_path), "--epochs", "3", "--fail-rank", "0",
+                 "--fail-epoch", "0", "--fail-attempts", "9", "--max-failures", "1",
+                 expect=3, timeout=150)
+    assert run.line("ERROR").startswith("TrainingFailedError: training failed on rank 0")
+    assert [a["status"] for a in manifest(tmp_path / "exp")["attempts"]] == ["failed", "failed"]
+    assert checkpoint_dirs(tmp_path / "exp") == []
+
+
+def test_single_rank_retries_in_process(tmp_path):
+    run = python("--workers", "1", "--storage", str(tmp_path), "--epochs", "3", "--fail-rank", "0",
+                 "--fail-epoch", "1", "--max-failures", "-1", timeout=90)
+    assert run.line("SEEN") == "[1, 2]"
+    assert [a["status"] for a in manifest(tmp_path / "exp")["attempts"]] == ["failed", "finished"]
