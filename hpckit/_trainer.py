@@ -76,13 +76,13 @@ class TorchTrainer:
         path = self.run_config.storage_path or env.storage or DEFAULT_STORAGE
         return resolve(path, self.run_config.storage_filesystem)
 
-    def _named(self, env: Environment) -> TorchTrainer:
+    def _named(self, env: Environment, name: str | None = None) -> TorchTrainer:
         """This trainer with its experiment name fixed, so every rank and attempt agree."""
         if self.run_config.name:
             return self
         clone = object.__new__(TorchTrainer)
         clone.__dict__.update(self.__dict__)
-        clone.run_config = replace(self.run_config, name=default_name(env))
+        clone.run_config = replace(self.run_config, name=name or default_name(env))
         return clone
 
     # -- the ranks ----------------------------------------------------------------------
@@ -95,7 +95,8 @@ class TorchTrainer:
         except LaunchError as exc:
             _launch.fail(comm, env, exc, collective=True, training=False)
         topology, local_comm = _comm.discover(comm)
-        trainer = comm.bcast(self._named(env) if comm.rank == 0 else None, root=0)
+        name = comm.bcast(self._named(env).run_config.name if comm.rank == 0 else None, root=0)
+        trainer = self._named(env, name)
         attempt = int(env.attempt or 0)
         while True:
             try:

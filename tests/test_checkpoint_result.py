@@ -1,0 +1,64 @@
+"""Checkpoint and Result on a local filesystem (single rank, in this process)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import hpckit
+from hpckit import Checkpoint, CheckpointConfig, Result, RunConfig
+from hpckit.errors import ManifestError
+from hpckit.torch import TorchTrainer
+
+
+def test_checkpoint_directory_metadata_and_copies(tmp_path):
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "w.bin").write_bytes(b"abc")
+    ckpt = Checkpoint.from_directory(src)
+    assert repr(ckpt) == f"Checkpoint(filesystem=local, path={src})"
+    with ckpt.as_directory() as d:
+        assert d == str(src)  # local: no copy
+    ckpt.set_metadata({"epoch": 3})
+    ckpt.update_metadata({"lr": 0.1})
+    assert ckpt.get_metadata() == {"epoch": 3, "lr": 0.1}
+    copy = ckpt.to_directory(tmp_path / "copy")
+    assert (tmp_path / "copy" / "sub" / "w.bin").read_bytes() == b"abc" and copy == str(tmp_path / "copy")
+    assert Checkpoint(f"file://{src}") == ckpt
+
+
+def loop(config):
+    for epoch, acc in enumerate(config["accs"]):
+        d = os.path.join(config["tmp"], f"e{epoch}")
+        os.makedirs(d)
+        with open(os.path.join(d, "m.txt"), "w") as f:
+            f.write(str(epoch))
+        hpckit.report({"acc": acc, "loss": 1 - acc, "epoch": epoch},
+                      checkpoint=Checkpoint.from_directory(d))
+
+
+def test_result_from_fit_and_from_path_agree(tmp_path):
+    trainer = TorchTrainer(loop, train_loop_config={"accs": [0.2, 0.9, 0.5, 0.1], "tmp": str(tmp_path)},
+                           run_config=RunConfig(name="r", storage_path=str(tmp_path / "s"),
+                                                checkpoint_config=CheckpointConfig(
+                                                    num_to_keep=2, checkpoint_score_attribute="acc")))
+    result = trainer.fit()
+    exp = tmp_path / "s" / "r"
+    assert result.path == str(exp) and result.error is None
+    assert result.metrics == {"acc": 0.1, "loss": 0.9, "epoch": 3}
+    assert result.checkpoint.path == str(exp / "checkpoint_000003")
+    assert [c.path for c, _ in result.best_checkpoints] == [
+        str(exp / "checkpoint_000001"), str(exp / "checkpoint_000002"), str(exp / "checkpoint_000003")]
+    assert [m["epoch"] for m in result.metrics_history] == [0, 1, 2, 3]
+    again = Result.from_path(exp)
+    assert again.metrics == result.metrics and again.checkpoint == result.checkpoint
+    assert [c for c, _ in again.best_checkpoints] == [c for c, _ in result.best_checkpoints]
+    assert again.get_best_checkpoint("loss", "min").path == str(exp / "checkpoint_000001")
+    with again.checkpoint.as_directory() as d:
+        assert open(os.path.join(d, "m.txt")).read() == "3"
+
+
+def test_result_from_a_path_that_is_not_an_experiment(tmp_path):
+    with pytest.raises(ManifestError, match="not an hpckit experiment"):
+        Result.from_path(tmp_path)

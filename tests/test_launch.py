@@ -1,0 +1,65 @@
+"""One script, launched by hpckit itself or by mpiexec; a mismatched world is a clear error."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+from conftest import manifest, mpiexec, python, run
+
+
+@pytest.mark.parametrize("workers", [2, 3, 4])
+def test_python_script_starts_its_own_ranks(tmp_path, workers):
+    result = python("--workers", str(workers), "--storage", str(tmp_path), "--epochs", "2",
+                    "--checkpoint", "shards").result
+    m = manifest(tmp_path / "exp")
+    assert m["world_size"] == workers and m["command"]["launcher"] == "hpckit"
+    files = {f["path"] for f in m["checkpoints"][-1]["files"]}
+    assert files == {f"model-rank={r}.pt" for r in range(workers)} | {"state.json"}
+    assert result["checkpoint"] == str(tmp_path / "exp" / "checkpoint_000001")
+
+
+def test_unguarded_script_runs_its_top_level_code_after_fit_once(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""
+        import hpckit
+        from hpckit import RunConfig, ScalingConfig
+        from hpckit.torch import TorchTrainer
+
+        def loop():
+            hpckit.report({{"rank": hpckit.get_context().get_world_rank()}})
+
+        result = TorchTrainer(loop, scaling_config=ScalingConfig(num_workers=3),
+                              run_config=RunConfig(name="u", storage_path={str(tmp_path)!r})).fit()
+        print("AFTER-FIT", result.metrics)
+    """))
+    out = run([sys.executable, str(script)], timeout=90)
+    assert out.output.count("AFTER-FIT") == 1 and "AFTER-FIT {'rank': 0}" in out.output
+
+
+@pytest.mark.parametrize("launched,asked", [(2, 3), (1, 2)])
+def test_num_workers_that_disagrees_with_the_launched_world_is_an_error(tmp_path, launched, asked):
+    out = mpiexec(launched, "--workers", str(asked), "--storage", str(tmp_path), expect=3)
+    assert (f"ScalingConfig(num_workers={asked}) but {launched} rank(s) were launched"
+            in out.output)
+    assert not (tmp_path / "exp").exists()
+
+
+def test_a_lambda_cannot_be_sent_to_spawned_ranks(tmp_path):
+    script = tmp_path / "lam.py"
+    script.write_text(textwrap.dedent(f"""
+        import hpckit
+        from hpckit import RunConfig, ScalingConfig
+        from hpckit.torch import TorchTrainer
+        if __name__ == "__main__":
+            try:
+                TorchTrainer(lambda: None, scaling_config=ScalingConfig(num_workers=2),
+                             run_config=RunConfig(name="l", storage_path={str(tmp_path)!r})).fit()
+            except hpckit.LaunchError as exc:
+                print("LAUNCH-ERROR", exc)
+    """))
+    out = run([sys.executable, str(script)], timeout=60)
+    assert "LAUNCH-ERROR the trainer cannot be sent to the ranks" in out.output
+    assert "module level" in out.output

@@ -1,0 +1,52 @@
+"""Manifest serialisation and validation: pure, no MPI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hpckit._manifest import (CheckpointRecord, FileRecord, Manifest, is_safe_relpath)
+from hpckit.errors import ManifestError
+
+
+def sample() -> Manifest:
+    rec = CheckpointRecord(3, "checkpoint_000003", 7, 1.5, {"loss": 0.25},
+                           [FileRecord("model-rank=1.pt", 10, 1, "ab" * 32)])
+    return Manifest("exp", 4, {"argv": ["train.py"]}, {"a": 1}, {"num_to_keep": 2}, 1.0,
+                    [rec], 4, 8, [{"attempt": 0, "status": "finished"}])
+
+
+def test_round_trip_is_exact():
+    m = sample()
+    text = m.to_json()
+    assert Manifest.from_json(text, "x") == m
+    body = json.loads(text)
+    assert body["format"] == "hpckit.manifest" and body["format_version"] == 1
+    assert body["latest"] == "checkpoint_000003"
+
+
+@pytest.mark.parametrize("edit,fragment", [
+    (lambda b: b.pop("world_size"), "field world_size: missing"),
+    (lambda b: b.update(checkpoints={}), "field checkpoints: expected list"),
+    (lambda b: b["checkpoints"][0].update(index="3"), "checkpoints[0].index: expected int"),
+    (lambda b: b["checkpoints"][0].update(directory="../../etc"), "is not checkpoint_000003"),
+    (lambda b: b["checkpoints"][0]["files"][0].update(path="../x"), "leaves the checkpoint"),
+    (lambda b: b["checkpoints"][0]["files"][0].update(path="/etc/passwd"), "leaves the checkpoint"),
+    (lambda b: b["checkpoints"][0]["files"][0].update(size=None), "files[0].size: expected int"),
+    (lambda b: b["checkpoints"].append(dict(b["checkpoints"][0])), "lists an index twice"),
+    (lambda b: b.update(format="other"), "is not an hpckit manifest"),
+])
+def test_invalid_fields_are_named(edit, fragment):
+    body = json.loads(sample().to_json())
+    edit(body)
+    with pytest.raises(ManifestError) as info:
+        Manifest.from_json(json.dumps(body), "/x/manifest.json")
+    assert fragment in str(info.value) and "/x/manifest.json" in str(info.value)
+
+
+@pytest.mark.parametrize("path,ok", [("a.pt", True), ("d/a.pt", True), ("../a", False),
+                                     ("/a", False), ("a/../b", False), ("", False),
+                                     ("a//b", False), ("./a", False), ("a\\b", False)])
+def test_safe_relative_paths(path, ok):
+    assert is_safe_relpath(path) is ok

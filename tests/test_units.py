@@ -1,0 +1,82 @@
+"""Pure pieces: metrics conversion, URI redaction, GPU assignment, environment table."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from hpckit._devices import assign_gpus, cpu_threads
+from hpckit._env import Environment
+from hpckit._metrics import to_json_metrics
+from hpckit._uri import redact, resolve
+from hpckit.errors import LaunchError, MetricsError, StorageError
+
+
+def test_metrics_conversion():
+    out = to_json_metrics({"t": torch.tensor(1.5), "n": np.float32(2.0), "i": np.int64(3),
+                           "nan": math.nan, "list": [torch.tensor([4])], "d": {"b": True}})
+    assert out == {"t": 1.5, "n": 2.0, "i": 3, "nan": None, "list": [4], "d": {"b": True}}
+
+
+def test_metrics_refuse_multi_element_tensors():
+    with pytest.raises(MetricsError, match="metric 'w'"):
+        to_json_metrics({"w": torch.ones(3)})
+
+
+@pytest.mark.parametrize("uri,redacted", [
+    ("s3://AKIA:SECRET@bucket/p?endpoint_override=http://h:9000",
+     "s3://***@bucket/p?endpoint_override=http://h:9000"),
+    ("s3://bucket/p?session_token=abc&region=us", "s3://bucket/p?session_token=***&region=us"),
+    ("see s3://k:s@b/x for details", "see s3://***@b/x for details"),
+    ("/plain/path", "/plain/path"),
+])
+def test_redaction(uri, redacted):
+    assert redact(uri) == redacted
+
+
+def test_resolve_local_paths_and_file_uris(tmp_path):
+    assert resolve(str(tmp_path)).path == str(tmp_path)
+    assert resolve(f"file://{tmp_path}").path == str(tmp_path)
+    assert resolve("~/x").path.endswith("/x") and not resolve("~/x").path.startswith("~")
+
+
+def test_resolve_unknown_scheme_is_a_clear_error():
+    with pytest.raises(StorageError, match=r"cannot open storage 'nope://\*\*\*@b/x'") as info:
+        resolve("nope://k:secret@b/x")
+    assert "secret" not in str(info.value)
+
+
+def test_gpus_split_among_local_ranks():
+    vis = [None] * 4
+    assert [assign_gpus(r, 4, 1, 4, vis, "n") for r in range(4)] == [[0], [1], [2], [3]]
+    assert [assign_gpus(r, 2, 2, 4, vis[:2], "n") for r in range(2)] == [[0, 1], [2, 3]]
+    assert [assign_gpus(r, 4, 0.5, 2, vis, "n") for r in range(4)] == [[0], [0], [1], [1]]
+
+
+def test_gpus_when_the_launcher_gave_each_rank_its_own():
+    vis = ["0", "1", "2"]
+    assert [assign_gpus(r, 3, 1, 1, vis, "n") for r in range(3)] == [[0], [0], [0]]
+
+
+def test_too_few_gpus_on_a_node_names_it():
+    with pytest.raises(LaunchError, match="node gpu07 has 2 visible GPU\\(s\\) but its 4 rank"):
+        assign_gpus(3, 4, 1, 2, [None] * 4, "gpu07")
+
+
+def test_cpu_threads():
+    assert cpu_threads(None, 16, 4) == 4 and cpu_threads(3, 16, 4) == 3 and cpu_threads(None, 2, 4) == 1
+
+
+@pytest.mark.parametrize("environ,launcher,tasks", [
+    ({}, None, None),
+    ({"PMI_SIZE": "3", "PMI_RANK": "0"}, "mpiexec", 3),
+    ({"OMPI_COMM_WORLD_SIZE": "2"}, "mpiexec", 2),
+    ({"SLURM_STEP_NUM_TASKS": "4", "PMI_SIZE": "4"}, "srun", 4),
+    ({"SLURM_JOB_ID": "7"}, None, None),
+])
+def test_launcher_detection(environ, launcher, tasks):
+    env = Environment.read(environ)
+    assert env.launcher == launcher and env.launched_tasks == tasks
