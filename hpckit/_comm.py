@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 import socket
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +45,19 @@ def discover(comm: Any) -> tuple[Topology, Any]:
     node_rank, num_nodes = local.bcast(node, root=0)
     return Topology(comm.rank, comm.size, local.rank, local.size, node_rank, num_nodes,
                     socket.gethostname()), local
+
+
+def wait_for_all(comm: Any, first: float = 0.0002, longest: float = 0.005) -> None:
+    """A barrier that sleeps while it waits.
+
+    MPI implementations busy-poll inside blocking collectives; ranks waiting there for rank 0
+    to finish writing a checkpoint would take the CPU that the copy and its hash need.
+    """
+    request = comm.Ibarrier()
+    delay = first
+    while not request.Test():
+        time.sleep(delay)
+        delay = min(delay * 2, longest)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hpckit import _experiment, _retention, _storage
-from hpckit._comm import RankFailure, attempt, describe, raise_failures
+from hpckit._comm import RankFailure, attempt, describe, raise_failures, wait_for_all
 from hpckit._log import log
 from hpckit._manifest import CheckpointRecord, FileRecord, checkpoint_dirname, is_safe_relpath
 from hpckit._metrics import to_json_metrics
@@ -68,10 +68,12 @@ def commit_report(session: Session, metrics: Any, checkpoint: Checkpoint | None)
         return
     started = time.perf_counter()
     records, failure = attempt(rank, lambda: _persist(session, plan, source, rank))
+    wait_for_all(comm)
     outcomes = comm.gather((records, failure), root=0)
     record: CheckpointRecord | None = None
     if rank == 0:
         record, failure = attempt(0, lambda: _commit(session, plan, outcomes, started))
+    wait_for_all(comm)
     record, failure = comm.bcast((record, failure), root=0)
     raise_failures([failure] if failure else [], "report()", CommitError)
     session.latest = Checkpoint._at(session.context.experiment.join(plan.directory))

@@ -1,0 +1,114 @@
+"""Core benchmarks: JSON lines, each figure beside a baseline measured in the same run.
+
+    python benchmarks/core.py [--storage DIR] [--quick]
+
+Figures: fit() to the first training step (beside the time to import torch); report()
+without a checkpoint at 2 and 4 ranks (beside a bare MPI gather+bcast); report() with a
+64 MiB and a 1 GiB rank-0 checkpoint (beside Python writing and fsyncing the same bytes);
+the Ray Train comparison workload (beside the same compute with no framework), and the
+time to recover from a worker failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKLOAD = os.path.join(HERE, "workload.py")
+MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or "mpiexec"
+RAY_TRAIN_2_60 = {"whole_job_s": 45.6, "fit_to_first_step_s": 14.3, "blocked_per_report_s": 1.26,
+                  "recovery_s": 9.4}
+
+
+def emit(**figures: object) -> None:
+    print(json.dumps(figures), flush=True)
+
+
+def bench_lines(command: list[str], timeout: float = 600) -> tuple[list[dict], float]:
+    started = time.perf_counter()
+    out = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                         env={**os.environ, "HPCKIT_LOG_LEVEL": "WARNING"})
+    wall = time.perf_counter() - started
+    if out.returncode != 0:
+        sys.exit(f"benchmark command failed: {' '.join(command)}\n{out.stdout}\n{out.stderr}")
+    lines = [json.loads(l.split("BENCH ", 1)[1]) for l in out.stdout.splitlines() if "BENCH " in l]
+    return lines, wall
+
+
+def timed(command: list[str], repeat: int = 3) -> float:
+    walls = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        subprocess.run(command, check=True, capture_output=True)
+        walls.append(time.perf_counter() - started)
+    return statistics.median(walls)
+
+
+def ranks(n: int, *args: str) -> list[str]:
+    return [MPIEXEC, "-n", str(n), sys.executable, WORKLOAD, *args]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--storage", default=None, help="where checkpoints go (default: a temp dir)")
+    parser.add_argument("--quick", action="store_true", help="skip the 1 GiB checkpoint")
+    args = parser.parse_args()
+    storage = args.storage or tempfile.mkdtemp(prefix="hpckit-bench-")
+    os.makedirs(storage, exist_ok=True)
+    try:
+        run_all(storage, args.quick)
+    finally:
+        if args.storage is None:
+            shutil.rmtree(storage, ignore_errors=True)
+
+
+def run_all(storage: str, quick: bool) -> None:
+    py = sys.executable
+    startup = timed([py, "-c", "pass"])
+    torch_import = timed([py, "-c", "import torch"])
+    emit(figure="baseline_import_torch", python_start_s=startup, import_torch_s=torch_import)
+
+    (line,), _ = bench_lines(ranks(2, "first-step", "--storage", storage))
+    emit(figure="fit_to_first_step", launch="mpiexec -n 2", seconds=line["first_step"] - line["fit_called"],
+         baseline="already imported torch in each rank", target_s=1.5)
+    (line,), wall = bench_lines([py, WORKLOAD, "first-step", "--storage", storage, "--workers", "2"])
+    spent = line["first_step"] - line["fit_called"]
+    emit(figure="fit_to_first_step", launch="python train.py (hpckit starts 2 ranks)", seconds=spent,
+         beyond_import_torch_s=spent - torch_import, baseline_import_torch_s=torch_import,
+         target_beyond_s=1.5, ray_train_2_60_s=RAY_TRAIN_2_60["fit_to_first_step_s"])
+
+    for n in (2, 4):
+        (line,), _ = bench_lines(ranks(n, "report-empty", "--storage", storage, "--reports", "300"))
+        emit(**line, target_ms=5.0)
+
+    sizes = [(64, 11)] + ([] if quick else [(1024, 3)])
+    for mib, reps in sizes:
+        (line,), _ = bench_lines(ranks(2, "report-checkpoint", "--storage", storage, "--mib",
+                                       str(mib), "--reps", str(reps)))
+        emit(**line)
+
+    plain_wall = timed([py, WORKLOAD, "plain", "--storage", storage], repeat=1)
+    lines, wall = bench_lines([py, WORKLOAD, "ray", "--storage", storage, "--workers", "2"])
+    epochs = next(l for l in lines if l["figure"] == "ray_workload_epochs")
+    emit(figure="ray_train_workload", description="2 ranks, 64 MiB model, checkpoint each of 10 "
+         "epochs, top-2 by loss, python train.py", whole_job_s=wall,
+         blocked_per_report_s=epochs["blocked_per_report_s"],
+         baseline="same compute and torch.save+fsync in one process, no framework",
+         baseline_whole_job_s=plain_wall, ray_train_2_60=RAY_TRAIN_2_60)
+
+    lines, wall = bench_lines([py, WORKLOAD, "ray-fail", "--storage", storage, "--workers", "2"])
+    recovery = next(l for l in lines if l["figure"] == "recovery_after_worker_failure")
+    emit(**recovery, whole_job_with_one_failure_s=wall,
+         ray_train_2_60_s=RAY_TRAIN_2_60["recovery_s"])
+
+
+if __name__ == "__main__":
+    main()
