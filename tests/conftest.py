@@ -87,3 +87,20 @@ def checkpoint_dirs(experiment: Path) -> list[str]:
 def world(request: pytest.FixtureRequest) -> int:
     """Each multi-rank test runs at every world size; odd sizes catch off-by-ones."""
     return request.param
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory: pytest.TempPathFactory):
+    """A real one-node Slurm, started once for the session and stopped by PID afterwards."""
+    import slurm_cluster
+
+    absent = slurm_cluster.missing()
+    if absent:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must test with a real Slurm, but {', '.join(absent)} is missing; "
+                        "run .ci/install as root")
+        pytest.skip(f"Slurm is not installed ({', '.join(absent)} missing); .ci/install "
+                    "installs it when run as root")
+    cluster = slurm_cluster.start(tmp_path_factory.mktemp("slurm"))
+    yield cluster
+    cluster.stop()

@@ -1,0 +1,150 @@
+"""A real one-node Slurm for the tests: munged, slurmctld and slurmd from a private config
+directory, on free loopback ports, each stopped by its PID. Nothing is installed system-wide."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DAEMONS = ("munged", "slurmctld", "slurmd", "srun", "sbatch")
+
+
+def missing() -> list[str]:
+    return [d for d in DAEMONS if not _which(d)]
+
+
+def _which(name: str) -> str | None:
+    return shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Slurm:
+    root: Path
+    env: dict[str, str]
+    processes: list[subprocess.Popen] = field(default_factory=list)
+
+    def run(self, *command: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(command, env=self.env, capture_output=True, text=True,
+                              timeout=timeout, check=check)
+
+    def logs(self) -> str:
+        parts = []
+        for name in ("slurmctld.log", "slurmd.log"):
+            path = self.root / name
+            if path.exists():
+                parts.append(f"--- {name} ---\n" + "\n".join(path.read_text().splitlines()[-40:]))
+        return "\n".join(parts)
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in reversed(self.processes):
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def start(root: Path) -> Slurm:
+    root.mkdir(parents=True, exist_ok=True)
+    for sub in ("munge-key", "munge-run", "state", "spool"):
+        (root / sub).mkdir(exist_ok=True)
+    os.chmod(root / "munge-key", 0o700)
+    os.chmod(root / "munge-run", 0o755)
+    key = root / "munge-key" / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    os.chmod(key, 0o600)
+    munge_socket = root / "munge-run" / "munge.socket"
+    host = socket.gethostname()
+    conf = root / "slurm.conf"
+    conf.write_text(_config(root, host, munge_socket))
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    for name in list(env):
+        if name.startswith(("SLURM_", "PMI_", "OMPI_")) and name != "SLURM_CONF":
+            del env[name]
+    slurm = Slurm(root, env)
+    try:
+        slurm.processes.append(_spawn(
+            [_which("munged"), "--foreground", "--force", f"--socket={munge_socket}",
+             f"--key-file={key}", f"--log-file={root}/munged.log",
+             f"--pid-file={root}/munged.pid", f"--seed-file={root}/munged.seed"], env))
+        _wait_for(lambda: munge_socket.exists(), 15, "munged did not create its socket")
+        slurm.processes.append(_spawn([_which("slurmctld"), "-D", "-f", str(conf)], env))
+        slurm.processes.append(_spawn([_which("slurmd"), "-D", "-f", str(conf), "-N", host], env))
+        _wait_for(lambda: slurm.run("srun", "-N1", "-t", "1", "true", timeout=30,
+                                    check=False).returncode == 0, 90,
+                  "Slurm never ran `srun -N1 true`")
+    except BaseException:
+        logs = slurm.logs()
+        slurm.stop()
+        raise RuntimeError(f"could not start Slurm in {root}:\n{logs}") from None
+    return slurm
+
+
+def _spawn(command: list[str | None], env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([str(c) for c in command], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def _wait_for(ready, timeout: float, message: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            raise RuntimeError(message)
+        time.sleep(0.5)
+
+
+def _node_line(host: str) -> str:
+    """8 cores whatever the machine has (config_overrides), so 3- and 4-rank jobs fit on 2."""
+    detected = subprocess.run([_which("slurmd"), "-C"], capture_output=True, text=True).stdout
+    memory = next((int(p.split("=")[1]) for p in detected.split() if p.startswith("RealMemory=")),
+                  2048)
+    return (f"NodeName={host} NodeAddr=127.0.0.1 CPUs=8 Boards=1 SocketsPerBoard=1 "
+            f"CoresPerSocket=8 ThreadsPerCore=1 RealMemory={int(memory * 0.9)} State=UNKNOWN")
+
+
+def _config(root: Path, host: str, munge_socket: Path) -> str:
+    return f"""\
+ClusterName=hpckit-test
+SlurmctldHost={host}(127.0.0.1)
+SlurmctldPort={_free_port()}
+SlurmdPort={_free_port()}
+SlurmUser=root
+SlurmdUser=root
+SlurmdParameters=config_overrides
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={munge_socket},cred_expire=10
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=pmi2
+MailProg=/bin/true
+ReturnToService=2
+SchedulerParameters=sched_interval=5,bf_interval=5
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool
+SlurmctldPidFile={root}/slurmctld.pid
+SlurmdPidFile={root}/slurmd.pid
+SlurmctldLogFile={root}/slurmctld.log
+SlurmdLogFile={root}/slurmd.log
+JobCompType=jobcomp/none
+AccountingStorageType=accounting_storage/none
+{_node_line(host)}
+PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
