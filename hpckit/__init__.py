@@ -6,9 +6,18 @@ from hpckit._session import get_checkpoint, get_context, report
 from hpckit.checkpoint import Checkpoint
 from hpckit.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from hpckit.context import TrainContext
-from hpckit.errors import (CheckpointError, CommitError, ConfigError, HpckitError, LaunchError,
-                           ManifestError, MetricsError, ReportMismatchError, StorageError,
-                           TrainingFailedError)
+from hpckit.errors import (
+                           CheckpointError,
+                           CommitError,
+                           ConfigError,
+                           HpckitError,
+                           LaunchError,
+                           ManifestError,
+                           MetricsError,
+                           ReportMismatchError,
+                           StorageError,
+                           TrainingFailedError,
+)
 from hpckit.result import Result
 
 __version__ = "0.1.0"

@@ -132,7 +132,7 @@ def on_root(comm: Any, fn: Callable[[], T], what: str,
     outcome = attempt(0, fn) if comm.rank == 0 else None
     value, failure = comm.bcast(outcome, root=0)
     raise_failures([failure] if failure else [], what, kind)
-    return value  # type: ignore[return-value]
+    return value
 
 
 def everywhere(comm: Any, fn: Callable[[], T], what: str,
@@ -140,4 +140,4 @@ def everywhere(comm: Any, fn: Callable[[], T], what: str,
     """Run ``fn`` on every rank; all results to every rank, or one error raised on every rank."""
     outcomes = comm.allgather(attempt(comm.rank, fn))
     raise_failures([f for _, f in outcomes if f], what, kind)
-    return [v for v, _ in outcomes]  # type: ignore[misc]
+    return [v for v, _ in outcomes]

@@ -63,20 +63,21 @@ def commit_report(session: Session, metrics: Any, checkpoint: Checkpoint | None)
     session.reports += 1
     announcements = comm.gather(_Announcement(REPORT, session.reports, files, failure), root=0)
     plan = _decide(session, announcements)
-    if plan.directory is None:
+    directory = plan.directory
+    if directory is None:
         session.next_step = plan.step + 1
         return
     started = time.perf_counter()
-    records, failure = attempt(rank, lambda: _persist(session, plan, source, rank))
+    records, failure = attempt(rank, lambda: _persist(session, plan, directory, source, rank))
     wait_for_all(comm)
     outcomes = comm.gather((records, failure), root=0)
     record: CheckpointRecord | None = None
     if rank == 0:
-        record, failure = attempt(0, lambda: _commit(session, plan, outcomes, started))
+        record, failure = attempt(0, lambda: _commit(session, plan, directory, outcomes, started))
     wait_for_all(comm)
     record, failure = comm.bcast((record, failure), root=0)
     raise_failures([failure] if failure else [], "report()", CommitError)
-    session.latest = Checkpoint._at(session.context.experiment.join(plan.directory))
+    session.latest = Checkpoint._at(session.context.experiment.join(directory))
     session.next_step = plan.step + 1
 
 
@@ -88,7 +89,8 @@ def finish(session: Session) -> None:
 
 def _decide(session: Session, announcements: list[_Announcement] | None) -> _Plan:
     """Rank 0 makes the plan from every rank's announcement; every rank receives it."""
-    outcome = attempt(0, lambda: _plan(session, announcements)) if session.comm.rank == 0 else None
+    outcome = (attempt(0, lambda: _plan(session, announcements or []))
+               if session.comm.rank == 0 else None)
     plan, failure = session.comm.bcast(outcome, root=0)
     raise_failures([failure] if failure else [], "report()", CommitError)
     return plan
@@ -102,21 +104,22 @@ def _plan(session: Session, announcements: list[_Announcement]) -> _Plan:
     step = session.next_step
     if announcements[0].kind == FINISH:
         return _Plan(step)
+    manifest, metrics = session.coordinator_state()
     handed = {rank: a.files for rank, a in enumerate(announcements) if a.files is not None}
     if not handed:
-        session.metrics.append(step, session.last_metrics or {}, None)
+        metrics.append(step, session.last_metrics or {}, None)
         return _Plan(step)
     writes, hashes = _assign_writers(handed)
-    return _Plan(step, checkpoint_dirname(session.manifest.next_checkpoint_index), writes, hashes)
+    return _Plan(step, checkpoint_dirname(manifest.next_checkpoint_index), writes, hashes)
 
 
 def _check_counts(announcements: list[_Announcement]) -> None:
     kinds = {(a.kind, a.count) for a in announcements}
     if len(kinds) == 1:
         return
-    lines = [f"rank {r}: {'returned from the training function after' if a.kind == FINISH else 'called report() for the'} "
-             f"{_ordinal(a.count) if a.kind == REPORT else a.count} "
-             f"{'time' if a.kind == REPORT else 'report() call(s)'}" for r, a in enumerate(announcements)]
+    lines = [f"rank {r}: called report() for the {_ordinal(a.count)} time" if a.kind == REPORT
+             else f"rank {r}: returned from the training function after {a.count} report() call(s)"
+             for r, a in enumerate(announcements)]
     raise ReportMismatchError(
         "ranks disagree on the number of report() calls; every rank must call report() the same "
         "number of times (report is collective; pass checkpoint=None on ranks without files):\n  "
@@ -182,12 +185,13 @@ def _list_source(source: str, rank: int) -> list[tuple[str, int]]:
     return sorted(files)
 
 
-def _persist(session: Session, plan: _Plan, source: str | None, rank: int) -> list[FileRecord]:
+def _persist(session: Session, plan: _Plan, directory: str, source: str | None,
+             rank: int) -> list[FileRecord]:
     writes, hashes = plan.writes.get(rank, []), plan.hashes.get(rank, [])
     if not writes and not hashes:
         return []
     assert source is not None
-    target = session.context.experiment.join(plan.directory)
+    target = session.context.experiment.join(directory)
 
     def one(rel: str) -> FileRecord:
         src = os.path.join(source, rel)
@@ -211,20 +215,20 @@ def _directories(root: str, files: list[str]) -> set[str]:
     return dirs
 
 
-def _commit(session: Session, plan: _Plan,
+def _commit(session: Session, plan: _Plan, directory: str,
             outcomes: list[tuple[list[FileRecord] | None, RankFailure | None]],
             started: float) -> CheckpointRecord:
     experiment = session.context.experiment
+    manifest, metrics = session.coordinator_state()
     failures = [f for _, f in outcomes if f]
     try:
         if failures:
-            raise CommitError(describe(failures, f"persisting {plan.directory}"))
+            raise CommitError(describe(failures, f"persisting {directory}"))
         files = _merge(plan, [records or [] for records, _ in outcomes])
     except HpckitError:
-        _discard(experiment, plan.directory)
+        _discard(experiment, directory)
         raise
-    manifest = session.manifest
-    record = CheckpointRecord(manifest.next_checkpoint_index, plan.directory, plan.step,
+    record = CheckpointRecord(manifest.next_checkpoint_index, directory, plan.step,
                               time.time(), session.last_metrics or {}, files)
     candidates = [*manifest.checkpoints, record]
     evicted = _retention.select_evictions(candidates, session.checkpoint_config)
@@ -232,9 +236,9 @@ def _commit(session: Session, plan: _Plan,
                       next_checkpoint_index=record.index + 1, next_step=plan.step + 1)
     _experiment.write_manifest(experiment, updated)
     session.manifest = updated
-    log.info("step %d: committed %s (%s in %d file(s)) in %.0f ms", plan.step, plan.directory,
+    log.info("step %d: committed %s (%s in %d file(s)) in %.0f ms", plan.step, directory,
              _human(record.size), len(files), (time.perf_counter() - started) * 1000)
-    session.metrics.append(plan.step, record.metrics, plan.directory)
+    metrics.append(plan.step, record.metrics, directory)
     _experiment.evict(experiment, evicted)
     return record
 

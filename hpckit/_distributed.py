@@ -39,12 +39,11 @@ def setup(comm: Any, local_comm: Any, topology: Topology, scaling: ScalingConfig
         torch.set_num_threads(threads)
     if dist.is_initialized():
         return _device
-    host = _rendezvous_host(topology, env) if comm.rank == 0 else None
     store = None
     if comm.rank == 0:
-        store = dist.TCPStore(host, 0, topology.world_size, is_master=True, timeout=timeout,
-                              wait_for_workers=False)
-    host, port = comm.bcast((host, store.port if store else None), root=0)
+        store = dist.TCPStore(_rendezvous_host(topology, env), 0, topology.world_size,
+                              is_master=True, timeout=timeout, wait_for_workers=False)
+    host, port = comm.bcast((store.host, store.port) if store else None, root=0)
     if store is None:
         store = dist.TCPStore(host, port, topology.world_size, is_master=False, timeout=timeout)
     backend = "nccl" if scaling.use_gpu else "gloo"

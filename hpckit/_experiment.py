@@ -11,8 +11,7 @@ import pyarrow.fs
 
 from hpckit import _storage
 from hpckit._log import log
-from hpckit._manifest import (MANIFEST_NAME, METRICS_NAME, CheckpointRecord, Manifest,
-                              is_checkpoint_dirname)
+from hpckit._manifest import MANIFEST_NAME, METRICS_NAME, CheckpointRecord, Manifest, is_checkpoint_dirname
 from hpckit._uri import Location
 from hpckit.errors import StorageError
 

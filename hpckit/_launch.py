@@ -43,8 +43,10 @@ def spawn(trainer: TorchTrainer, env: Environment) -> Result:
 
     n = trainer.scaling_config.num_workers
     trainer = trainer._named(env)
+    name = trainer.run_config.name
+    assert name is not None, "_named() always sets a name"
     root = trainer._storage_root(env)
-    _experiment.preflight(root, trainer.run_config.name)
+    _experiment.preflight(root, name)
     command = [*_mpiexec(env), "-n", str(n), sys.executable, "-m", "hpckit._worker"]
     limit = trainer.run_config.failure_config.max_failures
     payload = tempfile.mkdtemp(prefix="hpckit-launch-", dir=env.local_dir)
@@ -55,11 +57,11 @@ def spawn(trainer: TorchTrainer, env: Environment) -> Result:
             log.info("starting %d ranks (attempt %d): %s", n, attempt, " ".join(command))
             code = _run(command, payload, attempt)
             if code == 0:
-                return Result.from_path(root.join(trainer.run_config.name).path, root.filesystem)
+                return Result.from_path(root.join(name).path, root.filesystem)
             failure = _read_failures(payload, code)
             if isinstance(failure, HpckitError) and not isinstance(failure, TrainingFailedError):
                 raise failure
-            _record_failure(root.join(trainer.run_config.name), failure)
+            _record_failure(root.join(name), failure)
             if limit != -1 and attempt >= limit:
                 raise failure
             attempt += 1

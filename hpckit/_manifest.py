@@ -149,6 +149,9 @@ def _parse_checkpoint(raw: Any, check: _Checker, name: str) -> CheckpointRecord:
         metrics=check.field(raw, "metrics", dict, name), files=files)
 
 
+_Kind = type | tuple[type, ...]
+
+
 class _Checker:
     def __init__(self, where: str) -> None:
         self.where = where
@@ -156,12 +159,12 @@ class _Checker:
     def fail(self, name: str, problem: str) -> None:
         raise ManifestError(f"manifest {self.where}: field {name}: {problem}.")
 
-    def type(self, value: Any, kind: type | tuple[type, ...], name: str) -> None:
+    def type(self, value: Any, kind: _Kind, name: str) -> None:
         if isinstance(value, bool) or not isinstance(value, kind):
             expected = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
             self.fail(name, f"expected {expected}, got {type(value).__name__}")
 
-    def field(self, body: dict[str, Any], key: str, kind: type | tuple[type, ...],
+    def field(self, body: dict[str, Any], key: str, kind: _Kind,
               parent: str = "") -> Any:
         name = f"{parent}.{key}" if parent else key
         if key not in body:

@@ -36,7 +36,7 @@ def prepare_data_loader(loader: DataLoader, move_to_device: bool = True) -> Iter
     """
     if _world_size() > 1 and not isinstance(loader.sampler, DistributedSampler):
         shuffle = isinstance(loader.sampler, RandomSampler)
-        sampler = DistributedSampler(loader.dataset, shuffle=shuffle)
+        sampler: DistributedSampler = DistributedSampler(loader.dataset, shuffle=shuffle)
         loader = DataLoader(
             loader.dataset, batch_size=loader.batch_size, sampler=sampler,
             num_workers=loader.num_workers, collate_fn=loader.collate_fn,

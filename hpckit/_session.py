@@ -28,6 +28,12 @@ class Session:
     reports: int = 0
     last_metrics: dict[str, Any] | None = None
 
+    def coordinator_state(self) -> tuple[Manifest, MetricsLog]:
+        """The manifest and metrics log, which only rank 0 holds."""
+        if self.manifest is None or self.metrics is None:
+            raise RuntimeError(f"rank {self.comm.rank} asked for rank 0's manifest")
+        return self.manifest, self.metrics
+
 
 _current: Session | None = None
 

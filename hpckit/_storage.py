@@ -40,7 +40,8 @@ def _explain(exc: BaseException) -> str:
     if code == errno.ENOSPC or "No space left" in str(exc):
         return "the disk is full (No space left on device); free space or point storage_path elsewhere"
     if code in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return f"permission denied ({exc.strerror or exc}); choose a storage_path you can write"
+        reason = getattr(exc, "strerror", None) or exc
+        return f"permission denied ({reason}); choose a storage_path you can write"
     return redact(str(exc)) or type(exc).__name__
 
 

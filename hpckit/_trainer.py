@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import socket
 import sys
@@ -23,7 +24,7 @@ from hpckit._uri import Location, resolve
 from hpckit.checkpoint import Checkpoint
 from hpckit.config import RunConfig, ScalingConfig
 from hpckit.context import TrainContext
-from hpckit.errors import ConfigError, LaunchError, StorageError, TrainingFailedError
+from hpckit.errors import ConfigError, LaunchError, StorageError
 from hpckit.result import Result
 
 DEFAULT_STORAGE = "~/hpckit_results"
@@ -149,12 +150,12 @@ class TorchTrainer:
             raise _TrainingError(exc, getattr(exc, "_hpckit_collective", False)) from exc
         finally:
             activate(None)
-        history = None
+        summary = None
         if comm.rank == 0:
             _close_attempt(session, "finished", None)
-            history = [_entry(line) for line in session.metrics.lines]
-        manifest_json, history = comm.bcast(
-            (session.manifest.to_json() if comm.rank == 0 else None, history), root=0)
+            final, log_ = session.coordinator_state()
+            summary = (final.to_json(), [json.loads(line) for line in log_.lines])
+        manifest_json, history = comm.bcast(summary, root=0)
         return Result._build(experiment, Manifest.from_json(manifest_json, experiment.display), history)
 
     def _call_train_loop(self) -> None:
@@ -205,7 +206,8 @@ class TorchTrainer:
             "scaling_config": _jsonable(asdict(self.scaling_config)),
             "storage_path": root.display,
             "failure_config": asdict(run.failure_config),
-            "resume_from_checkpoint": self.resume_from_checkpoint.uri if self.resume_from_checkpoint else None,
+            "resume_from_checkpoint": (self.resume_from_checkpoint.uri
+                                       if self.resume_from_checkpoint else None),
         }
 
 
@@ -292,7 +294,3 @@ def _jsonable(value: Any) -> Any:
     return repr(value)
 
 
-def _entry(line: str) -> dict[str, Any]:
-    import json
-
-    return json.loads(line)

@@ -1,0 +1,22 @@
+"""The package passes ruff and mypy (part of the test command, so CI runs them)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+RUFF = ["--line-length", "110", "--select", "E,F,W,I,B,UP", "--target-version", "py311"]
+
+
+def test_ruff():
+    out = subprocess.run([sys.executable, "-m", "ruff", "check", *RUFF, "hpckit"], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_mypy():
+    out = subprocess.run([sys.executable, "-m", "mypy", "hpckit"], cwd=ROOT, capture_output=True,
+                         text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
