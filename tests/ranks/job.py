@@ -60,6 +60,14 @@ def train_loop(config: dict) -> None:
     assert sorted(v[0] for v in views) == list(range(size)), views
     assert sorted(v[2] for v in views) == list(range(size)), views
     assert all(v[1] == size == v[3] and v[4] == 0 and v[5] == views[0][5] for v in views), views
+    # prepare_data_loader: disjoint shares covering the data, reshuffled every epoch.
+    ids = prepare_data_loader(torch.utils.data.DataLoader(range(40), batch_size=4, shuffle=True))
+    epochs = [[int(i) for batch in ids for i in batch] for _ in range(2)]
+    shares = MPI.COMM_WORLD.allgather(epochs)
+    for e in range(2):
+        seen = sorted(i for share in shares for i in share[e])
+        assert set(seen) == set(range(40)) and len(seen) == 40 + (-40 % size), seen
+    assert size == 1 or any(s[0] != s[1] for s in shares), "epochs were not reshuffled"
     torch.manual_seed(0)
     model = prepare_model(torch.nn.Linear(4, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
