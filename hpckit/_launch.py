@@ -127,6 +127,8 @@ def _run(command: list[str], payload: str, attempt: int) -> int:
     for stale in os.listdir(os.path.join(payload, "errors")):
         os.unlink(os.path.join(payload, "errors", stale))
     process = subprocess.Popen(command, env=env)
+    forward = lambda signum, _frame: process.send_signal(signum)  # noqa: E731
+    previous = signal.signal(signal.SIGTERM, forward)  # a killed parent must not orphan ranks
     try:
         return process.wait()
     except BaseException:
@@ -136,6 +138,8 @@ def _run(command: list[str], payload: str, attempt: int) -> int:
         except subprocess.TimeoutExpired:
             process.kill()
         raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _read_failures(payload: str, code: int) -> BaseException:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from conftest import checkpoint_dirs, manifest, mpiexec, python
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import JOB, checkpoint_dirs, manifest, mpiexec, python
 
 
 def test_exception_in_one_rank_stops_all_ranks_and_names_it(tmp_path):
@@ -68,3 +74,26 @@ def test_single_rank_retries_in_process(tmp_path):
                  "--fail-epoch", "1", "--max-failures", "-1", timeout=90)
     assert run.line("SEEN") == "[1, 2]"
     assert [a["status"] for a in manifest(tmp_path / "exp")["attempts"]] == ["failed", "finished"]
+
+
+def test_a_killed_rank_is_restarted_and_the_run_resumes(tmp_path):
+    marker = tmp_path / "hanging"
+    process = subprocess.Popen(
+        [sys.executable, str(JOB), "--workers", "3", "--storage", str(tmp_path), "--epochs", "4",
+         "--hang-rank", "1", "--hang-epoch", "2", "--hang-file", str(marker), "--max-failures", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not marker.exists():
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0]
+            time.sleep(0.1)
+        os.kill(int(marker.read_text()), signal.SIGKILL)
+        output, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 0, output
+    assert "SEEN [2, 3]" in output and "no rank reported an exception" in output
+    m = manifest(tmp_path / "exp")
+    assert [a["status"] for a in m["attempts"]] == ["failed", "finished"]
+    assert m["latest"] == "checkpoint_000003"
