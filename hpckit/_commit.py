@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hpckit import _experiment, _retention, _storage
+from hpckit import _experiment, _retention, _stop, _storage
 from hpckit._comm import RankFailure, attempt, describe, raise_failures, wait_for_all
 from hpckit._log import log
 from hpckit._manifest import CheckpointRecord, FileRecord, checkpoint_dirname, is_safe_relpath
@@ -35,11 +35,13 @@ class _Announcement:
     count: int
     files: list[tuple[str, int]] | None = None
     failure: RankFailure | None = None
+    stop: str | None = None
 
 
 @dataclass(frozen=True)
 class _Plan:
     step: int
+    stop: str | None = None
     directory: str | None = None
     writes: dict[int, list[str]] = field(default_factory=dict)
     hashes: dict[int, list[str]] = field(default_factory=dict)
@@ -61,8 +63,13 @@ def commit_report(session: Session, metrics: Any, checkpoint: Checkpoint | None)
 
     files, failure = attempt(rank, prepare)
     session.reports += 1
-    announcements = comm.gather(_Announcement(REPORT, session.reports, files, failure), root=0)
+    announcements = comm.gather(
+        _Announcement(REPORT, session.reports, files, failure, _stop.received()), root=0)
     plan = _decide(session, announcements)
+    if plan.stop and not session.context._stop_requested:
+        session.context._stop_requested = True
+        log.warning("stop requested (%s): the run stops after its next committed checkpoint",
+                    plan.stop)
     directory = plan.directory
     if directory is None:
         session.next_step = plan.step + 1
@@ -79,6 +86,8 @@ def commit_report(session: Session, metrics: Any, checkpoint: Checkpoint | None)
     raise_failures([failure] if failure else [], "report()", CommitError)
     session.latest = Checkpoint._at(session.context.experiment.join(directory))
     session.next_step = plan.step + 1
+    if session.context._stop_requested:
+        raise _stop.StopRequested(plan.stop)
 
 
 def finish(session: Session) -> None:
@@ -102,15 +111,16 @@ def _plan(session: Session, announcements: list[_Announcement]) -> _Plan:
     if failures:
         raise_failures(failures, "report()", CommitError)
     step = session.next_step
+    stop = next((a.stop for a in announcements if a.stop), None)
     if announcements[0].kind == FINISH:
-        return _Plan(step)
+        return _Plan(step, stop)
     manifest, metrics = session.coordinator_state()
     handed = {rank: a.files for rank, a in enumerate(announcements) if a.files is not None}
     if not handed:
         metrics.append(step, session.last_metrics or {}, None)
-        return _Plan(step)
+        return _Plan(step, stop)
     writes, hashes = _assign_writers(handed)
-    return _Plan(step, checkpoint_dirname(manifest.next_checkpoint_index), writes, hashes)
+    return _Plan(step, stop, checkpoint_dirname(manifest.next_checkpoint_index), writes, hashes)
 
 
 def _check_counts(announcements: list[_Announcement]) -> None:

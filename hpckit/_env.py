@@ -10,12 +10,15 @@ from dataclasses import dataclass, fields
 # OMPI_*; PMIx launchers set PMIX_RANK; srun sets SLURM_STEP_NUM_TASKS inside a job step.
 _VARIABLES = {
     "storage": "HPCKIT_STORAGE",
+    "name": "HPCKIT_NAME",
     "log_level": "HPCKIT_LOG_LEVEL",
     "local_dir": "HPCKIT_LOCAL_DIR",
     "mpiexec": "HPCKIT_MPIEXEC",
     "master_addr": "HPCKIT_MASTER_ADDR",
     "worker": "HPCKIT_WORKER",
+    "pid_dir": "HPCKIT_PID_DIR",
     "attempt": "HPCKIT_ATTEMPT",
+    "stop_signal": "HPCKIT_STOP_SIGNAL",
     "pmi_size": "PMI_SIZE",
     "ompi_size": "OMPI_COMM_WORLD_SIZE",
     "pmix_rank": "PMIX_RANK",
@@ -25,6 +28,7 @@ _VARIABLES = {
     "slurm_array_task_id": "SLURM_ARRAY_TASK_ID",
     "slurm_restart_count": "SLURM_RESTART_COUNT",
     "slurm_nodelist": "SLURM_JOB_NODELIST",
+    "slurm_tasks_per_node": "SLURM_TASKS_PER_NODE",
     "cuda_visible_devices": "CUDA_VISIBLE_DEVICES",
 }
 
@@ -32,12 +36,15 @@ _VARIABLES = {
 @dataclass(frozen=True)
 class Environment:
     storage: str | None = None
+    name: str | None = None
     log_level: str | None = None
     local_dir: str | None = None
     mpiexec: str | None = None
     master_addr: str | None = None
     worker: str | None = None
+    pid_dir: str | None = None
     attempt: str | None = None
+    stop_signal: str | None = None
     pmi_size: str | None = None
     ompi_size: str | None = None
     pmix_rank: str | None = None
@@ -47,6 +54,7 @@ class Environment:
     slurm_array_task_id: str | None = None
     slurm_restart_count: str | None = None
     slurm_nodelist: str | None = None
+    slurm_tasks_per_node: str | None = None
     cuda_visible_devices: str | None = None
 
     @classmethod
@@ -76,7 +84,7 @@ class Environment:
     def slurm(self) -> dict[str, str]:
         """The Slurm job this process belongs to, for the manifest's attempt history."""
         keys = ("slurm_job_id", "slurm_array_job_id", "slurm_array_task_id",
-                "slurm_restart_count", "slurm_nodelist")
+                "slurm_restart_count", "slurm_nodelist", "slurm_tasks_per_node")
         return {k.removeprefix("slurm_"): getattr(self, k) for k in keys if getattr(self, k)}
 
 

@@ -8,6 +8,7 @@ run), stops that import at the script's own ``fit()`` call, and then runs the pi
 from __future__ import annotations
 
 import builtins
+import contextlib
 import json
 import os
 import pickle
@@ -20,9 +21,10 @@ import types
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hpckit import _comm, _experiment
+from hpckit import _comm, _experiment, _stop
 from hpckit._env import Environment, variable
 from hpckit._log import log
+from hpckit._stop import EXIT_STOPPED
 from hpckit._uri import Location
 from hpckit.errors import HpckitError, LaunchError, TrainingFailedError
 
@@ -58,6 +60,8 @@ def spawn(trainer: TorchTrainer, env: Environment) -> Result:
             code = _run(command, payload, attempt)
             if code == 0:
                 return Result.from_path(root.join(name).path, root.filesystem)
+            if code == EXIT_STOPPED:
+                raise SystemExit(EXIT_STOPPED)
             failure = _read_failures(payload, code)
             if isinstance(failure, HpckitError) and not isinstance(failure, TrainingFailedError):
                 raise failure
@@ -123,12 +127,47 @@ def _write_payload(payload: str, trainer: TorchTrainer) -> None:
 
 
 def _run(command: list[str], payload: str, attempt: int) -> int:
-    env = {**os.environ, variable("worker"): payload, variable("attempt"): str(attempt)}
     for stale in os.listdir(os.path.join(payload, "errors")):
         os.unlink(os.path.join(payload, "errors", stale))
-    process = subprocess.Popen(command, env=env)
-    forward = lambda signum, _frame: process.send_signal(signum)  # noqa: E731
-    previous = signal.signal(signal.SIGTERM, forward)  # a killed parent must not orphan ranks
+    return run_process(command, {variable("worker"): payload, variable("attempt"): str(attempt)})
+
+
+def run_script(ranks: int, argv: list[str], max_failures: int, cwd: str | None = None,
+               extra_env: dict[str, str] | None = None) -> int:
+    """``hpckit run``: start ``ranks`` ranks of a script under mpiexec, restarting it after a
+    failure up to ``max_failures`` times (-1: no limit); each attempt resumes from the
+    manifest. Returns the exit status: 0, EXIT_STOPPED, or the last failure's."""
+    env = Environment.read()
+    command = [*_mpiexec(env), "-n", str(ranks), sys.executable, *argv]
+    attempt = 0
+    while True:
+        log.info("attempt %d: %s", attempt, " ".join(command))
+        code = run_process(command, {**(extra_env or {}), variable("attempt"): str(attempt)}, cwd)
+        if code in (0, EXIT_STOPPED) or (max_failures != -1 and attempt >= max_failures):
+            return code
+        attempt += 1
+        log.warning("attempt %d exited with status %d; restarting (restart %d of %s)",
+                    attempt - 1, code, attempt, "unlimited" if max_failures == -1 else max_failures)
+
+
+def run_process(command: list[str], extra_env: dict[str, str], cwd: str | None = None) -> int:
+    """Run the ranks' launcher and wait. SIGTERM goes to the launcher, so a killed parent does
+    not orphan its ranks; the stop signal goes to the ranks themselves, whose PIDs they record
+    in $HPCKIT_PID_DIR, since mpiexec (hydra) dies of SIGUSR2 instead of forwarding it."""
+    pids = tempfile.mkdtemp(prefix="hpckit-pids-")
+    process = subprocess.Popen(command, env={**os.environ, **extra_env,
+                                             variable("pid_dir"): pids}, cwd=cwd)
+    stop = _stop.parse_signal(Environment.read().stop_signal)
+
+    def forward(signum: int, _frame: Any) -> None:
+        if signum != stop:
+            process.send_signal(signum)
+            return
+        for name in os.listdir(pids):
+            with contextlib.suppress(ValueError, OSError):
+                os.kill(int(name), signum)
+
+    previous = {s: signal.signal(s, forward) for s in {signal.SIGTERM, stop}}
     try:
         return process.wait()
     except BaseException:
@@ -139,7 +178,9 @@ def _run(command: list[str], payload: str, attempt: int) -> int:
             process.kill()
         raise
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        shutil.rmtree(pids, ignore_errors=True)
 
 
 def _read_failures(payload: str, code: int) -> BaseException:
@@ -213,6 +254,13 @@ def _write_error(payload: str, report: _ErrorReport) -> None:
         os.replace(path + ".tmp", path)
     except OSError as exc:
         log.error("could not hand the error to the launching process: %s", exc)
+
+
+def register_pid(env: Environment) -> None:
+    """Let the process that launched this rank send it the stop signal."""
+    if env.pid_dir:
+        with contextlib.suppress(OSError):
+            open(os.path.join(env.pid_dir, str(os.getpid())), "w").close()
 
 
 def import_main(path: str) -> None:

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from typing import Any
 
-from hpckit import _comm, _distributed, _experiment, _launch, _log, _storage
+from hpckit import _comm, _distributed, _experiment, _launch, _log, _slurm, _stop, _storage
 from hpckit._commit import finish
 from hpckit._env import Environment
 from hpckit._log import log
@@ -91,6 +91,7 @@ class TorchTrainer:
     def _run_ranks(self, env: Environment) -> Result:
         comm = _comm.world().Dup()
         _log.configure(comm.rank, env)
+        _launch.register_pid(env)
         try:
             _check_world(comm.size, self.scaling_config.num_workers, env)
         except LaunchError as exc:
@@ -102,6 +103,8 @@ class TorchTrainer:
         while True:
             try:
                 return trainer._attempt(comm, local_comm, topology, env, attempt)
+            except SystemExit:
+                raise
             except _TrainingError as failure:
                 if not _retry_in_process(trainer, env, comm.size, attempt):
                     _launch.fail(comm, env, failure.cause, failure.collective, training=True)
@@ -142,8 +145,11 @@ class TorchTrainer:
                  topology.num_nodes, time.perf_counter() - started, experiment.display)
         activate(session)
         try:
-            self._call_train_loop()
-            finish(session)
+            with _stop.handling(env.stop_signal):
+                self._call_train_loop()
+                finish(session)
+        except _stop.StopRequested as stop:
+            _stop_run(session, env, str(stop))
         except BaseException as exc:
             if comm.rank == 0:
                 _close_attempt(session, "failed", f"{type(exc).__name__}: {exc}")
@@ -225,6 +231,23 @@ class _TrainingError(Exception):
         self.collective = collective
 
 
+def _stop_run(session: Session, env: Environment, signal_name: str) -> None:
+    """After the checkpoint that followed a stop request: requeue under Slurm, then exit."""
+    comm = session.comm
+    if comm.rank == 0:
+        job = _slurm.job_to_requeue(env)
+        reason = f"stop requested by {signal_name}"
+        _close_attempt(session, "requeued" if job else "stopped", reason)
+        if not (job and _slurm.requeue(env)):
+            if job:
+                _close_attempt(session, "stopped", reason)
+            log.warning("stopped after committing %s (%s). To continue, run the same command "
+                        "again, or: hpckit resume %s", session.latest.uri if session.latest else "-",
+                        reason, session.context.experiment.display)
+    _comm.wait_for_all(comm)
+    raise SystemExit(_stop.EXIT_STOPPED)
+
+
 def _retry_in_process(trainer: TorchTrainer, env: Environment, world_size: int, attempt: int) -> bool:
     """Only a single rank that hpckit did not launch restarts itself; launched ranks are
     restarted by whoever launched them (hpckit's parent process, or the user)."""
@@ -263,7 +286,10 @@ def _close_attempt(session: Session, status: str, error: str | None) -> None:
 
 
 def default_name(env: Environment) -> str:
-    """The script's name plus the Slurm job (so a requeued job resumes), else a timestamp."""
+    """$HPCKIT_NAME, else the script's name plus the Slurm job (so a requeued job resumes),
+    else a timestamp."""
+    if env.name:
+        return env.name
     stem = os.path.splitext(os.path.basename(sys.argv[0] or ""))[0] or "hpckit"
     if env.slurm_array_job_id and env.slurm_array_task_id:
         return f"{stem}-job{env.slurm_array_job_id}_{env.slurm_array_task_id}"

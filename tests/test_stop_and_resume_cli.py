@@ -1,0 +1,128 @@
+"""Stop requests outside Slurm, `hpckit run` and `hpckit resume` (local experiments)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import HERE, JOB, manifest, metrics_lines, run
+from hpckit._slurm import job_to_requeue, render_sbatch
+from hpckit._env import Environment
+from hpckit._stop import EXIT_STOPPED, parse_signal
+from hpckit.errors import ConfigError
+
+STEADY = HERE / "ranks" / "steady.py"
+HPCKIT = str(Path(sys.executable).parent / "hpckit")
+
+
+def final_params(output: str) -> list[float]:
+    line = next(l for l in output.splitlines() if "FINAL " in l)
+    return json.loads(line.split("FINAL ", 1)[1])["params"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> list[float]:
+    """The parameters of an uninterrupted 2-rank run of steady.py (8 epochs)."""
+    storage = tmp_path_factory.mktemp("reference")
+    out = run([HPCKIT, "run", "-n", "2", str(STEADY), "--storage", str(storage), "--name", "ref"],
+              timeout=120)
+    return final_params(out.output)
+
+
+def _wait_for_epochs(experiment: Path, count: int, process: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 90
+    while not (experiment / "metrics.jsonl").exists() or len(metrics_lines(experiment)) < count:
+        assert process.poll() is None, process.communicate()[0]
+        assert time.monotonic() < deadline, "training never reached the epoch"
+        time.sleep(0.2)
+
+
+def test_stop_signal_without_slurm_stops_cleanly_and_resume_finishes_the_same(tmp_path, reference):
+    process = subprocess.Popen(
+        [sys.executable, str(STEADY), "--workers", "2", "--storage", str(tmp_path), "--name", "s",
+         "--epoch-seconds", "0.5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    try:
+        _wait_for_epochs(tmp_path / "s", 2, process)
+        process.send_signal(signal.SIGUSR2)
+        output, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == EXIT_STOPPED, output
+    assert "stop requested (SIGUSR2)" in output and "hpckit resume" in output
+    m = manifest(tmp_path / "s")
+    assert m["attempts"][-1]["status"] == "stopped" and m["latest"] is not None
+    stopped_at = len(m["checkpoints"])
+    assert stopped_at < 8
+
+    out = run([HPCKIT, "resume", str(tmp_path / "s")], timeout=120)
+    assert final_params(out.output) == reference
+    m = manifest(tmp_path / "s")
+    assert [a["status"] for a in m["attempts"]] == ["stopped", "finished"]
+    assert [l["metrics"]["epoch"] for l in metrics_lines(tmp_path / "s")] == list(range(8))
+
+
+def test_hpckit_run_restarts_after_a_failure(tmp_path):
+    out = run([HPCKIT, "run", "-n", "2", "--max-failures", "1", str(JOB), "--storage", str(tmp_path),
+               "--epochs", "3", "--fail-rank", "1", "--fail-epoch", "1"], timeout=150)
+    assert "SEEN [1, 2]" in out.output and "restarting (restart 1 of 1)" in out.output
+    assert [a["status"] for a in manifest(tmp_path / "exp")["attempts"]] == ["interrupted", "finished"]
+
+
+def test_hpckit_run_gives_up_after_max_failures(tmp_path):
+    out = run([HPCKIT, "run", "-n", "2", str(JOB), "--storage", str(tmp_path), "--fail-rank", "0"],
+              timeout=90, expect=None)
+    assert out.returncode not in (0, EXIT_STOPPED)
+
+
+def test_resume_refuses_a_new_world_size_with_per_rank_shards(tmp_path):
+    run([HPCKIT, "run", "-n", "2", str(JOB), "--storage", str(tmp_path), "--epochs", "1",
+         "--checkpoint", "shards"], timeout=90)
+    out = run([HPCKIT, "resume", "-n", "3", str(tmp_path / "exp")], timeout=30, expect=2)
+    assert "files written by ranks [0, 1]" in out.output and "Use -n 2" in out.output
+
+
+def test_resume_may_change_the_world_size_of_rank0_checkpoints(tmp_path):
+    # No --workers: job.py takes the launched world, so the recorded command fits any size.
+    run([HPCKIT, "run", "-n", "2", str(JOB), "--storage", str(tmp_path), "--epochs", "2"],
+        timeout=90)
+    out = run([HPCKIT, "resume", "-n", "3", str(tmp_path / "exp")], timeout=90)
+    assert "with 3 rank(s)" in out.output
+    last = manifest(tmp_path / "exp")["attempts"][-1]
+    assert last["world_size"] == 3 and last["status"] == "finished"
+
+
+def test_resume_of_something_that_is_not_an_experiment(tmp_path):
+    out = run([HPCKIT, "resume", str(tmp_path)], timeout=30, expect=2)
+    assert "not an hpckit experiment" in out.output
+
+
+def test_sbatch_rendering_matches_the_golden_file():
+    text = render_sbatch(["train.py", "--lr", "0.1 0.2"], 4, "/home/me/proj", "resnet",
+                         "/home/me/venv/bin/python",
+                         {"HPCKIT_NAME": "resnet", "HPCKIT_STORAGE": "/lustre/me/runs"})
+    assert text == (HERE / "golden" / "resume.sbatch").read_text()
+
+
+@pytest.mark.parametrize("environ,expected", [
+    ({"SLURM_JOB_ID": "12"}, "12"),
+    ({"SLURM_JOB_ID": "13", "SLURM_ARRAY_JOB_ID": "10", "SLURM_ARRAY_TASK_ID": "3"}, "10_3"),
+    ({}, None),
+])
+def test_requeue_target_is_array_aware(environ, expected):
+    assert job_to_requeue(Environment.read(environ)) == expected
+
+
+def test_stop_signal_names():
+    assert parse_signal(None) == signal.SIGUSR2
+    assert parse_signal("usr1") == signal.SIGUSR1 and parse_signal("SIGTERM") == signal.SIGTERM
+    with pytest.raises(ConfigError, match="HPCKIT_STOP_SIGNAL='USR9' is not a signal"):
+        parse_signal("USR9")
