@@ -68,8 +68,9 @@ def commit_report(session: Session, metrics: Any, checkpoint: Checkpoint | None)
     plan = _decide(session, announcements)
     if plan.stop and not session.context._stop_requested:
         session.context._stop_requested = True
-        log.warning("stop requested (%s): the run stops after its next committed checkpoint",
-                    plan.stop)
+        if rank == 0:
+            log.warning("stop requested (%s): the run stops after its next committed checkpoint",
+                        plan.stop)
     directory = plan.directory
     if directory is None:
         session.next_step = plan.step + 1

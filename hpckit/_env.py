@@ -67,16 +67,17 @@ class Environment:
         """Which external launcher started this process, if any."""
         if self.worker:
             return "hpckit"
-        if self.srun_tasks:
+        pmi = self.pmi_size or self.ompi_size or self.pmix_rank
+        # mpiexec inside an allocation starts its proxies with srun (one task per node):
+        # then PMI's world, not srun's task count, says who launched the ranks.
+        if self.srun_tasks and (not pmi or self.pmi_size == self.srun_tasks):
             return "srun"
-        if self.pmi_size or self.ompi_size or self.pmix_rank:
-            return "mpiexec"
-        return None
+        return "mpiexec" if pmi else None
 
     @property
     def launched_tasks(self) -> int | None:
-        """The number of tasks the launcher says it started, where it says so."""
-        for value in (self.srun_tasks, self.pmi_size, self.ompi_size):
+        """The number of ranks the launcher says it started, where it says so."""
+        for value in (self.pmi_size, self.ompi_size, self.srun_tasks):
             if value and value.isdigit():
                 return int(value)
         return None

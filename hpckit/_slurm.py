@@ -39,6 +39,7 @@ def render_sbatch(argv: list[str], ntasks: int, cwd: str, job_name: str, python:
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(environment.items()))
     return f"""#!/bin/bash
 #SBATCH --job-name={job_name}
+#SBATCH --chdir={cwd}
 #SBATCH --ntasks={ntasks}
 #SBATCH --requeue
 #SBATCH --signal=USR2@120
@@ -47,5 +48,7 @@ def render_sbatch(argv: list[str], ntasks: int, cwd: str, job_name: str, python:
 # Written by `hpckit resume --sbatch`: it continues the experiment from its manifest.
 # USR2 two minutes before the time limit makes hpckit commit a checkpoint and requeue.
 cd {shlex.quote(cwd)}
-{exports}srun --mpi=pmi2 {command}
+{exports}# A requeued job reuses its step ids, and MPICH its shared memory names: skip used ones.
+for _ in $(seq "${{SLURM_RESTART_COUNT:-0}}"); do srun --ntasks=1 true; done
+srun --mpi=pmi2 {command}
 """

@@ -89,6 +89,11 @@ class TorchTrainer:
     # -- the ranks ----------------------------------------------------------------------
 
     def _run_ranks(self, env: Environment) -> Result:
+        # Before anything slow: a stop signal during start-up must not kill the rank.
+        with _stop.handling(env.stop_signal):
+            return self._run_ranks_handling_stops(env)
+
+    def _run_ranks_handling_stops(self, env: Environment) -> Result:
         comm = _comm.world().Dup()
         _log.configure(comm.rank, env)
         _launch.register_pid(env)
@@ -145,9 +150,8 @@ class TorchTrainer:
                  topology.num_nodes, time.perf_counter() - started, experiment.display)
         activate(session)
         try:
-            with _stop.handling(env.stop_signal):
-                self._call_train_loop()
-                finish(session)
+            self._call_train_loop()
+            finish(session)
         except _stop.StopRequested as stop:
             _stop_run(session, env, str(stop))
         except BaseException as exc:

@@ -16,6 +16,8 @@ import pytest
 
 HERE = Path(__file__).parent
 JOB = HERE / "ranks" / "job.py"
+STEADY = HERE / "ranks" / "steady.py"
+HPCKIT = str(Path(sys.executable).parent / "hpckit")
 MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
 
 
@@ -104,3 +106,19 @@ def slurm(tmp_path_factory: pytest.TempPathFactory):
     cluster = slurm_cluster.start(tmp_path_factory.mktemp("slurm"))
     yield cluster
     cluster.stop()
+
+
+def final_params(output: str) -> list[float]:
+    """The parameters steady.py's rank 0 printed when training finished."""
+    line = next((l for l in output.splitlines() if "FINAL " in l), None)
+    assert line is not None, f"training did not finish:\n{output}"
+    return json.loads(line.split("FINAL ", 1)[1])["params"]
+
+
+@pytest.fixture(scope="session")
+def steady_reference(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
+    """The parameters of an uninterrupted 2-rank, 8-epoch run of steady.py."""
+    storage = tmp_path_factory.mktemp("reference")
+    out = run([HPCKIT, "run", "-n", "2", str(STEADY), "--storage", str(storage), "--name", "ref"],
+              timeout=120)
+    return final_params(out.output)

@@ -4,6 +4,7 @@ directory, on free loopback ports, each stopped by its PID. Nothing is installed
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -48,6 +49,13 @@ class Slurm:
         return "\n".join(parts)
 
     def stop(self) -> None:
+        """Cancel every job (their slurmstepd would outlive slurmd), then stop by PID."""
+        if self.processes and self.processes[-1].poll() is None:
+            jobs = self.run("squeue", "-h", "-o", "%A", check=False).stdout.split()
+            if jobs:
+                self.run("scancel", *jobs, check=False)
+                _wait_for(lambda: not self.run("squeue", "-h", check=False).stdout.strip(), 60,
+                          "jobs did not end after scancel")
         for process in reversed(self.processes):
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
@@ -120,6 +128,8 @@ def _node_line(host: str) -> str:
 def _config(root: Path, host: str, munge_socket: Path) -> str:
     return f"""\
 ClusterName=hpckit-test
+# Job ids never repeat on a real cluster; MPICH names node-local shared memory after them.
+FirstJobId={random.randrange(10_000, 1_000_000)}
 SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={_free_port()}
 SlurmdPort={_free_port()}

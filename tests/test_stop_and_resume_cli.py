@@ -12,28 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import HERE, JOB, manifest, metrics_lines, run
+from conftest import HERE, HPCKIT, JOB, STEADY, final_params, manifest, metrics_lines, run
 from hpckit._slurm import job_to_requeue, render_sbatch
 from hpckit._env import Environment
 from hpckit._stop import EXIT_STOPPED, parse_signal
 from hpckit.errors import ConfigError
 
-STEADY = HERE / "ranks" / "steady.py"
-HPCKIT = str(Path(sys.executable).parent / "hpckit")
-
-
-def final_params(output: str) -> list[float]:
-    line = next(l for l in output.splitlines() if "FINAL " in l)
-    return json.loads(line.split("FINAL ", 1)[1])["params"]
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> list[float]:
-    """The parameters of an uninterrupted 2-rank run of steady.py (8 epochs)."""
-    storage = tmp_path_factory.mktemp("reference")
-    out = run([HPCKIT, "run", "-n", "2", str(STEADY), "--storage", str(storage), "--name", "ref"],
-              timeout=120)
-    return final_params(out.output)
 
 
 def _wait_for_epochs(experiment: Path, count: int, process: subprocess.Popen) -> None:
@@ -44,7 +28,7 @@ def _wait_for_epochs(experiment: Path, count: int, process: subprocess.Popen) ->
         time.sleep(0.2)
 
 
-def test_stop_signal_without_slurm_stops_cleanly_and_resume_finishes_the_same(tmp_path, reference):
+def test_stop_signal_without_slurm_stops_cleanly_and_resume_finishes_the_same(tmp_path, steady_reference):
     process = subprocess.Popen(
         [sys.executable, str(STEADY), "--workers", "2", "--storage", str(tmp_path), "--name", "s",
          "--epoch-seconds", "0.5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -64,7 +48,7 @@ def test_stop_signal_without_slurm_stops_cleanly_and_resume_finishes_the_same(tm
     assert stopped_at < 8
 
     out = run([HPCKIT, "resume", str(tmp_path / "s")], timeout=120)
-    assert final_params(out.output) == reference
+    assert final_params(out.output) == steady_reference
     m = manifest(tmp_path / "s")
     assert [a["status"] for a in m["attempts"]] == ["stopped", "finished"]
     assert [l["metrics"]["epoch"] for l in metrics_lines(tmp_path / "s")] == list(range(8))

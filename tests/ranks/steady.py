@@ -59,8 +59,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--storage", default=None)
     p.add_argument("--name", default=None)
-    p.add_argument("--workers", type=int, default=int(os.environ.get("SLURM_NTASKS",
-                                                                    os.environ.get("PMI_SIZE", "1"))))
+    p.add_argument("--workers", type=int, default=int(os.environ.get("PMI_SIZE", "1")))
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--epoch-seconds", type=float, default=0.0)
     p.add_argument("--lr", type=float, default=0.01)

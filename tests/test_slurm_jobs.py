@@ -1,0 +1,147 @@
+"""The slurm/ templates, submitted with sbatch to a real one-node Slurm: finish, requeue,
+time limit, job arrays, mpiexec inside an allocation, and hpckit resume --sbatch."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import HPCKIT, STEADY, final_params, manifest, metrics_lines, run
+
+TEMPLATES = Path(__file__).parent.parent / "slurm"
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+            "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+
+
+def submit(slurm, tmp_path: Path, template: str, *options: str, args: str, **env: str) -> str:
+    environ = {**slurm.env, "PYTHON": sys.executable, "SCRIPT": str(STEADY), "SCRIPT_ARGS": args,
+               **env}
+    out = subprocess.run(["sbatch", "--parsable", f"--chdir={tmp_path}",
+                          f"--output={tmp_path}/%x-%A_%a.out", *options, str(TEMPLATES / template)],
+                         env=environ, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().split(";")[0]
+
+
+def states(slurm, job: str) -> dict[str, str]:
+    """Job (or array task) id -> JobState."""
+    out = slurm.run("scontrol", "show", "job", "-o", job, check=False)
+    found = {}
+    for line in out.stdout.splitlines():
+        ident = re.search(r"JobId=(\d+)", line).group(1)
+        task = re.search(r"ArrayTaskId=(\S+)", line)
+        found[f"{ident}_{task.group(1)}" if task else ident] = re.search(r"JobState=(\S+)", line).group(1)
+    return found
+
+
+def wait(slurm, tmp_path: Path, job: str, timeout: float) -> dict[str, str]:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = states(slurm, job)
+        if found and all(s in TERMINAL for s in found.values()):
+            return found
+        if time.monotonic() > deadline:
+            logs = "\n".join(f"--- {p.name} ---\n{p.read_text()}" for p in tmp_path.glob("*.out"))
+            slurm.run("scancel", job, check=False)
+            pytest.fail(f"job {job} still {found} after {timeout:.0f} s\n{logs}\n{slurm.logs()}")
+        time.sleep(1)
+
+
+def output_of(tmp_path: Path) -> str:
+    return "\n".join(p.read_text() for p in sorted(tmp_path.glob("*.out")))
+
+
+def test_one_node_template_finishes_with_its_checkpoints(tmp_path, slurm):
+    job = submit(slurm, tmp_path, "one-node.sbatch", "--ntasks=2", "--cpus-per-task=1", "--time=5",
+                 args=f"--storage {tmp_path} --name one --epochs 3")
+    assert wait(slurm, tmp_path, job, 120) == {job: "COMPLETED"}, output_of(tmp_path)
+    m = manifest(tmp_path / "one")
+    assert m["latest"] == "checkpoint_000002" and m["world_size"] == 2
+    assert m["attempts"][-1]["slurm"]["job_id"] == job and m["attempts"][-1]["launcher"] == "srun"
+
+
+def test_mpiexec_inside_an_allocation(tmp_path, slurm):
+    job = submit(slurm, tmp_path, "mpirun.sbatch", "--ntasks=2", "--cpus-per-task=1", "--time=5",
+                 args=f"--storage {tmp_path} --name mpi --epochs 2")
+    assert wait(slurm, tmp_path, job, 120) == {job: "COMPLETED"}, output_of(tmp_path)
+    m = manifest(tmp_path / "mpi")
+    assert m["latest"] == "checkpoint_000001" and m["attempts"][-1]["launcher"] == "mpiexec"
+
+
+def test_requeued_job_resumes_and_ends_as_an_uninterrupted_run(tmp_path, slurm, steady_reference):
+    job = submit(slurm, tmp_path, "requeue.sbatch", "--ntasks=2", "--cpus-per-task=1", "--time=10",
+                 args=f"--storage {tmp_path} --epoch-seconds 1")
+    experiment = tmp_path / f"steady-job{job}"  # the default name: requeued, it resumes
+    deadline = time.monotonic() + 120
+    while not (experiment / "metrics.jsonl").exists() or len(metrics_lines(experiment)) < 3:
+        assert time.monotonic() < deadline, output_of(tmp_path) + slurm.logs()
+        time.sleep(0.5)
+    slurm.run("scontrol", "requeue", job)
+    assert wait(slurm, tmp_path, job, 240) == {job: "COMPLETED"}, output_of(tmp_path)
+    m = manifest(experiment)
+    restarts = [a["slurm"].get("restart_count", "0") for a in m["attempts"]]
+    assert restarts[0] == "0" and restarts[-1] >= "1" and m["attempts"][-1]["status"] == "finished"
+    assert final_params(output_of(tmp_path)) == steady_reference
+    assert [l["metrics"]["epoch"] for l in metrics_lines(experiment)] == list(range(8))
+
+
+def test_time_limit_warning_checkpoints_requeues_and_finishes(tmp_path, slurm, steady_reference):
+    job = submit(slurm, tmp_path, "requeue.sbatch", "--ntasks=2", "--cpus-per-task=1", "--time=1",
+                 "--signal=USR2@30", args=f"--storage {tmp_path} --name tl --epoch-seconds 4")
+    assert wait(slurm, tmp_path, job, 400) == {job: "COMPLETED"}, output_of(tmp_path)
+    m = manifest(tmp_path / "tl")
+    statuses = [a["status"] for a in m["attempts"]]
+    assert "requeued" in statuses and statuses[-1] == "finished", m["attempts"]
+    requeued = next(a for a in m["attempts"] if a["status"] == "requeued")
+    assert requeued["error"] == "stop requested by SIGUSR2"
+    assert final_params(output_of(tmp_path)) == steady_reference
+
+
+def test_array_sweep_makes_one_experiment_per_task_and_a_rerun_resumes_them(tmp_path, slurm):
+    args = f"--storage {tmp_path} --epochs 2"
+    job = submit(slurm, tmp_path, "array-sweep.sbatch", "--array=0-2", "--ntasks=2",
+                 "--cpus-per-task=1", "--time=5", args=args, SWEEP_NAME="sw")
+    assert set(wait(slurm, tmp_path, job, 240).values()) == {"COMPLETED"}, output_of(tmp_path)
+    names = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("sw-"))
+    assert names == ["sw-lr0.02", "sw-lr0.05", "sw-lr0.1"]
+    for name in names:
+        lr = float(name.split("lr")[1])
+        assert manifest(tmp_path / name)["config"]["train_loop_config"]["lr"] == lr
+    rerun = submit(slurm, tmp_path, "array-sweep.sbatch", "--array=0-2", "--ntasks=2",
+                   "--cpus-per-task=1", "--time=5", args=f"--storage {tmp_path} --epochs 3",
+                   SWEEP_NAME="sw")
+    assert set(wait(slurm, tmp_path, rerun, 240).values()) == {"COMPLETED"}, output_of(tmp_path)
+    for name in names:
+        assert [l["metrics"]["epoch"] for l in metrics_lines(tmp_path / name)] == [0, 1, 2]
+        assert len(manifest(tmp_path / name)["attempts"]) == 2
+
+
+def test_hpckit_resume_sbatch_submits_a_job_that_continues(tmp_path, slurm, steady_reference):
+    process = subprocess.Popen(
+        [sys.executable, str(STEADY), "--workers", "2", "--storage", str(tmp_path), "--name", "r",
+         "--epoch-seconds", "0.5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True, cwd=tmp_path)
+    try:
+        while not (tmp_path / "r" / "metrics.jsonl").exists():
+            assert process.poll() is None, process.communicate()[0]
+            time.sleep(0.2)
+        process.send_signal(signal.SIGUSR2)
+        process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    script = tmp_path / "resume.sbatch"
+    out = run([HPCKIT, "resume", "--sbatch", str(script), str(tmp_path / "r")], timeout=30,
+              env=slurm.env)
+    job = re.search(r"submitted job (\d+)", out.output).group(1)
+    assert wait(slurm, tmp_path, job, 180) == {job: "COMPLETED"}
+    log = (tmp_path / f"r-{job}.out")
+    assert final_params(log.read_text()) == steady_reference
+    assert [a["status"] for a in manifest(tmp_path / "r")["attempts"]] == ["stopped", "finished"]
