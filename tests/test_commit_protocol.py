@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 
+import pytest
+
 from conftest import checkpoint_dirs, manifest, metrics_lines, mpiexec
 
 
@@ -27,6 +29,7 @@ def test_every_rank_shard_is_committed_with_size_rank_and_checksum(tmp_path, wor
     assert run.result["checkpoint"] == str(exp / "checkpoint_000001")
 
 
+@pytest.mark.parametrize("world", [2, 3])
 def test_identical_files_from_several_ranks_are_stored_once(tmp_path, world):
     mpiexec(world, "--storage", str(tmp_path), "--checkpoint", "none", "--collide", "identical",
             "--epochs", "1")
@@ -46,6 +49,7 @@ def test_different_contents_under_one_name_fail_on_every_rank(tmp_path):
     assert manifest(exp)["checkpoints"] == [] and checkpoint_dirs(exp) == []
 
 
+@pytest.mark.parametrize("world", [1, 3])
 def test_reports_without_checkpoint_append_metrics_only(tmp_path, world):
     mpiexec(world, "--storage", str(tmp_path), "--checkpoint", "none", "--epochs", "3")
     exp = tmp_path / "exp"
@@ -55,6 +59,7 @@ def test_reports_without_checkpoint_append_metrics_only(tmp_path, world):
         (0, None, 0), (1, None, 1), (2, None, 2)]
 
 
+@pytest.mark.parametrize("world", [1, 4])
 def test_retention_keeps_the_best_and_the_latest_on_disk(tmp_path, world):
     # score by epoch: 3 1 4 1 5 9 2 -> keep the 2 highest (9 at epoch 5, 5 at 4) + latest (6).
     mpiexec(world, "--storage", str(tmp_path), "--epochs", "7", "--keep", "2", "--score", "score")

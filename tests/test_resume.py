@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from conftest import JOB, MPIEXEC, checkpoint_dirs, manifest, metrics_lines, mpiexec, python
 
 
@@ -33,6 +35,7 @@ def _start_and_kill_rank(tmp_path, n: int, kill_rank: int, epoch: int) -> None:
             os.killpg(process.pid, signal.SIGKILL)
 
 
+@pytest.mark.parametrize("world", [1, 2, 3])
 def test_killed_run_resumes_from_last_committed_checkpoint(tmp_path, world):
     _start_and_kill_rank(tmp_path, world, kill_rank=world - 1, epoch=2)
     exp = tmp_path / "runs" / "exp"
