@@ -75,10 +75,3 @@ def _rendezvous_host(topology: Topology, env: Environment) -> str:
     if topology.num_nodes == 1:
         return "127.0.0.1"
     return socket.getfqdn()
-
-
-def teardown() -> None:
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()

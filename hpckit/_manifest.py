@@ -76,9 +76,6 @@ class Manifest:
     def latest(self) -> CheckpointRecord | None:
         return max(self.checkpoints, key=lambda r: r.index, default=None)
 
-    def find(self, index: int) -> CheckpointRecord | None:
-        return next((r for r in self.checkpoints if r.index == index), None)
-
     def to_json(self) -> str:
         body = {"format": FORMAT, "format_version": FORMAT_VERSION, **asdict(self)}
         latest = self.latest

@@ -211,18 +211,6 @@ def sha256_file(path: str) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def sha256_stored(location: Location) -> tuple[int, str]:
-    """Size and sha256 of a stored file, read back from storage."""
-    digest = hashlib.sha256()
-    size = 0
-    with errors_named(location, "read"):
-        with location.filesystem.open_input_stream(location.path) as stream:
-            while chunk := stream.read(CHUNK):
-                digest.update(chunk)
-                size += len(chunk)
-    return size, digest.hexdigest()
-
-
 def download_file(source: Location, target: str) -> None:
     os.makedirs(os.path.dirname(target), exist_ok=True)
     with errors_named(source, "download"):

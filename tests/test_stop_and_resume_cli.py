@@ -12,6 +12,10 @@ from pathlib import Path
 
 import pytest
 
+import hpckit
+from hpckit import Checkpoint, RunConfig
+from hpckit.torch import TorchTrainer
+
 from conftest import HERE, HPCKIT, JOB, STEADY, final_params, manifest, metrics_lines, run
 from hpckit._slurm import job_to_requeue, render_sbatch
 from hpckit._env import Environment
@@ -44,14 +48,35 @@ def test_stop_signal_without_slurm_stops_cleanly_and_resume_finishes_the_same(tm
     assert "stop requested (SIGUSR2)" in output and "hpckit resume" in output
     m = manifest(tmp_path / "s")
     assert m["attempts"][-1]["status"] == "stopped" and m["latest"] is not None
-    stopped_at = len(m["checkpoints"])
-    assert stopped_at < 8
+    lines = metrics_lines(tmp_path / "s")
+    assert lines[-1]["checkpoint"] == m["latest"] and len(lines) < 8
 
     out = run([HPCKIT, "resume", str(tmp_path / "s")], timeout=120)
     assert final_params(out.output) == steady_reference
     m = manifest(tmp_path / "s")
     assert [a["status"] for a in m["attempts"]] == ["stopped", "finished"]
     assert [l["metrics"]["epoch"] for l in metrics_lines(tmp_path / "s")] == list(range(8))
+
+
+def test_stop_agreed_at_a_report_without_checkpoint_is_visible_to_the_loop(tmp_path):
+    seen = []
+
+    def loop():
+        hpckit.report({"step": 0})
+        os.kill(os.getpid(), signal.SIGUSR2)
+        hpckit.report({"step": 1})  # no checkpoint: the run goes on, but knows
+        seen.append(hpckit.get_context().should_stop())
+        d = tmp_path / "ckpt"
+        d.mkdir()
+        (d / "w").write_text("x")
+        hpckit.report({"step": 2}, checkpoint=Checkpoint.from_directory(d))
+        seen.append("not reached")
+
+    with pytest.raises(SystemExit) as info:
+        TorchTrainer(loop, run_config=RunConfig(name="e", storage_path=str(tmp_path / "s"))).fit()
+    assert info.value.code == EXIT_STOPPED and seen == [True]
+    m = manifest(tmp_path / "s" / "e")
+    assert m["latest"] == "checkpoint_000000" and m["attempts"][-1]["status"] == "stopped"
 
 
 def test_hpckit_run_restarts_after_a_failure(tmp_path):

@@ -48,8 +48,7 @@ def train_loop(config: dict) -> None:
                 torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                             "epoch": epoch}, os.path.join(d, "state.pt"))
                 checkpoint = Checkpoint.from_directory(d)
-            hpckit.report({"epoch": epoch, "loss": total, "restart": ctx.get_attempt()},
-                          checkpoint=checkpoint)
+            hpckit.report({"epoch": epoch, "loss": total}, checkpoint=checkpoint)
     if ctx.get_world_rank() == 0:
         params = [round(p.item(), 12) for p in model.parameters() for p in p.flatten()]
         print("FINAL " + json.dumps({"params": params}), flush=True)
