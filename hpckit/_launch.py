@@ -25,7 +25,7 @@ from hpckit import _comm, _experiment, _stop
 from hpckit._env import Environment, variable
 from hpckit._log import log
 from hpckit._stop import EXIT_STOPPED
-from hpckit._uri import Location
+from hpckit._uri import Location, redact
 from hpckit.errors import HpckitError, LaunchError, TrainingFailedError
 
 if TYPE_CHECKING:
@@ -141,7 +141,7 @@ def run_script(ranks: int, argv: list[str], max_failures: int, cwd: str | None =
     command = [*_mpiexec(env), "-n", str(ranks), sys.executable, *argv]
     attempt = 0
     while True:
-        log.info("attempt %d: %s", attempt, " ".join(command))
+        log.info("attempt %d: %s", attempt, redact(" ".join(command)))
         code = run_process(command, {**(extra_env or {}), variable("attempt"): str(attempt)}, cwd)
         if code in (0, EXIT_STOPPED) or (max_failures != -1 and attempt >= max_failures):
             return code

@@ -20,7 +20,7 @@ from hpckit._env import Environment
 from hpckit._log import log
 from hpckit._manifest import Manifest
 from hpckit._session import Session, activate
-from hpckit._uri import Location, resolve
+from hpckit._uri import Location, redact, resolve
 from hpckit.checkpoint import Checkpoint
 from hpckit.config import RunConfig, ScalingConfig
 from hpckit.context import TrainContext
@@ -142,7 +142,7 @@ class TorchTrainer:
             _storage.delete_file(experiment.join(start.marker))
         started = time.perf_counter()
         _distributed.setup(comm, local_comm, topology, self.scaling_config, env, PROCESS_GROUP_TIMEOUT)
-        context = TrainContext(topology, name, experiment, attempt, env.launcher)
+        context = TrainContext(topology, name, experiment, attempt, env.launcher, env.slurm())
         session = Session(comm, context, self.run_config.checkpoint_config, start.next_step,
                           Checkpoint._at(experiment.join(start.latest)) if start.latest else None,
                           self.resume_from_checkpoint, manifest, metrics)
@@ -199,7 +199,7 @@ class TorchTrainer:
         manifest.attempts.append({
             "attempt": attempt, "started_at": time.time(), "status": "running",
             "world_size": world_size, "launcher": env.launcher or "python",
-            "host": socket.gethostname(), "pid": os.getpid(), "argv": list(sys.argv),
+            "host": socket.gethostname(), "pid": os.getpid(), "argv": [redact(a) for a in sys.argv],
             "slurm": env.slurm()})
         _experiment.write_manifest(experiment, manifest)
         metrics = _experiment.MetricsLog.resume(experiment, manifest.next_step)
@@ -308,16 +308,19 @@ def _qualified_name(fn: Callable[..., Any]) -> str:
 
 
 def _command(env: Environment) -> dict[str, Any]:
-    return {"argv": list(sys.argv), "executable": sys.executable, "cwd": os.getcwd(),
+    return {"argv": [redact(a) for a in sys.argv], "executable": sys.executable, "cwd": os.getcwd(),
             "launcher": env.launcher or "python"}
 
 
 def _jsonable(value: Any) -> Any:
+    """The config as JSON for the manifest: secrets in URIs redacted, other objects repr'd."""
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
-    if value is None or isinstance(value, (bool, int, str)):
+    if isinstance(value, str):
+        return redact(value)
+    if value is None or isinstance(value, (bool, int)):
         return value
     if isinstance(value, float):
         return value if value == value and abs(value) != float("inf") else None

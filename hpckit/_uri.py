@@ -40,6 +40,17 @@ def _redact_uri(uri: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
+def restore_credentials(text: str, source: str) -> str:
+    """Put ``source``'s userinfo back into redacted URIs in ``text`` that name the same host
+    or bucket: the manifest records commands without secrets, and `hpckit resume` gets them
+    again from the URI the user typed."""
+    parts = urlsplit(source) if "://" in source else None
+    if parts is None or "@" not in parts.netloc:
+        return text
+    userinfo, host = parts.netloc.rsplit("@", 1)
+    return text.replace(f"{parts.scheme}://{REDACTED}@{host}", f"{parts.scheme}://{userinfo}@{host}")
+
+
 def _secret_key(key: str) -> bool:
     return key not in _NOT_SECRET_QUERY and bool(_SECRET_QUERY.search(key))
 
@@ -65,6 +76,18 @@ def _join_display(display: str, parts: tuple[str, ...]) -> str:
     base, sep, query = display.partition("?")
     joined = posixpath.join(base, *parts)
     return f"{joined}{sep}{query}"
+
+
+def parent(path: str) -> tuple[str, str]:
+    """Split a path or URI into (its parent, as given, query kept; its last component)."""
+    if "://" not in path:
+        local = os.path.abspath(os.path.expanduser(path))
+        return os.path.dirname(local), os.path.basename(local)
+    base, sep, query = path.partition("?")
+    head, _, name = base.rstrip("/").rpartition("/")
+    if not name or head.endswith(":/"):
+        raise ConfigError(f"{redact(path)!r} has no parent directory to hold it as an experiment.")
+    return f"{head}{sep}{query}", name
 
 
 def resolve(path: str | os.PathLike[str], filesystem: pyarrow.fs.FileSystem | None = None) -> Location:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import posixpath
 import shutil
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import click
 import hpckit
 from hpckit import _experiment, _launch, _slurm
 from hpckit._manifest import Manifest
-from hpckit._uri import Location, resolve
+from hpckit._uri import Location, parent, redact, resolve, restore_credentials
 from hpckit.errors import HpckitError
 from hpckit.result import Result
 
@@ -102,17 +101,19 @@ def resume(experiment: str, ranks: int | None, max_failures: int, sbatch_file: s
     location, manifest = _open(experiment)
     world = _world_size(manifest, ranks)
     command = manifest.command
-    argv, cwd = list(command.get("argv") or []), command.get("cwd") or os.getcwd()
+    argv = [restore_credentials(a, experiment) for a in command.get("argv") or []]
+    cwd = command.get("cwd") or os.getcwd()
     if not argv:
         raise click.UsageError(f"the manifest of {location.display} records no command to resume.")
-    root = posixpath.dirname(location.path.rstrip("/"))
-    env = {"HPCKIT_NAME": manifest.experiment,
-           "HPCKIT_STORAGE": root if location.is_local else location.display.rsplit("/", 1)[0]}
+    # The root as the user gave it (credentials included), never the redacted display form.
+    root, _ = parent(experiment)
+    env = {"HPCKIT_NAME": manifest.experiment, "HPCKIT_STORAGE": root}
     if sbatch_file:
         _submit(sbatch_file, argv, world, cwd, manifest.experiment,
                 command.get("executable") or sys.executable, env)
         return
-    click.echo(f"resuming {location.display} with {world} rank(s): {' '.join(argv)}", err=True)
+    click.echo(f"resuming {location.display} with {world} rank(s): {redact(' '.join(argv))}",
+               err=True)
     try:
         code = _launch.run_script(world, argv, max_failures, cwd=cwd, extra_env=env)
     except HpckitError as exc:

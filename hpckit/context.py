@@ -19,6 +19,7 @@ class TrainContext:
     experiment: Location
     attempt: int = 0
     launcher: str | None = None
+    slurm: dict[str, str] = field(default_factory=dict)
     _stop_requested: bool = field(default=False, repr=False)
 
     def get_world_rank(self) -> int:
@@ -50,6 +51,11 @@ class TrainContext:
     def get_attempt(self) -> int:
         """0 for the first attempt, then one more for each restart after a failure."""
         return self.attempt
+
+    def get_slurm_info(self) -> dict[str, str]:
+        """The Slurm job this rank runs in: job_id, array_job_id, array_task_id,
+        restart_count, nodelist, tasks_per_node (those Slurm set; empty outside Slurm)."""
+        return dict(self.slurm)
 
     def should_stop(self) -> bool:
         """True once the ranks agreed a stop was requested (e.g. Slurm's time-limit warning)."""

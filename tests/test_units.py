@@ -11,7 +11,7 @@ import torch
 from hpckit._devices import assign_gpus, cpu_threads
 from hpckit._env import Environment
 from hpckit._metrics import to_json_metrics
-from hpckit._uri import redact, resolve
+from hpckit._uri import parent, redact, resolve, restore_credentials
 from hpckit.errors import LaunchError, MetricsError, StorageError
 
 
@@ -37,10 +37,29 @@ def test_redaction(uri, redacted):
     assert redact(uri) == redacted
 
 
+def test_credentials_are_restored_only_for_the_same_bucket():
+    source = "s3://AK:SK@bucket/runs/exp?endpoint_override=h:1"
+    assert (restore_credentials("--storage=s3://***@bucket/runs?x=1", source)
+            == "--storage=s3://AK:SK@bucket/runs?x=1")
+    assert restore_credentials("s3://***@other/runs", source) == "s3://***@other/runs"
+    assert restore_credentials("s3://***@bucket/x", "/local/exp") == "s3://***@bucket/x"
+
+
 def test_resolve_local_paths_and_file_uris(tmp_path):
     assert resolve(str(tmp_path)).path == str(tmp_path)
     assert resolve(f"file://{tmp_path}").path == str(tmp_path)
     assert resolve("~/x").path.endswith("/x") and not resolve("~/x").path.startswith("~")
+
+
+@pytest.mark.parametrize("given,expected", [
+    ("/runs/exp", ("/runs", "exp")),
+    ("/runs/exp/", ("/runs", "exp")),
+    ("s3://k:s@bucket/runs/exp?endpoint_override=h:9000&scheme=http",
+     ("s3://k:s@bucket/runs?endpoint_override=h:9000&scheme=http", "exp")),
+    ("s3://bucket/exp", ("s3://bucket", "exp")),
+])
+def test_parent_keeps_the_uri_as_given(given, expected):
+    assert parent(given) == expected
 
 
 def test_resolve_unknown_scheme_is_a_clear_error():

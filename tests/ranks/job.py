@@ -60,8 +60,13 @@ def train_loop(config: dict) -> None:
     assert sorted(v[0] for v in views) == list(range(size)), views
     assert sorted(v[2] for v in views) == list(range(size)), views
     assert all(v[1] == size == v[3] and v[4] == 0 and v[5] == views[0][5] for v in views), views
-    assert ctx.get_storage_path() == os.path.abspath(args.storage), ctx.get_storage_path()
-    assert ctx.get_experiment_path() == os.path.join(os.path.abspath(args.storage), args.name)
+    if "://" not in args.storage:
+        assert ctx.get_storage_path() == os.path.abspath(args.storage), ctx.get_storage_path()
+        assert ctx.get_experiment_path() == os.path.join(os.path.abspath(args.storage), args.name)
+    else:
+        assert "***@" in ctx.get_experiment_path() or "@" not in args.storage
+    if os.environ.get("SLURM_JOB_ID"):
+        assert ctx.get_slurm_info()["job_id"] == os.environ["SLURM_JOB_ID"]
     # prepare_data_loader: disjoint shares covering the data, reshuffled every epoch.
     ids = prepare_data_loader(torch.utils.data.DataLoader(range(40), batch_size=4, shuffle=True))
     epochs = [[int(i) for batch in ids for i in batch] for _ in range(2)]

@@ -1,0 +1,54 @@
+"""`hpckit run` and `hpckit resume` with an experiment on a real S3 server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import HPCKIT, JOB, STEADY, final_params, run
+from s3_server import SECRET_KEY
+
+
+def _manifest(s3, name: str) -> dict:
+    return json.loads(s3.read_text(f"{name}/manifest.json"))
+
+
+def test_hpckit_run_commits_every_rank_shard_to_s3(s3):
+    out = run([HPCKIT, "run", "-n", "3", str(JOB), "--storage", s3.uri("runs"), "--name", "shards",
+               "--epochs", "2", "--checkpoint", "shards"], timeout=120)
+    m = _manifest(s3, "runs/shards")
+    assert m["latest"] == "checkpoint_000001"
+    assert {f["rank"] for f in m["checkpoints"][-1]["files"]} == {0, 1, 2}
+    data = s3.filesystem().open_input_stream(f"hpckit/runs/shards/checkpoint_000001/model-rank=2.pt").read()
+    assert data == bytes([2]) * 1000
+    assert SECRET_KEY not in out.output and SECRET_KEY not in json.dumps(m)
+    assert m["config"]["storage_path"].startswith("s3://***@hpckit/runs")
+
+
+def test_stopped_s3_run_resumes_with_hpckit_resume(s3, steady_reference, tmp_path):
+    process = subprocess.Popen(
+        [sys.executable, str(STEADY), "--workers", "2", "--storage", s3.uri("runs"), "--name", "stop",
+         "--epoch-seconds", "0.5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True, cwd=tmp_path)
+    fs = s3.filesystem()
+    try:
+        deadline = time.monotonic() + 90
+        while fs.get_file_info("hpckit/runs/stop/checkpoint_000001").type.name == "NotFound":
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0]
+            time.sleep(0.2)
+        process.send_signal(signal.SIGUSR2)
+        first, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 75, first
+    out = run([HPCKIT, "resume", s3.uri("runs/stop")], timeout=120)
+    assert final_params(out.output) == steady_reference
+    m = _manifest(s3, "runs/stop")
+    assert [a["status"] for a in m["attempts"]] == ["stopped", "finished"]
+    assert [json.loads(l)["metrics"]["epoch"] for l in s3.read_text("runs/stop/metrics.jsonl").splitlines()] == list(range(8))
+    assert SECRET_KEY not in first + out.output
