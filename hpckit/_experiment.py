@@ -13,7 +13,7 @@ from hpckit import _storage
 from hpckit._log import log
 from hpckit._manifest import MANIFEST_NAME, METRICS_NAME, CheckpointRecord, Manifest, is_checkpoint_dirname
 from hpckit._uri import Location
-from hpckit.errors import StorageError
+from hpckit.errors import ManifestError, StorageError
 
 _FT = pyarrow.fs.FileType
 
@@ -45,6 +45,22 @@ def preflight(root: Location, name: str) -> Manifest | None:
         raise StorageError(f"experiment path {experiment.display} is a file; choose another name.")
     _storage.make_dir(experiment)
     return read_manifest(experiment)
+
+
+def list_experiments(root: Location) -> list[tuple[str, Manifest | None]]:
+    """The experiments directly under a storage root (None for an unreadable manifest)."""
+    found: list[tuple[str, Manifest | None]] = []
+    for info in _storage.list_dir(root):
+        if info.type != _FT.Directory:
+            continue
+        try:
+            manifest = read_manifest(root.join(info.base_name))
+        except (ManifestError, StorageError):
+            found.append((info.base_name, None))
+            continue
+        if manifest is not None:
+            found.append((info.base_name, manifest))
+    return sorted(found, key=lambda item: item[0])
 
 
 def write_manifest(experiment: Location, manifest: Manifest) -> None:

@@ -6,17 +6,21 @@ import csv
 import dataclasses
 import json
 import os
+import posixpath
 import shutil
 import subprocess
 import sys
 import time
+from typing import Any, overload
 
 import click
+import pyarrow.fs
 
 import hpckit
-from hpckit import _experiment, _launch, _slurm, _verify
-from hpckit._manifest import CheckpointRecord, Manifest
+from hpckit import _experiment, _launch, _retention, _slurm, _storage, _transfer, _verify
+from hpckit._manifest import CheckpointRecord, Manifest, is_checkpoint_dirname
 from hpckit._uri import Location, parent, redact, resolve, restore_credentials
+from hpckit.config import CheckpointConfig
 from hpckit.errors import HpckitError
 from hpckit.result import Result
 
@@ -30,12 +34,18 @@ def main() -> None:
     _log.configure(0)
 
 
-def _open(experiment: str) -> tuple[Location, Manifest]:
+@overload
+def _open(experiment: str) -> tuple[Location, Manifest]: ...
+@overload
+def _open(experiment: str, allow_root: bool) -> tuple[Location, Manifest | None]: ...
+def _open(experiment: str, allow_root: bool = False) -> tuple[Location, Manifest | None]:
     try:
         location = resolve(experiment)
         manifest = _experiment.read_manifest(location)
     except HpckitError as exc:
         raise click.UsageError(str(exc)) from None
+    if manifest is None and allow_root and _experiment.list_experiments(location):
+        return location, None
     if manifest is None:
         raise click.UsageError(f"{location.display} has no manifest.json: it is not an hpckit "
                                "experiment directory (pass {storage_path}/{name}).")
@@ -47,13 +57,17 @@ def _open(experiment: str) -> tuple[Location, Manifest]:
 @click.option("--metric", "metrics", multiple=True, help="Metric columns to show (default: all).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def ls(experiment: str, metrics: tuple[str, ...], as_json: bool) -> None:
-    """List the committed checkpoints of EXPERIMENT (a path or URI).
+    """List the committed checkpoints of EXPERIMENT (a path or URI), or, given a storage root,
+    its experiments with their status (running, finished, failed, requeued, stopped).
 
     Markers: * latest, + best by the experiment's retention score.
 
     Example: hpckit ls ~/hpckit_results/resnet-fmnist --metric loss
     """
-    location, manifest = _open(experiment)
+    location, manifest = _open(experiment, allow_root=True)
+    if manifest is None:
+        _list_experiments(location, as_json)
+        return
     result = Result._build(location, manifest, [])
     best = result.best_checkpoints[0][0].path if result.best_checkpoints else None
     latest = manifest.latest
@@ -160,6 +174,104 @@ def metrics(experiment: str, fmt: str) -> None:
     widths = [max(len(str(c)) for c in column) for column in zip(header, *rows, strict=True)]
     for row in [header, *rows]:
         click.echo("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+@main.command()
+@click.argument("experiment")
+@click.option("--keep", type=click.IntRange(min=1), default=None,
+              help="Keep this many checkpoints (best by the retention score, else most recent).")
+@click.option("--dry-run", is_flag=True, help="Print what would be removed; remove nothing.")
+@click.option("--force", is_flag=True, help="Run even though the experiment looks running.")
+def gc(experiment: str, keep: int | None, dry_run: bool, force: bool) -> None:
+    """Apply a retention policy to EXPERIMENT after the fact, and remove leftovers that no
+    manifest names. The latest committed checkpoint is never deleted.
+
+    Example: hpckit gc /lustre/me/runs/resnet --keep 2 --dry-run
+    """
+    location, manifest = _open(experiment)
+    last = manifest.attempts[-1] if manifest.attempts else {}
+    if last.get("status") == "running" and not force:
+        raise click.UsageError(f"{location.display} looks running (attempt {last.get('attempt')} "
+                               f"on {last.get('host')}, pid {last.get('pid')}); stop it first, or "
+                               "pass --force if it died without saying so.")
+    config = CheckpointConfig(num_to_keep=keep,
+                              checkpoint_score_attribute=manifest.retention.get("checkpoint_score_attribute"),
+                              checkpoint_score_order=manifest.retention.get("checkpoint_score_order", "max"))
+    evicted = _retention.select_evictions(manifest.checkpoints, config)
+    named = {r.directory for r in manifest.checkpoints}
+    leftovers = [i for i in _storage.list_dir(location) if i.type == pyarrow.fs.FileType.Directory
+                 and is_checkpoint_dirname(i.base_name) and i.base_name not in named]
+    leftover_bytes = {i.base_name: sum(size for _, size in _storage.list_files(location.join(i.base_name)))
+                      for i in leftovers}
+    freed = sum(r.size for r in evicted) + sum(leftover_bytes.values())
+    verb = "would remove" if dry_run else "removed"
+    if not dry_run and evicted:
+        manifest.checkpoints = [r for r in manifest.checkpoints if r not in evicted]
+        _experiment.write_manifest(location, manifest)  # the commit first, then the deletion
+    for record in evicted:
+        if not dry_run:
+            _storage.delete_dir(location.join(record.directory))
+        click.echo(f"{verb} {record.directory} ({record.size} B, evicted by retention)")
+    for name, size in leftover_bytes.items():
+        if not dry_run:
+            _storage.delete_dir(location.join(name))
+        click.echo(f"{verb} {name} ({size} B, named by no manifest)")
+    click.echo(f"{verb} {len(evicted) + len(leftovers)} checkpoint(s), {freed} B"
+               + (" (dry run: nothing was deleted)" if dry_run else " freed"))
+
+
+@main.command()
+@click.argument("experiment")
+@click.argument("dest")
+@click.option("--best", "which", flag_value="best", help="The best checkpoint by the retention score.")
+@click.option("--latest", "which", flag_value="latest", default=True, help="The latest (default).")
+@click.option("--index", type=int, default=None, help="The checkpoint with this index.")
+def export(experiment: str, dest: str, which: str, index: int | None) -> None:
+    """Copy one checkpoint of EXPERIMENT to DEST (a local directory or a storage URI),
+    verifying every file's size and sha256 as it goes.
+
+    Example: hpckit export /lustre/me/runs/resnet --best ./resnet-best
+    """
+    location, manifest = _open(experiment)
+    if index is not None:
+        record = _record(location, manifest, str(index))
+    elif which == "best":
+        result = Result._build(location, manifest, [])
+        if not result.best_checkpoints:
+            raise click.UsageError(f"{location.display} has no committed checkpoint.")
+        name = posixpath.basename(result.best_checkpoints[0][0].path)
+        record = _record(location, manifest, name)
+    else:
+        if manifest.latest is None:
+            raise click.UsageError(f"{location.display} has no committed checkpoint.")
+        record = manifest.latest
+    try:
+        target = resolve(dest)
+        copied = _transfer.export(location.join(record.directory), record, target)
+    except HpckitError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"exported {record.directory} ({len(record.files)} file(s), {copied} B, verified) "
+               f"to {target.display}")
+
+
+def _list_experiments(root: Location, as_json: bool) -> None:
+    rows: list[dict[str, Any]] = []
+    for name, manifest in _experiment.list_experiments(root):
+        if manifest is None:
+            rows.append({"experiment": name, "status": "unreadable manifest"})
+            continue
+        history = _experiment.read_metrics(root.join(name))
+        last = manifest.attempts[-1] if manifest.attempts else {}
+        rows.append({"experiment": name, "status": last.get("status", "?"),
+                     "checkpoints": len(manifest.checkpoints),
+                     "latest": manifest.latest.directory if manifest.latest else None,
+                     "last_metrics": history[-1]["metrics"] if history else None})
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    for row in rows:
+        click.echo(f"{row['experiment']:30s} {row['status']:12s} {row.get('checkpoints', '-'):>4} "
+                   f"checkpoint(s)  latest {row.get('latest')}  {json.dumps(row.get('last_metrics'))}")
 
 
 def _record(location: Location, manifest: Manifest, name: str) -> CheckpointRecord:

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow
 import pyarrow.fs
 
 from hpckit import _experiment, _retention
@@ -59,6 +60,17 @@ class Result:
             metrics_history=[entry["metrics"] for entry in history],
             error=_attempt_error(manifest), _location=experiment, _manifest=manifest)
 
+    @property
+    def metrics_dataframe(self) -> pyarrow.Table:
+        """Every report as a row (step, time, checkpoint, then each metric; nested metrics
+        flattened as ``a/b``). ``.to_pandas()`` gives a pandas DataFrame where pandas is
+        installed."""
+        entries = (_experiment.read_metrics(self._location) if self._location is not None
+                   else [{"metrics": m} for m in self.metrics_history])
+        rows = [{**{k: e[k] for k in ("step", "time", "checkpoint") if k in e},
+                 **_flatten(e["metrics"])} for e in entries]
+        return pyarrow.Table.from_pylist(rows)
+
     def get_best_checkpoint(self, metric: str, mode: str = "max") -> Checkpoint | None:
         """The kept checkpoint with the best ``metric`` (``mode`` "max" or "min")."""
         if mode not in ("max", "min"):
@@ -71,6 +83,16 @@ class Result:
             return None
         best = _retention.rank_best_first(scored, metric, mode)[0]
         return Checkpoint._at(self._location.join(best.directory))
+
+
+def _flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in metrics.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}/"))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def _attempt_error(manifest: Manifest) -> BaseException | None:

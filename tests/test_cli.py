@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 import hpckit
 from hpckit import Checkpoint, CheckpointConfig, RunConfig
+from hpckit._uri import parent
 from hpckit.cli import main
 from hpckit.torch import TorchTrainer
 
@@ -40,8 +41,12 @@ def experiment(request, tmp_path):
     if request.param == "local":
         make(str(tmp_path / "s"), tmp_path)
         exp = tmp_path / "s" / "e"
-        return (str(exp), lambda rel: (exp / rel).read_bytes(),
-                lambda rel, data: (exp / rel).write_bytes(data), lambda rel: (exp / rel).unlink())
+        def write_local(rel, data):
+            (exp / rel).parent.mkdir(parents=True, exist_ok=True)
+            (exp / rel).write_bytes(data)
+
+        return (str(exp), lambda rel: (exp / rel).read_bytes(), write_local,
+                lambda rel: (exp / rel).unlink())
     s3 = request.getfixturevalue("s3")
     prefix = f"cli-{tmp_path.name}"
     make(s3.uri(prefix), tmp_path)
@@ -125,3 +130,66 @@ def test_the_installed_entry_point_runs(tmp_path):
     usage = subprocess.run([Path(sys.executable).parent / "hpckit", "--help"], capture_output=True,
                            text=True).stdout
     assert all(f"  {c} " in usage for c in ("ls", "show", "verify", "metrics", "run", "resume"))
+
+
+def _dirs(path: str) -> list[str]:
+    return [r["directory"] for r in json.loads(invoke("ls", "--json", path).output)]
+
+
+def test_gc_dry_run_deletes_nothing_and_gc_removes_evicted_and_leftovers(experiment):
+    path, read, write, _ = experiment
+    write("checkpoint_000007/partial.bin", b"p" * 50)  # what a crashed commit leaves
+    dry = invoke("gc", "--keep", "1", "--dry-run", path)
+    assert "would remove checkpoint_000000 (100 B, evicted by retention)" in dry.output
+    assert "would remove checkpoint_000007 (50 B, named by no manifest)" in dry.output
+    assert "would remove 2 checkpoint(s), 150 B (dry run: nothing was deleted)" in dry.output
+    assert _dirs(path) == ["checkpoint_000000", "checkpoint_000001", "checkpoint_000002"]
+    assert read("checkpoint_000000/w.bin") == b"x" * 100 and read("checkpoint_000007/partial.bin")
+    done = invoke("gc", "--keep", "1", path)
+    assert "removed 2 checkpoint(s), 150 B freed" in done.output
+    assert _dirs(path) == ["checkpoint_000001", "checkpoint_000002"]  # the best and the latest
+    with pytest.raises(OSError):
+        read("checkpoint_000000/w.bin")
+    with pytest.raises(OSError):
+        read("checkpoint_000007/partial.bin")
+    assert invoke("verify", path).exit_code == 0
+
+
+def test_gc_refuses_a_running_experiment(tmp_path):
+    make(str(tmp_path / "s"), tmp_path)
+    manifest_path = tmp_path / "s" / "e" / "manifest.json"
+    body = json.loads(manifest_path.read_text())
+    body["attempts"][-1]["status"] = "running"
+    manifest_path.write_text(json.dumps(body))
+    out = CliRunner().invoke(main, ["gc", "--keep", "1", str(tmp_path / "s" / "e")])
+    assert out.exit_code == 2 and "looks running" in out.output
+    assert len(json.loads(manifest_path.read_text())["checkpoints"]) == 3
+
+
+def test_export_copies_and_verifies(experiment, tmp_path):
+    path, read, write, _ = experiment
+    best = invoke("export", "--best", path, str(tmp_path / "best"))
+    assert "exported checkpoint_000001 (1 file(s), 200 B, verified)" in best.output
+    assert (tmp_path / "best" / "w.bin").read_bytes() == b"x" * 200
+    invoke("export", "--index", "0", path, str(tmp_path / "first"))
+    assert (tmp_path / "first" / "w.bin").read_bytes() == b"x" * 100
+    write("checkpoint_000002/w.bin", b"y" * 300)
+    bad = CliRunner().invoke(main, ["export", path, str(tmp_path / "latest")])
+    assert bad.exit_code == 1 and "does not match the manifest" in bad.output
+    assert not (tmp_path / "latest" / "w.bin").exists()
+
+
+def test_ls_of_a_storage_root_lists_experiments(experiment):
+    root, _ = parent(experiment[0])
+    rows = json.loads(invoke("ls", "--json", root).output)
+    assert [(r["experiment"], r["status"], r["checkpoints"]) for r in rows] == [("e", "finished", 3)]
+    assert rows[0]["last_metrics"]["epoch"] == 2
+    assert invoke("ls", root).output.startswith("e ")
+
+
+def test_metrics_dataframe(experiment):
+    table = hpckit.Result.from_path(experiment[0]).metrics_dataframe
+    assert table.column_names == ["step", "time", "checkpoint", "loss", "acc", "epoch"]
+    assert table.column("loss").to_pylist() == [0.5, 0.2, 0.4]
+    assert hpckit.Result.from_path(experiment[0]).get_best_checkpoint("acc").path.endswith(
+        "checkpoint_000001")
