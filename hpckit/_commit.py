@@ -119,6 +119,7 @@ def _plan(session: Session, announcements: list[_Announcement]) -> _Plan:
     handed = {rank: a.files for rank, a in enumerate(announcements) if a.files is not None}
     if not handed:
         metrics.append(step, session.last_metrics or {}, None)
+        log.info("step %d: %s", step, _summary(session.last_metrics or {}))
         return _Plan(step, stop)
     writes, hashes = _assign_writers(handed)
     return _Plan(step, stop, checkpoint_dirname(manifest.next_checkpoint_index), writes, hashes)
@@ -247,8 +248,9 @@ def _commit(session: Session, plan: _Plan, directory: str,
                       next_checkpoint_index=record.index + 1, next_step=plan.step + 1)
     _experiment.write_manifest(experiment, updated)
     session.manifest = updated
-    log.info("step %d: committed %s (%s in %d file(s)) in %.0f ms", plan.step, directory,
-             _human(record.size), len(files), (time.perf_counter() - started) * 1000)
+    log.info("step %d: %s; committed %s (%s in %d file(s)) in %.0f ms", plan.step,
+             _summary(record.metrics), directory, _human(record.size), len(files),
+             (time.perf_counter() - started) * 1000)
     metrics.append(plan.step, record.metrics, directory)
     _experiment.evict(experiment, evicted)
     return record
@@ -276,6 +278,13 @@ def _discard(experiment: Any, directory: str) -> None:
         _storage.delete_dir(experiment.join(directory))
     except HpckitError as exc:
         log.warning("could not remove failed checkpoint %s (resume removes it): %s", directory, exc)
+
+
+def _summary(metrics: dict[str, Any], most: int = 6) -> str:
+    """The first few scalar metrics, compactly: ``loss=0.1234 acc=0.91``."""
+    shown = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+             for k, v in metrics.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)]
+    return " ".join(shown[:most]) + (" ..." if len(shown) > most else "") or "(no metrics)"
 
 
 def _human(size: int) -> str:

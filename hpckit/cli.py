@@ -17,7 +17,7 @@ import click
 import pyarrow.fs
 
 import hpckit
-from hpckit import _experiment, _launch, _retention, _slurm, _storage, _transfer, _verify
+from hpckit import _experiment, _launch, _plot, _retention, _slurm, _storage, _transfer, _verify
 from hpckit._manifest import CheckpointRecord, Manifest, is_checkpoint_dirname
 from hpckit._uri import Location, parent, redact, resolve, restore_credentials
 from hpckit.config import CheckpointConfig
@@ -252,6 +252,31 @@ def export(experiment: str, dest: str, which: str, index: int | None) -> None:
         raise click.ClickException(str(exc)) from None
     click.echo(f"exported {record.directory} ({len(record.files)} file(s), {copied} B, verified) "
                f"to {target.display}")
+
+
+@main.command()
+@click.argument("experiments", nargs=-1, required=True)
+@click.option("--metric", "metric_names", multiple=True, required=True,
+              help="A metric to plot, one panel each (repeat for more).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,
+              help="The image to write (.png, .pdf or .svg).")
+@click.option("--x", "x_axis", default="step", show_default=True,
+              help="The x axis: step, or a reported metric such as epoch.")
+def plot(experiments: tuple[str, ...], metric_names: tuple[str, ...], output: str,
+         x_axis: str) -> None:
+    """Plot metrics of one or several EXPERIMENTS (overlaid), one panel per metric.
+
+    Example: hpckit plot runs/lr0.1 runs/lr0.01 --metric loss --metric accuracy -o curves.png
+    """
+    series = []
+    for experiment in experiments:
+        location, manifest = _open(experiment)
+        series.append((manifest.experiment, _experiment.read_metrics(location)))
+    try:
+        _plot.curves(series, list(metric_names), x_axis, output)
+    except HpckitError as exc:
+        raise click.UsageError(str(exc)) from None
+    click.echo(f"wrote {output}")
 
 
 def _list_experiments(root: Location, as_json: bool) -> None:

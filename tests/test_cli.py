@@ -193,3 +193,19 @@ def test_metrics_dataframe(experiment):
     assert table.column("loss").to_pylist() == [0.5, 0.2, 0.4]
     assert hpckit.Result.from_path(experiment[0]).get_best_checkpoint("acc").path.endswith(
         "checkpoint_000001")
+
+
+def test_plot_writes_a_png_of_the_expected_size_with_curves(experiment, tmp_path):
+    import matplotlib.image
+
+    path = experiment[0]
+    out = invoke("plot", path, path, "--metric", "loss", "--metric", "acc", "--x", "epoch",
+                 "-o", str(tmp_path / "curves.png"))
+    assert out.exit_code == 0, out.output
+    image = matplotlib.image.imread(tmp_path / "curves.png")
+    assert image.shape[:2] == (600, 800)  # 2 panels of 8x3 inches at 100 dpi
+    ink = (image[:, :, :3] < 0.9).any(axis=2).mean()
+    colours = len({tuple(p) for p in (image[:, :, :3] * 255).astype(int).reshape(-1, 3)[::7]})
+    assert ink > 0.02 and colours > 20  # axes, labels and coloured curves, not a blank image
+    bad = CliRunner().invoke(main, ["plot", path, "--metric", "nope", "-o", str(tmp_path / "x.png")])
+    assert bad.exit_code == 2 and "no experiment reported a numeric metric 'nope'" in bad.output
