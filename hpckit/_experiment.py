@@ -12,6 +12,7 @@ import pyarrow.fs
 from hpckit import _storage
 from hpckit._log import log
 from hpckit._manifest import MANIFEST_NAME, METRICS_NAME, CheckpointRecord, Manifest, is_checkpoint_dirname
+from hpckit._tensorboard import Scalars
 from hpckit._uri import Location
 from hpckit.errors import ManifestError, StorageError
 
@@ -112,8 +113,9 @@ class MetricsLog:
     def resume(cls, experiment: Location, next_step: int) -> MetricsLog:
         """Keep the lines of steps before ``next_step``: later ones describe work being redone."""
         location = experiment.join(METRICS_NAME)
+        scalars = Scalars.open(experiment)
         if _storage.file_type(location) == _FT.NotFound:
-            return cls(location)
+            return cls(location, scalars=scalars)
         kept, dropped = [], 0
         for raw in _storage.read_bytes(location).decode(errors="replace").splitlines():
             entry = _parse_line(raw)
@@ -125,13 +127,21 @@ class MetricsLog:
             log.info("metrics.jsonl: dropped %d line(s) reported after the last committed "
                      "checkpoint; those steps run again", dropped)
             _storage.write_atomic(location, "".join(kept).encode())
-        return cls(location, kept)
+        return cls(location, kept, scalars)
+
+    scalars: Scalars | None = None
 
     def append(self, step: int, metrics: dict[str, Any], checkpoint: str | None) -> None:
         line = json.dumps({"step": step, "time": time.time(), "checkpoint": checkpoint,
                            "metrics": metrics}, allow_nan=False) + "\n"
         self.lines.append(line)
         _storage.append_text(self.location, line, "".join(self.lines))
+        if self.scalars is not None:
+            self.scalars.add(step, metrics)
+
+    def close(self) -> None:
+        if self.scalars is not None:
+            self.scalars.close()
 
 
 def read_metrics(experiment: Location) -> list[dict[str, Any]]:

@@ -160,6 +160,8 @@ class TorchTrainer:
             raise _TrainingError(exc, getattr(exc, "_hpckit_collective", False)) from exc
         finally:
             activate(None)
+            if session.metrics is not None:
+                session.metrics.close()
         summary = None
         if comm.rank == 0:
             _close_attempt(session, "finished", None)

@@ -1,0 +1,49 @@
+"""TensorBoard events when the package is installed; nothing breaks without it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import hpckit
+from hpckit import RunConfig
+from hpckit.torch import TorchTrainer
+
+
+def loop():
+    for step, loss in enumerate([0.9, 0.5, 0.25]):
+        hpckit.report({"loss": loss, "val": {"acc": 1 - loss}, "note": "text is skipped"})
+
+
+def test_every_report_writes_scalars_that_tensorboard_reads(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    TorchTrainer(loop, run_config=RunConfig(name="tb", storage_path=str(tmp_path))).fit()
+    events = EventAccumulator(str(tmp_path / "tb" / "tensorboard"))
+    events.Reload()
+    assert sorted(events.Tags()["scalars"]) == ["loss", "val/acc"]
+    assert [(e.step, round(e.value, 3)) for e in events.Scalars("loss")] == [(0, 0.9), (1, 0.5), (2, 0.25)]
+
+
+def test_without_tensorboard_training_still_works(tmp_path):
+    script = textwrap.dedent(f"""
+        import sys
+        sys.modules["tensorboard"] = None  # as if the package were not installed
+        import hpckit
+        from hpckit import RunConfig
+        from hpckit.torch import TorchTrainer
+
+        def loop():
+            hpckit.report({{"loss": 1.0}})
+
+        TorchTrainer(loop, run_config=RunConfig(name="plain", storage_path={str(tmp_path)!r})).fit()
+        print("TRAINED")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "TRAINED" in out.stdout, out.stderr
+    assert (tmp_path / "plain" / "metrics.jsonl").exists()
+    assert not (tmp_path / "plain" / "tensorboard").exists()
