@@ -23,6 +23,7 @@ from hpckit._log import log
 from hpckit._manifest import CheckpointRecord, FileRecord, checkpoint_dirname, is_safe_relpath
 from hpckit._metrics import to_json_metrics
 from hpckit._session import Session
+from hpckit._transfer import progress
 from hpckit.checkpoint import Checkpoint
 from hpckit.errors import CheckpointError, CommitError, HpckitError, ReportMismatchError
 
@@ -211,8 +212,13 @@ def _persist(session: Session, plan: _Plan, directory: str, source: str | None,
                         else _storage.sha256_file(src))
         return FileRecord(rel, size, rank, digest)
 
-    with ThreadPoolExecutor(max(1, min(8, len(writes) + len(hashes)))) as pool:
-        records = list(pool.map(one, writes + hashes))
+    sizes = {rel: os.path.getsize(os.path.join(source, rel)) for rel in writes}
+    with progress(sum(sizes.values()), f"rank {rank}: writing {directory}") as bar, \
+            ThreadPoolExecutor(max(1, min(8, len(writes) + len(hashes)))) as pool:
+        records = []
+        for record in pool.map(one, writes + hashes):
+            records.append(record)
+            bar.update(sizes.get(record.path, 0))
     if writes and target.is_local:
         for directory in _directories(target.path, writes):
             _storage.fsync_dir(directory)

@@ -11,9 +11,11 @@ import hashlib
 import mmap
 import os
 import posixpath
+import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pyarrow
 import pyarrow.fs
@@ -211,19 +213,29 @@ def sha256_file(path: str) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def download_file(source: Location, target: str) -> None:
+def download_file(source: Location, target: str, advance: Callable[[int], Any]) -> None:
     os.makedirs(os.path.dirname(target), exist_ok=True)
     with errors_named(source, "download"):
         with source.filesystem.open_input_stream(source.path) as stream, open(target, "wb") as out:
             while chunk := stream.read(CHUNK):
                 out.write(chunk)
+                advance(len(chunk))
 
 
 def download_dir(source: Location, target: str) -> None:
     """Copy every file under ``source`` into the local directory ``target``."""
+    from hpckit._transfer import progress
+
     files = list_files(source)
     os.makedirs(target, exist_ok=True)
-    with ThreadPoolExecutor(max(1, min(8, len(files)))) as pool:
-        for future in [pool.submit(download_file, source.join(rel), os.path.join(target, rel))
+    with progress(sum(size for _, size in files), f"downloading {source.display}") as bar, \
+            ThreadPoolExecutor(max(1, min(8, len(files)))) as pool:
+        lock = threading.Lock()
+
+        def advance(n: int) -> None:
+            with lock:
+                bar.update(n)
+
+        for future in [pool.submit(download_file, source.join(rel), os.path.join(target, rel), advance)
                        for rel, _ in files]:
             future.result()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import posixpath
 import sys
+from typing import Any
 
 import click
 
@@ -16,13 +17,18 @@ from hpckit.errors import CheckpointError
 PROGRESS_FROM = 64 << 20  # a bar only for transfers that take a while, and only on a terminal
 
 
+def progress(total: int, label: str) -> Any:
+    """A progress bar for transfers of at least PROGRESS_FROM bytes, drawn on a terminal only
+    (batch logs stay quiet)."""
+    show = total >= PROGRESS_FROM and sys.stderr.isatty()
+    return click.progressbar(length=total, label=label, file=sys.stderr, hidden=not show)
+
+
 def export(source: Location, record: CheckpointRecord, target: Location) -> int:
     """Copy ``record``'s files from ``source`` to ``target``; raise if any differs from the
     manifest (the partial copy of that file is removed). Returns the bytes copied."""
     total = record.size
-    show = total >= PROGRESS_FROM and sys.stderr.isatty()
-    with click.progressbar(length=total, label=f"exporting {record.directory}", file=sys.stderr,
-                           hidden=not show) as bar:
+    with progress(total, f"exporting {record.directory}") as bar:
         for f in record.files:
             destination = target.join(f.path)
             size, digest = _copy(source.join(f.path), destination, bar.update)

@@ -116,10 +116,16 @@ def test_metrics_in_every_format(experiment):
     assert table[0].split() == ["step", "time", "checkpoint", "loss", "acc", "epoch"] and len(table) == 4
 
 
-@pytest.mark.parametrize("command", ["ls", "show", "verify", "metrics", "resume"])
-def test_commands_on_a_path_that_is_not_an_experiment(tmp_path, command):
-    out = CliRunner().invoke(main, [command, str(tmp_path)])
-    assert out.exit_code == 2 and "not an hpckit experiment" in out.output
+COMMANDS = {"ls": [], "show": [], "verify": [], "metrics": [], "resume": [], "gc": [],
+            "export": ["DEST"], "plot": ["--metric", "loss", "-o", "x.png"]}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize("where", ["not-an-experiment", "missing"])
+def test_commands_on_a_path_that_is_not_an_experiment(tmp_path, command, where):
+    path = tmp_path if where == "not-an-experiment" else tmp_path / "no" / "such"
+    out = CliRunner().invoke(main, [command, str(path), *COMMANDS[command]])
+    assert out.exit_code == 2 and "not an hpckit experiment" in out.output, out.output
 
 
 def test_the_installed_entry_point_runs(tmp_path):
@@ -164,6 +170,9 @@ def test_gc_refuses_a_running_experiment(tmp_path):
     out = CliRunner().invoke(main, ["gc", "--keep", "1", str(tmp_path / "s" / "e")])
     assert out.exit_code == 2 and "looks running" in out.output
     assert len(json.loads(manifest_path.read_text())["checkpoints"]) == 3
+    forced = invoke("gc", "--keep", "1", "--force", str(tmp_path / "s" / "e"))
+    assert "removed 1 checkpoint(s), 100 B freed" in forced.output
+    assert len(json.loads(manifest_path.read_text())["checkpoints"]) == 2
 
 
 def test_export_copies_and_verifies(experiment, tmp_path):
@@ -173,6 +182,8 @@ def test_export_copies_and_verifies(experiment, tmp_path):
     assert (tmp_path / "best" / "w.bin").read_bytes() == b"x" * 200
     invoke("export", "--index", "0", path, str(tmp_path / "first"))
     assert (tmp_path / "first" / "w.bin").read_bytes() == b"x" * 100
+    invoke("export", "--latest", path, str(tmp_path / "last"))
+    assert (tmp_path / "last" / "w.bin").read_bytes() == b"x" * 300
     write("checkpoint_000002/w.bin", b"y" * 300)
     bad = CliRunner().invoke(main, ["export", path, str(tmp_path / "latest")])
     assert bad.exit_code == 1 and "does not match the manifest" in bad.output
