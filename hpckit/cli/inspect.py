@@ -1,0 +1,187 @@
+"""Commands that read an experiment: ls, show, verify, metrics, plot."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import sys
+import time
+from typing import Any
+
+import click
+
+from hpckit import _experiment, _plot, _verify
+from hpckit._uri import Location
+from hpckit.cli import _open, _record, main
+from hpckit.errors import HpckitError
+from hpckit.result import Result
+
+
+@main.command("ls")
+@click.argument("experiment")
+@click.option("--metric", "metrics", multiple=True, help="Metric columns to show (default: all).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def ls(experiment: str, metrics: tuple[str, ...], as_json: bool) -> None:
+    """List the committed checkpoints of EXPERIMENT (a path or URI), or, given a storage root,
+    its experiments with their status (running, finished, failed, requeued, stopped).
+
+    Markers: * latest, + best by the experiment's retention score.
+
+    Example: hpckit ls ~/hpckit_results/resnet-fmnist --metric loss
+    """
+    location, manifest = _open(experiment, allow_root=True)
+    if manifest is None:
+        _list_experiments(location, as_json)
+        return
+    result = Result._build(location, manifest, [])
+    best = result.best_checkpoints[0][0].path if result.best_checkpoints else None
+    latest = manifest.latest
+    rows = [{"index": r.index, "directory": r.directory, "step": r.step,
+             "reported_at": r.reported_at, "bytes": r.size, "latest": r is latest,
+             "best": location.join(r.directory).path == best,
+             "metrics": {k: v for k, v in r.metrics.items() if not metrics or k in metrics}}
+            for r in manifest.checkpoints]
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    for row, record in zip(rows, manifest.checkpoints, strict=True):
+        mark = ("*" if row["latest"] else " ") + ("+" if row["best"] else " ")
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.reported_at))
+        click.echo(f"{mark} {row['directory']}  step {row['step']:>6}  {when}  "
+                   f"{row['bytes']:>12} B  {json.dumps(row['metrics'])}")
+
+
+@main.command()
+@click.argument("experiment")
+@click.argument("checkpoint", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def show(experiment: str, checkpoint: str | None, as_json: bool) -> None:
+    """Show EXPERIMENT's config, command, world size and attempts, or one CHECKPOINT's files.
+
+    CHECKPOINT is a directory name (checkpoint_000003) or an index (3).
+
+    Example: hpckit show ~/hpckit_results/linear checkpoint_000004
+    """
+    location, manifest = _open(experiment)
+    if checkpoint is not None:
+        record = _record(location, manifest, checkpoint)
+        if as_json:
+            click.echo(json.dumps(dataclasses.asdict(record), indent=1))
+            return
+        click.echo(f"{location.join(record.directory).display}  step {record.step}  "
+                   f"{record.size} B  metrics {json.dumps(record.metrics)}")
+        for f in record.files:
+            click.echo(f"  {f.path:40s} {f.size:>12} B  rank {f.rank:<4} sha256 {f.sha256}")
+        return
+    body = json.loads(manifest.to_json())
+    if as_json:
+        click.echo(json.dumps({k: body[k] for k in body if k != "checkpoints"}, indent=1))
+        return
+    click.echo(f"experiment {manifest.experiment} at {location.display}")
+    click.echo(f"world size {manifest.world_size}; command: {' '.join(manifest.command.get('argv', []))}")
+    click.echo(f"config: {json.dumps(manifest.config)}")
+    click.echo(f"retention: {json.dumps(manifest.retention)}; checkpoints kept: "
+               f"{len(manifest.checkpoints)}; latest: {body['latest']}")
+    for a in manifest.attempts:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a.get("started_at", 0)))
+        job = a.get("slurm", {}).get("job_id")
+        click.echo(f"  attempt {a.get('attempt')}: {a.get('status')} started {started}, "
+                   f"{a.get('world_size')} rank(s) via {a.get('launcher')}"
+                   + (f", Slurm job {job}" if job else "")
+                   + (f": {a['error']}" if a.get("error") else ""))
+
+
+@main.command()
+@click.argument("experiment")
+@click.argument("checkpoint", required=False)
+def verify(experiment: str, checkpoint: str | None) -> None:
+    """Re-read every file of EXPERIMENT's kept checkpoints (or one CHECKPOINT) and check its
+    size and sha256 against the manifest; exit 1 listing what differs or is missing.
+
+    Example: hpckit verify /lustre/me/runs/resnet
+    """
+    location, manifest = _open(experiment)
+    records = [_record(location, manifest, checkpoint)] if checkpoint else manifest.checkpoints
+    problems = [p for record in records for p in _verify.verify(location, record)]
+    files = sum(len(r.files) for r in records)
+    if problems:
+        for problem in problems:
+            click.echo(f"BAD {problem}")
+        click.echo(f"{len(problems)} of {files} file(s) in {len(records)} checkpoint(s) do not "
+                   "match the manifest", err=True)
+        sys.exit(1)
+    click.echo(f"ok: {files} file(s) in {len(records)} checkpoint(s) match the manifest")
+
+
+@main.command()
+@click.argument("experiment")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table",
+              show_default=True)
+def metrics(experiment: str, fmt: str) -> None:
+    """Print every report's metrics of EXPERIMENT (step, time, checkpoint, then the metrics).
+
+    Example: hpckit metrics ~/hpckit_results/linear --format csv > linear.csv
+    """
+    location, _ = _open(experiment)
+    history = _experiment.read_metrics(location)
+    if fmt == "json":
+        click.echo(json.dumps(history, indent=1))
+        return
+    names = list(dict.fromkeys(k for entry in history for k in entry["metrics"]))
+    header = ["step", "time", "checkpoint", *names]
+    rows = [[e["step"], e["time"], e.get("checkpoint") or "", *(e["metrics"].get(n, "") for n in names)]
+            for e in history]
+    if fmt == "csv":
+        writer = csv.writer(sys.stdout)
+        writer.writerow(header)
+        writer.writerows(rows)
+        return
+    widths = [max(len(str(c)) for c in column) for column in zip(header, *rows, strict=True)]
+    for row in [header, *rows]:
+        click.echo("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+@main.command()
+@click.argument("experiments", nargs=-1, required=True)
+@click.option("--metric", "metric_names", multiple=True, required=True,
+              help="A metric to plot, one panel each (repeat for more).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,
+              help="The image to write (.png, .pdf or .svg).")
+@click.option("--x", "x_axis", default="step", show_default=True,
+              help="The x axis: step, or a reported metric such as epoch.")
+def plot(experiments: tuple[str, ...], metric_names: tuple[str, ...], output: str,
+         x_axis: str) -> None:
+    """Plot metrics of one or several EXPERIMENTS (overlaid), one panel per metric.
+
+    Example: hpckit plot runs/lr0.1 runs/lr0.01 --metric loss --metric accuracy -o curves.png
+    """
+    series = []
+    for experiment in experiments:
+        location, manifest = _open(experiment)
+        series.append((manifest.experiment, _experiment.read_metrics(location)))
+    try:
+        _plot.curves(series, list(metric_names), x_axis, output)
+    except HpckitError as exc:
+        raise click.UsageError(str(exc)) from None
+    click.echo(f"wrote {output}")
+
+
+def _list_experiments(root: Location, as_json: bool) -> None:
+    rows: list[dict[str, Any]] = []
+    for name, manifest in _experiment.list_experiments(root):
+        if manifest is None:
+            rows.append({"experiment": name, "status": "unreadable manifest"})
+            continue
+        history = _experiment.read_metrics(root.join(name))
+        last = manifest.attempts[-1] if manifest.attempts else {}
+        rows.append({"experiment": name, "status": last.get("status", "?"),
+                     "checkpoints": len(manifest.checkpoints),
+                     "latest": manifest.latest.directory if manifest.latest else None,
+                     "last_metrics": history[-1]["metrics"] if history else None})
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    for row in rows:
+        click.echo(f"{row['experiment']:30s} {row['status']:12s} {row.get('checkpoints', '-'):>4} "
+                   f"checkpoint(s)  latest {row.get('latest')}  {json.dumps(row.get('last_metrics'))}")

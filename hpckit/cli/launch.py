@@ -1,0 +1,100 @@
+"""Commands that start ranks: run and resume."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import click
+
+from hpckit import _launch, _slurm
+from hpckit._manifest import Manifest
+from hpckit._uri import parent, redact, restore_credentials
+from hpckit.cli import _open, main
+from hpckit.errors import HpckitError
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("-n", "--ranks", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Number of ranks to start on this node.")
+@click.option("--max-failures", type=click.IntRange(min=-1), default=0, show_default=True,
+              help="Restarts after a failure (-1: no limit); each resumes from the manifest.")
+@click.argument("script", type=click.Path(exists=True, dir_okay=False))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def run(ranks: int, max_failures: int, script: str, args: tuple[str, ...]) -> None:
+    """Start SCRIPT on N ranks of this node with mpiexec, restarting it after failures.
+
+    Example: hpckit run -n 4 --max-failures 3 train.py --epochs 10
+    """
+    try:
+        code = _launch.run_script(ranks, [script, *args], max_failures)
+    except HpckitError as exc:
+        raise click.ClickException(str(exc)) from None
+    sys.exit(code)
+
+
+@main.command()
+@click.argument("experiment")
+@click.option("-n", "--ranks", type=click.IntRange(min=1), default=None,
+              help="World size (default: the recorded one; changing it needs rank-0-only checkpoints).")
+@click.option("--max-failures", type=click.IntRange(min=-1), default=0, show_default=True,
+              help="Restarts after a failure (-1: no limit).")
+@click.option("--sbatch", "sbatch_file", type=click.Path(dir_okay=False), default=None,
+              help="Write an sbatch script to FILE and submit it instead of running here.")
+def resume(experiment: str, ranks: int | None, max_failures: int, sbatch_file: str | None) -> None:
+    """Continue EXPERIMENT with the command, arguments and world size in its manifest.
+
+    Example: hpckit resume /lustre/me/runs/resnet --sbatch resume-resnet.sbatch
+    """
+    location, manifest = _open(experiment)
+    world = _world_size(manifest, ranks)
+    command = manifest.command
+    argv = [restore_credentials(a, experiment) for a in command.get("argv") or []]
+    cwd = command.get("cwd") or os.getcwd()
+    if not argv:
+        raise click.UsageError(f"the manifest of {location.display} records no command to resume.")
+    # The root as the user gave it (credentials included), never the redacted display form.
+    root, _ = parent(experiment)
+    env = {"HPCKIT_NAME": manifest.experiment, "HPCKIT_STORAGE": root}
+    if sbatch_file:
+        _submit(sbatch_file, argv, world, cwd, manifest.experiment,
+                command.get("executable") or sys.executable, env)
+        return
+    click.echo(f"resuming {location.display} with {world} rank(s): {redact(' '.join(argv))}",
+               err=True)
+    try:
+        code = _launch.run_script(world, argv, max_failures, cwd=cwd, extra_env=env)
+    except HpckitError as exc:
+        raise click.ClickException(str(exc)) from None
+    sys.exit(code)
+
+
+def _world_size(manifest: Manifest, ranks: int | None) -> int:
+    recorded = manifest.world_size
+    if ranks is None or ranks == recorded:
+        return recorded
+    latest = manifest.latest
+    writers = sorted({f.rank for f in latest.files}) if latest else []
+    if any(r != 0 for r in writers):
+        raise click.UsageError(
+            f"-n {ranks} differs from the recorded world size {recorded}, but "
+            f"{latest.directory if latest else ''} holds files written by ranks {writers}: "
+            f"per-rank shards need the same world size. Use -n {recorded}, or reshard by hand.")
+    return ranks
+
+
+def _submit(path: str, argv: list[str], world: int, cwd: str, name: str, python: str,
+            env: dict[str, str]) -> None:
+    text = _slurm.render_sbatch(argv, world, cwd, name, python, env)
+    with open(path, "w") as f:
+        f.write(text)
+    sbatch = shutil.which("sbatch")
+    if sbatch is None:
+        raise click.ClickException(f"wrote {path}, but sbatch is not on PATH; submit it on a "
+                                   "login node with: sbatch " + path)
+    out = subprocess.run([sbatch, "--parsable", path], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise click.ClickException(f"sbatch {path} failed: {out.stderr.strip()}")
+    click.echo(f"submitted job {out.stdout.strip().split(';')[0]} ({path})")
