@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import shutil
+import tempfile
+import time
 from typing import Any
 
+from hpckit import _storage
+from hpckit._env import Environment
 from hpckit._log import log
 from hpckit._uri import Location
+from hpckit.errors import StorageError
 
 DIRECTORY = "tensorboard"
+UPLOAD_EVERY = 10.0  # seconds: remote event files are re-sent whole, so not at every report
 
 
 def _installed() -> bool:
@@ -19,31 +27,54 @@ def _installed() -> bool:
 
 
 class Scalars:
-    """Writes rank 0's numeric metrics as scalar events under ``{experiment}/tensorboard``."""
+    """Writes rank 0's numeric metrics as scalar events under ``{experiment}/tensorboard``.
 
-    def __init__(self, writer: Any) -> None:
+    On remote storage the events are written to a node-local directory and uploaded from
+    there, since TensorBoard's writer only appends to local files.
+    """
+
+    def __init__(self, writer: Any, staging: str | None, remote: Location | None) -> None:
         self.writer = writer
+        self.staging = staging
+        self.remote = remote
+        self.uploaded = 0.0
 
     @classmethod
     def open(cls, experiment: Location) -> Scalars | None:
         if not _installed():
             return None
-        if not experiment.is_local:
-            log.info("TensorBoard events are written for local storage only; %s is remote",
-                     experiment.display)
-            return None
         from torch.utils.tensorboard import SummaryWriter
 
-        return cls(SummaryWriter(log_dir=experiment.join(DIRECTORY).path))
+        target = experiment.join(DIRECTORY)
+        if experiment.is_local:
+            return cls(SummaryWriter(log_dir=target.path), None, None)
+        staging = tempfile.mkdtemp(prefix="hpckit-tensorboard-", dir=Environment.read().local_dir)
+        return cls(SummaryWriter(log_dir=staging), staging, target)
 
-    def add(self, step: int, metrics: dict[str, Any], prefix: str = "") -> None:
+    def add(self, step: int, metrics: dict[str, Any]) -> None:
+        self._add(step, metrics, "")
+        self.writer.flush()
+        if self.remote is not None and time.monotonic() - self.uploaded >= UPLOAD_EVERY:
+            self._upload()
+
+    def _add(self, step: int, metrics: dict[str, Any], prefix: str) -> None:
         for key, value in metrics.items():
             if isinstance(value, dict):
-                self.add(step, value, f"{prefix}{key}/")
+                self._add(step, value, f"{prefix}{key}/")
             elif isinstance(value, (int, float)) and not isinstance(value, bool):
                 self.writer.add_scalar(f"{prefix}{key}", value, step)
-        if not prefix:
-            self.writer.flush()
+
+    def _upload(self) -> None:
+        assert self.staging is not None and self.remote is not None
+        self.uploaded = time.monotonic()
+        for name in os.listdir(self.staging):
+            try:
+                _storage.persist_file(os.path.join(self.staging, name), self.remote.join(name))
+            except StorageError as exc:
+                log.warning("could not upload TensorBoard events (training goes on): %s", exc)
 
     def close(self) -> None:
         self.writer.close()
+        if self.staging is not None:
+            self._upload()
+            shutil.rmtree(self.staging, ignore_errors=True)

@@ -47,3 +47,16 @@ def test_without_tensorboard_training_still_works(tmp_path):
     assert out.returncode == 0 and "TRAINED" in out.stdout, out.stderr
     assert (tmp_path / "plain" / "metrics.jsonl").exists()
     assert not (tmp_path / "plain" / "tensorboard").exists()
+
+
+def test_events_of_an_s3_experiment_land_in_its_directory(s3, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from hpckit import Checkpoint
+
+    TorchTrainer(loop, run_config=RunConfig(name="tb", storage_path=s3.uri(f"tb-{tmp_path.name}"))).fit()
+    Checkpoint(s3.uri(f"tb-{tmp_path.name}/tb/tensorboard")).to_directory(str(tmp_path / "events"))
+    events = EventAccumulator(str(tmp_path / "events"))
+    events.Reload()
+    assert [round(e.value, 3) for e in events.Scalars("val/acc")] == [0.1, 0.5, 0.75]
