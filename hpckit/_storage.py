@@ -11,6 +11,7 @@ import hashlib
 import mmap
 import os
 import posixpath
+import re
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -37,7 +38,20 @@ def errors_named(location: Location, action: str) -> Iterator[None]:
         raise StorageError(f"cannot {action} {location.display}: {_explain(exc)}") from exc
 
 
+_MISSING_BUCKET = re.compile(r"Bucket '([^']+)' not found|NoSuchBucket")
+
+
 def _explain(exc: BaseException) -> str:
+    text = str(exc)
+    if "ACCESS_DENIED" in text or "InvalidAccessKeyId" in text or "SignatureDoesNotMatch" in text:
+        return ("the storage refused the credentials (access denied); check the key and secret in "
+                "the URI (s3://KEY:SECRET@bucket/...) or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
+                "and that they may write this bucket")
+    missing = _MISSING_BUCKET.search(text)
+    if missing:
+        bucket = missing.group(1) if missing.lastindex else "the bucket"
+        return (f"bucket {bucket!r} does not exist; create it first (e.g. aws s3 mb s3://{bucket}) "
+                "or fix the name in storage_path")
     code = getattr(exc, "errno", None)
     if code == errno.ENOSPC or "No space left" in str(exc):
         return "the disk is full (No space left on device); free space or point storage_path elsewhere"

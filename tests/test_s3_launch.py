@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from conftest import HPCKIT, JOB, STEADY, final_params, run
 from s3_server import SECRET_KEY
 
@@ -52,3 +54,29 @@ def test_stopped_s3_run_resumes_with_hpckit_resume(s3, steady_reference, tmp_pat
     assert [a["status"] for a in m["attempts"]] == ["stopped", "finished"]
     assert [json.loads(l)["metrics"]["epoch"] for l in s3.read_text("runs/stop/metrics.jsonl").splitlines()] == list(range(8))
     assert SECRET_KEY not in first + out.output
+
+
+def _never_train():
+    raise AssertionError("training started despite bad storage")
+
+
+def test_wrong_credentials_are_a_clear_error_before_training(s3):
+    from hpckit import RunConfig, StorageError
+    from hpckit.torch import TorchTrainer
+
+    uri = s3.uri("creds").replace(SECRET_KEY, "not-the-secret")
+    with pytest.raises(StorageError) as info:
+        TorchTrainer(_never_train, run_config=RunConfig(name="e", storage_path=uri)).fit()
+    message = str(info.value)
+    assert "refused the credentials" in message and "s3://***@hpckit/creds" in message
+    assert "not-the-secret" not in message
+
+
+def test_a_missing_bucket_is_named(s3):
+    from hpckit import RunConfig, StorageError
+    from hpckit.torch import TorchTrainer
+
+    uri = s3.uri("runs").replace("@hpckit/", "@no-such-bucket/")
+    with pytest.raises(StorageError, match="bucket 'no-such-bucket' does not exist; create it first"):
+        TorchTrainer(_never_train, run_config=RunConfig(name="e", storage_path=uri)).fit()
+    assert s3.filesystem().get_file_info("no-such-bucket").type.name == "NotFound"
