@@ -1,0 +1,67 @@
+"""One contract for every storage backend: the same tests on a local directory and on S3.
+
+These are the primitives the commit protocol is built on; a backend that passes them can
+hold experiments."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pyarrow.fs
+import pytest
+
+from hpckit import _storage
+from hpckit._uri import resolve
+
+
+@pytest.fixture(params=["local", "s3"])
+def root(request, tmp_path):
+    if request.param == "local":
+        return resolve(str(tmp_path / "store"))
+    return resolve(request.getfixturevalue("s3").uri(f"contract-{tmp_path.name}"))
+
+
+def test_atomic_write_replaces_whole_and_reads_back(root):
+    target = root.join("manifest.json")
+    _storage.make_dir(root)
+    _storage.write_atomic(target, b"first")
+    _storage.write_atomic(target, b"second, longer")
+    assert _storage.read_bytes(target) == b"second, longer"
+    assert [name for name, _ in _storage.list_files(root)] == ["manifest.json"]  # no temp left
+
+
+def test_append_grows_the_file_on_every_backend(root):
+    target = root.join("metrics.jsonl")
+    _storage.make_dir(root)
+    _storage.append_text(target, "a\n", "a\n")
+    _storage.append_text(target, "b\n", "a\nb\n")
+    assert _storage.read_bytes(target) == b"a\nb\n"
+
+
+def test_persist_hashes_what_it_stores_and_lists_and_downloads(root, tmp_path):
+    source = tmp_path / "shard.pt"
+    data = os.urandom(3 << 20)
+    source.write_bytes(data)
+    size, digest = _storage.persist_file(str(source), root.join("checkpoint_000000/sub/shard.pt"))
+    assert (size, digest) == (len(data), hashlib.sha256(data).hexdigest())
+    assert _storage.list_files(root.join("checkpoint_000000")) == [("sub/shard.pt", len(data))]
+    _storage.download_dir(root.join("checkpoint_000000"), str(tmp_path / "down"))
+    assert (tmp_path / "down" / "sub" / "shard.pt").read_bytes() == data
+
+
+def test_delete_and_file_types(root, tmp_path):
+    source = tmp_path / "f"
+    source.write_bytes(b"x")
+    _storage.persist_file(str(source), root.join("d/f"))
+    assert _storage.file_type(root.join("d/f")) == pyarrow.fs.FileType.File
+    assert _storage.file_type(root.join("nothing")) == pyarrow.fs.FileType.NotFound
+    _storage.delete_dir(root.join("d"))
+    _storage.delete_dir(root.join("d"))  # deleting what is gone is not an error
+    assert _storage.list_files(root) == []
+
+
+def test_errors_name_the_location_without_secrets(root):
+    with pytest.raises(_storage.StorageError) as info:
+        _storage.read_bytes(root.join("missing.json"))
+    assert "missing.json" in str(info.value) and "secret" not in str(info.value)
