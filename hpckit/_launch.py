@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import types
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from hpckit.result import Result
 
 importing_main = False
+ABORT_GRACE = 0.5
 
 
 class MainImported(BaseException):
@@ -225,14 +227,16 @@ def fail(comm: Any, env: Environment, exc: BaseException, collective: bool,
             log.error("training failed; to resume, run the same command again: the experiment "
                       "has a manifest, so the run continues from its last committed checkpoint.")
         raise error from exc
-    log.error("rank %d failed; aborting all %d ranks.\n%s", comm.rank, comm.size,
-              failure.traceback.rstrip())
-    if not env.worker:
-        log.error("To resume, run the same command again: the run continues from its last "
-                  "committed checkpoint.")
+    hint = ("" if env.worker else "\nTo resume, run the same command again: the run continues "
+            "from its last committed checkpoint.")
+    log.error("rank %d failed; aborting all %d ranks.\n%s%s", comm.rank, comm.size,
+              failure.traceback.rstrip(), hint)
     for handler in log.handlers:
         handler.flush()
     sys.stderr.flush()
+    # MPI_Abort kills at once; give the launcher a moment to forward this rank's output,
+    # or the one message that says what failed can be lost.
+    time.sleep(ABORT_GRACE)
     _comm.world().Abort(1)
 
 
@@ -279,3 +283,4 @@ def import_main(path: str) -> None:
         pass
     finally:
         importing_main = False
+ABORT_GRACE = 0.5
