@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -120,7 +121,8 @@ def _plan(session: Session, announcements: list[_Announcement]) -> _Plan:
     handed = {rank: a.files for rank, a in enumerate(announcements) if a.files is not None}
     if not handed:
         metrics.append(step, session.last_metrics or {}, None)
-        log.info("step %d: %s", step, _summary(session.last_metrics or {}))
+        if log.isEnabledFor(logging.INFO):
+            log.info("step %d: %s", step, _summary(session.last_metrics or {}))
         return _Plan(step, stop)
     writes, hashes = _assign_writers(handed)
     return _Plan(step, stop, checkpoint_dirname(manifest.next_checkpoint_index), writes, hashes)

@@ -135,7 +135,7 @@ class MetricsLog:
         line = json.dumps({"step": step, "time": time.time(), "checkpoint": checkpoint,
                            "metrics": metrics}, allow_nan=False) + "\n"
         self.lines.append(line)
-        _storage.append_text(self.location, line, "".join(self.lines))
+        _storage.append_text(self.location, line, lambda: "".join(self.lines))
         if self.scalars is not None:
             self.scalars.add(step, metrics)
 

@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from hpckit._manifest import CheckpointRecord
+from hpckit._manifest import CheckpointRecord, Manifest
 from hpckit.config import CheckpointConfig
 
 
@@ -34,6 +34,18 @@ def rank_best_first(records: Sequence[CheckpointRecord], attribute: str | None,
         return (score is not None, sign * score if score is not None else 0.0, record.index)
 
     return sorted(records, key=key, reverse=True)
+
+
+def ranked(manifest: Manifest) -> list[CheckpointRecord]:
+    """The manifest's kept checkpoints, best first by the retention it records."""
+    return rank_best_first(manifest.checkpoints, manifest.retention.get("checkpoint_score_attribute"),
+                           manifest.retention.get("checkpoint_score_order", "max"))
+
+
+def recorded_config(manifest: Manifest, num_to_keep: int | None) -> CheckpointConfig:
+    """The manifest's retention, with another ``num_to_keep``."""
+    return CheckpointConfig(num_to_keep, manifest.retention.get("checkpoint_score_attribute"),
+                            manifest.retention.get("checkpoint_score_order", "max"))
 
 
 def select_evictions(records: Sequence[CheckpointRecord],

@@ -79,11 +79,10 @@ def read_bytes(location: Location) -> bytes:
 
 def write_atomic(location: Location, data: bytes) -> None:
     """Replace the object at ``location`` all at once: temp file + fsync + rename, or one PUT."""
+    if not location.is_local:
+        write_bytes(location, data)  # one PUT: an object is invisible until it is complete
+        return
     with errors_named(location, "write"):
-        if not location.is_local:
-            with location.filesystem.open_output_stream(location.path) as stream:
-                stream.write(data)
-            return
         directory = os.path.dirname(location.path)
         tmp = os.path.join(directory, f".{os.path.basename(location.path)}.tmp-{uuid.uuid4().hex[:8]}")
         try:
@@ -105,13 +104,13 @@ def write_bytes(location: Location, data: bytes) -> None:
             stream.write(data)
 
 
-def append_text(location: Location, text: str, whole: str) -> None:
-    """Append ``text``; where the filesystem cannot append (object stores), write ``whole``."""
+def append_text(location: Location, text: str, whole: Callable[[], str]) -> None:
+    """Append ``text``; where the filesystem cannot append (object stores), write ``whole()``."""
     with errors_named(location, "append to"):
         try:
             stream = location.filesystem.open_append_stream(location.path)
         except (pyarrow.ArrowNotImplementedError, NotImplementedError):
-            write_bytes(location, whole.encode())
+            write_bytes(location, whole().encode())
             return
         with stream:
             stream.write(text.encode())
@@ -204,27 +203,39 @@ def _copy_range(src: int, dst: int, size: int) -> None:
 
 
 def _stream_hashed(source: str, target: Location) -> tuple[int, str]:
-    """Stream a file to remote storage, hashing each chunk while the previous one uploads."""
+    with open(source, "rb") as src, target.filesystem.open_output_stream(target.path) as dst:
+        return pipe_hashed(src, dst)
+
+
+def pipe_hashed(src: Any, dst: Any | None, advance: Callable[[int], Any] | None = None
+                ) -> tuple[int, str]:
+    """Copy a stream to another (or nowhere), hashing each chunk while it is written:
+    hashlib releases the GIL, so the hash overlaps the write. Returns (size, sha256 hex)."""
     digest = hashlib.sha256()
     size = 0
-    with open(source, "rb") as src, target.filesystem.open_output_stream(target.path) as dst, \
-            ThreadPoolExecutor(1) as hasher:
+    with ThreadPoolExecutor(1) as hasher:
         while chunk := src.read(CHUNK):
             hashed = hasher.submit(digest.update, chunk)
-            dst.write(chunk)
+            if dst is not None:
+                dst.write(chunk)
             size += len(chunk)
             hashed.result()
+            if advance is not None:
+                advance(len(chunk))
     return size, digest.hexdigest()
+
+
+def sha256_stored(location: Location) -> tuple[int, str]:
+    """Size and sha256 of a stored file, read back from storage."""
+    with errors_named(location, "read"):
+        with location.filesystem.open_input_stream(location.path) as stream:
+            return pipe_hashed(stream, None)
 
 
 def sha256_file(path: str) -> tuple[int, str]:
-    digest = hashlib.sha256()
-    size = 0
     with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-    return size, digest.hexdigest()
+        size = os.fstat(f.fileno()).st_size
+        return size, _sha256_mapped(f.fileno(), size)
 
 
 def download_file(source: Location, target: str, advance: Callable[[int], Any]) -> None:

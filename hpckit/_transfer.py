@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
 import posixpath
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -41,17 +41,10 @@ def export(source: Location, record: CheckpointRecord, target: Location) -> int:
     return total
 
 
-def _copy(source: Location, target: Location, advance) -> tuple[int, str]:
-    digest = hashlib.sha256()
-    size = 0
+def _copy(source: Location, target: Location, advance: Callable[[int], Any]) -> tuple[int, str]:
     with _storage.errors_named(target, "write"):
         target.filesystem.create_dir(posixpath.dirname(target.path), recursive=True)
         with _storage.errors_named(source, "read"), \
                 source.filesystem.open_input_stream(source.path) as src, \
                 target.filesystem.open_output_stream(target.path) as dst:
-            while chunk := src.read(_storage.CHUNK):
-                digest.update(chunk)
-                dst.write(chunk)
-                size += len(chunk)
-                advance(len(chunk))
-    return size, digest.hexdigest()
+            return _storage.pipe_hashed(src, dst, advance)

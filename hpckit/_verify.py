@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 import pyarrow.fs
@@ -32,7 +31,7 @@ def verify(experiment: Location, record: CheckpointRecord) -> list[Problem]:
             problems.append(Problem(record.directory, f.path, "missing"))
             continue
         try:
-            size, digest = _sha256(location)
+            size, digest = _storage.sha256_stored(location)
         except StorageError as exc:
             problems.append(Problem(record.directory, f.path, f"unreadable ({exc})"))
             continue
@@ -42,14 +41,3 @@ def verify(experiment: Location, record: CheckpointRecord) -> list[Problem]:
             problems.append(Problem(record.directory, f.path,
                                     f"sha256 {digest[:12]}..., manifest says {f.sha256[:12]}..."))
     return problems
-
-
-def _sha256(location: Location) -> tuple[int, str]:
-    digest = hashlib.sha256()
-    size = 0
-    with _storage.errors_named(location, "read"):
-        with location.filesystem.open_input_stream(location.path) as stream:
-            while chunk := stream.read(_storage.CHUNK):
-                digest.update(chunk)
-                size += len(chunk)
-    return size, digest.hexdigest()

@@ -47,9 +47,7 @@ class Result:
     @classmethod
     def _build(cls, experiment: Location, manifest: Manifest,
                history: list[dict[str, Any]]) -> Result:
-        retention = manifest.retention
-        ranked = _retention.rank_best_first(manifest.checkpoints, retention.get("checkpoint_score_attribute"),
-                                            retention.get("checkpoint_score_order", "max"))
+        ranked = _retention.ranked(manifest)
         latest = manifest.latest
         last = history[-1]["metrics"] if history else None
         return cls(

@@ -34,8 +34,8 @@ def test_atomic_write_replaces_whole_and_reads_back(root):
 def test_append_grows_the_file_on_every_backend(root):
     target = root.join("metrics.jsonl")
     _storage.make_dir(root)
-    _storage.append_text(target, "a\n", "a\n")
-    _storage.append_text(target, "b\n", "a\nb\n")
+    _storage.append_text(target, "a\n", lambda: "a\n")
+    _storage.append_text(target, "b\n", lambda: "a\nb\n")
     assert _storage.read_bytes(target) == b"a\nb\n"
 
 

@@ -11,11 +11,10 @@ from typing import Any
 
 import click
 
-from hpckit import _experiment, _plot, _verify
+from hpckit import _experiment, _plot, _retention, _verify
 from hpckit._uri import Location
 from hpckit.cli import _open, _record, main
 from hpckit.errors import HpckitError
-from hpckit.result import Result
 
 
 @main.command("ls")
@@ -34,12 +33,12 @@ def ls(experiment: str, metrics: tuple[str, ...], as_json: bool) -> None:
     if manifest is None:
         _list_experiments(location, as_json)
         return
-    result = Result._build(location, manifest, [])
-    best = result.best_checkpoints[0][0].path if result.best_checkpoints else None
+    ranked = _retention.ranked(manifest)
+    best = ranked[0].directory if ranked else None
     latest = manifest.latest
     rows = [{"index": r.index, "directory": r.directory, "step": r.step,
              "reported_at": r.reported_at, "bytes": r.size, "latest": r is latest,
-             "best": location.join(r.directory).path == best,
+             "best": r.directory == best,
              "metrics": {k: v for k, v in r.metrics.items() if not metrics or k in metrics}}
             for r in manifest.checkpoints]
     if as_json:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import posixpath
-
 import click
 import pyarrow.fs
 
@@ -11,9 +9,7 @@ from hpckit import _experiment, _retention, _storage, _transfer
 from hpckit._manifest import is_checkpoint_dirname
 from hpckit._uri import resolve
 from hpckit.cli import _open, _record, main
-from hpckit.config import CheckpointConfig
 from hpckit.errors import HpckitError
-from hpckit.result import Result
 
 
 @main.command()
@@ -34,10 +30,8 @@ def gc(experiment: str, keep: int | None, dry_run: bool, force: bool) -> None:
         raise click.UsageError(f"{location.display} looks running (attempt {last.get('attempt')} "
                                f"on {last.get('host')}, pid {last.get('pid')}); stop it first, or "
                                "pass --force if it died without saying so.")
-    config = CheckpointConfig(num_to_keep=keep,
-                              checkpoint_score_attribute=manifest.retention.get("checkpoint_score_attribute"),
-                              checkpoint_score_order=manifest.retention.get("checkpoint_score_order", "max"))
-    evicted = _retention.select_evictions(manifest.checkpoints, config)
+    evicted = _retention.select_evictions(manifest.checkpoints,
+                                          _retention.recorded_config(manifest, keep))
     named = {r.directory for r in manifest.checkpoints}
     leftovers = [i for i in _storage.list_dir(location) if i.type == pyarrow.fs.FileType.Directory
                  and is_checkpoint_dirname(i.base_name) and i.base_name not in named]
@@ -76,11 +70,10 @@ def export(experiment: str, dest: str, which: str, index: int | None) -> None:
     if index is not None:
         record = _record(location, manifest, str(index))
     elif which == "best":
-        result = Result._build(location, manifest, [])
-        if not result.best_checkpoints:
+        best = _retention.ranked(manifest)
+        if not best:
             raise click.UsageError(f"{location.display} has no committed checkpoint.")
-        name = posixpath.basename(result.best_checkpoints[0][0].path)
-        record = _record(location, manifest, name)
+        record = best[0]
     else:
         if manifest.latest is None:
             raise click.UsageError(f"{location.display} has no committed checkpoint.")
