@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from hpckit._session import get_checkpoint, get_context, report
+from hpckit._trainer import DataParallelTrainer
 from hpckit.checkpoint import Checkpoint
 from hpckit.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from hpckit.context import TrainContext
@@ -28,6 +29,7 @@ __all__ = [
     "CheckpointError",
     "CommitError",
     "ConfigError",
+    "DataParallelTrainer",
     "FailureConfig",
     "HpckitError",
     "LaunchError",

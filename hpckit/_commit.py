@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hpckit import _experiment, _retention, _stop, _storage
+from hpckit import _experiment, _faults, _retention, _stop, _storage
 from hpckit._comm import RankFailure, attempt, describe, raise_failures, wait_for_all
 from hpckit._log import log
 from hpckit._manifest import CheckpointRecord, FileRecord, checkpoint_dirname, is_safe_relpath
@@ -79,6 +79,7 @@ def commit_report(session: Session, metrics: Any, checkpoint: Checkpoint | None)
         return
     started = time.perf_counter()
     records, failure = attempt(rank, lambda: _persist(session, plan, directory, source, rank))
+    _faults.reached("written", rank)
     wait_for_all(comm)
     outcomes = comm.gather((records, failure), root=0)
     record: CheckpointRecord | None = None
@@ -210,8 +211,11 @@ def _persist(session: Session, plan: _Plan, directory: str, source: str | None,
 
     def one(rel: str) -> FileRecord:
         src = os.path.join(source, rel)
-        size, digest = (_storage.persist_file(src, target.join(rel)) if rel in writes
-                        else _storage.sha256_file(src))
+        if rel not in writes:
+            size, digest = _storage.sha256_file(src)
+            return FileRecord(rel, size, rank, digest)
+        size, digest = _storage.persist_file(src, target.join(rel))
+        _faults.reached("writing", rank)
         return FileRecord(rel, size, rank, digest)
 
     sizes = {rel: os.path.getsize(os.path.join(source, rel)) for rel in writes}
@@ -254,7 +258,9 @@ def _commit(session: Session, plan: _Plan, directory: str,
     evicted = _retention.select_evictions(candidates, session.checkpoint_config)
     updated = replace(manifest, checkpoints=[r for r in candidates if r not in evicted],
                       next_checkpoint_index=record.index + 1, next_step=plan.step + 1)
+    _faults.reached("gathered", 0)
     _experiment.write_manifest(experiment, updated)
+    _faults.reached("committed", 0)
     session.manifest = updated
     log.info("step %d: %s; committed %s (%s in %d file(s)) in %.0f ms", plan.step,
              _summary(record.metrics), directory, _human(record.size), len(files),

@@ -19,6 +19,9 @@ _VARIABLES = {
     "pid_dir": "HPCKIT_PID_DIR",
     "attempt": "HPCKIT_ATTEMPT",
     "stop_signal": "HPCKIT_STOP_SIGNAL",
+    "fault": "HPCKIT_FAULT",
+    "run_id": "HPCKIT_RUN_ID",
+    "lock_stale_seconds": "HPCKIT_LOCK_STALE_SECONDS",
     "pmi_size": "PMI_SIZE",
     "ompi_size": "OMPI_COMM_WORLD_SIZE",
     "pmix_rank": "PMIX_RANK",
@@ -45,6 +48,9 @@ class Environment:
     pid_dir: str | None = None
     attempt: str | None = None
     stop_signal: str | None = None
+    fault: str | None = None
+    run_id: str | None = None
+    lock_stale_seconds: str | None = None
     pmi_size: str | None = None
     ompi_size: str | None = None
     pmix_rank: str | None = None

@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow.fs
 
-from hpckit import _storage
+from hpckit import _faults, _storage
 from hpckit._log import log
 from hpckit._manifest import MANIFEST_NAME, METRICS_NAME, CheckpointRecord, Manifest, is_checkpoint_dirname
 from hpckit._tensorboard import Scalars
@@ -110,30 +110,41 @@ class MetricsLog:
     lines: list[str] = field(default_factory=list)
 
     @classmethod
-    def resume(cls, experiment: Location, next_step: int) -> MetricsLog:
-        """Keep the lines of steps before ``next_step``: later ones describe work being redone."""
+    def resume(cls, experiment: Location, next_step: int,
+               latest: CheckpointRecord | None = None) -> MetricsLog:
+        """Keep the lines of steps before ``next_step``: later ones describe work being redone.
+        A run killed between its manifest commit and the metrics append lacks the line of
+        its ``latest`` checkpoint: it is written again from the manifest."""
         location = experiment.join(METRICS_NAME)
         scalars = Scalars.open(experiment)
-        if _storage.file_type(location) == _FT.NotFound:
-            return cls(location, scalars=scalars)
-        kept, dropped = [], 0
-        for raw in _storage.read_bytes(location).decode(errors="replace").splitlines():
+        raw_lines = []
+        if _storage.file_type(location) != _FT.NotFound:
+            raw_lines = _storage.read_bytes(location).decode(errors="replace").splitlines()
+        kept, dropped, steps = [], 0, set()
+        for raw in raw_lines:
             entry = _parse_line(raw)
             if entry is not None and entry.get("step", next_step) < next_step:
                 kept.append(raw + "\n")
+                steps.add(entry["step"])
             elif raw.strip():
                 dropped += 1
         if dropped:
             log.info("metrics.jsonl: dropped %d line(s) reported after the last committed "
                      "checkpoint; those steps run again", dropped)
+        restored = latest is not None and latest.step not in steps
+        if restored:
+            assert latest is not None
+            log.info("metrics.jsonl: restored the line of step %d from the manifest (the run "
+                     "ended between committing %s and logging it)", latest.step, latest.directory)
+            kept.append(_line(latest.step, latest.reported_at, latest.metrics, latest.directory))
+        if dropped or restored:
             _storage.write_atomic(location, "".join(kept).encode())
         return cls(location, kept, scalars)
 
     scalars: Scalars | None = None
 
     def append(self, step: int, metrics: dict[str, Any], checkpoint: str | None) -> None:
-        line = json.dumps({"step": step, "time": time.time(), "checkpoint": checkpoint,
-                           "metrics": metrics}, allow_nan=False) + "\n"
+        line = _line(step, time.time(), metrics, checkpoint)
         self.lines.append(line)
         _storage.append_text(self.location, line, lambda: "".join(self.lines))
         if self.scalars is not None:
@@ -142,6 +153,11 @@ class MetricsLog:
     def close(self) -> None:
         if self.scalars is not None:
             self.scalars.close()
+
+
+def _line(step: int, at: float, metrics: dict[str, Any], checkpoint: str | None) -> str:
+    return json.dumps({"step": step, "time": at, "checkpoint": checkpoint, "metrics": metrics},
+                      allow_nan=False) + "\n"
 
 
 def read_metrics(experiment: Location) -> list[dict[str, Any]]:
@@ -162,11 +178,18 @@ def _parse_line(raw: str) -> dict[str, Any] | None:
 
 
 def evict(experiment: Location, records: list[CheckpointRecord]) -> None:
-    """Delete evicted checkpoints after the commit; a failure is logged, never fatal."""
+    """Delete evicted checkpoints after the commit; a failure is logged, never fatal.
+
+    The files the manifest named go first, then the directory: a deletion cut short leaves
+    a directory that no manifest names, which the next resume removes."""
     for record in records:
         started = time.perf_counter()
+        target = experiment.join(record.directory)
         try:
-            _storage.delete_dir(experiment.join(record.directory))
+            for f in record.files:
+                _storage.delete_file(target.join(f.path), missing_ok=True)
+                _faults.reached("evicting", 0)
+            _storage.delete_dir(target)
             log.debug("retention removed %s in %.3f s", record.directory,
                       time.perf_counter() - started)
         except StorageError as exc:

@@ -30,7 +30,7 @@ from hpckit._uri import Location, redact
 from hpckit.errors import HpckitError, LaunchError, TrainingFailedError
 
 if TYPE_CHECKING:
-    from hpckit._trainer import TorchTrainer
+    from hpckit._trainer import DataParallelTrainer
     from hpckit.result import Result
 
 importing_main = False
@@ -41,7 +41,7 @@ class MainImported(BaseException):
     """Raised by fit() while a spawned rank imports the user's script: stop the import there."""
 
 
-def spawn(trainer: TorchTrainer, env: Environment) -> Result:
+def spawn(trainer: DataParallelTrainer, env: Environment) -> Result:
     """Start ``num_workers`` ranks on this node under mpiexec; restart them on failure."""
     from hpckit.result import Result
 
@@ -104,7 +104,7 @@ def _mpiexec(env: Environment) -> list[str]:
     return [found, "-launcher", "fork"] if "HYDRA" in version else [found]
 
 
-def _write_payload(payload: str, trainer: TorchTrainer) -> None:
+def _write_payload(payload: str, trainer: DataParallelTrainer) -> None:
     main = sys.modules["__main__"]
     path = getattr(main, "__file__", None)
     if not path:

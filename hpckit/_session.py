@@ -47,7 +47,7 @@ def current(caller: str) -> Session:
     if _current is None:
         raise HpckitError(
             f"hpckit.{caller}() was called outside a training run; call it inside the training "
-            "function passed to TorchTrainer(...), which fit() runs on every rank.")
+            "function passed to TorchTrainer(...) (or DataParallelTrainer), which fit() runs on every rank.")
     return _current
 
 

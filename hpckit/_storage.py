@@ -145,9 +145,13 @@ def delete_dir(location: Location) -> None:
             location.filesystem.delete_dir(location.path)
 
 
-def delete_file(location: Location) -> None:
+def delete_file(location: Location, missing_ok: bool = False) -> None:
     with errors_named(location, "delete"):
-        location.filesystem.delete_file(location.path)
+        try:
+            location.filesystem.delete_file(location.path)
+        except FileNotFoundError:
+            if not missing_ok:
+                raise
 
 
 def persist_file(source: str, target: Location) -> tuple[int, str]:

@@ -43,26 +43,30 @@ class Scalars:
     def open(cls, experiment: Location) -> Scalars | None:
         if not _installed():
             return None
-        from torch.utils.tensorboard import SummaryWriter
+        # tensorboard's own writer, not torch's: a run without torch must not import it.
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         target = experiment.join(DIRECTORY)
         if experiment.is_local:
-            return cls(SummaryWriter(log_dir=target.path), None, None)
+            return cls(EventFileWriter(target.path), None, None)
         staging = tempfile.mkdtemp(prefix="hpckit-tensorboard-", dir=Environment.read().local_dir)
-        return cls(SummaryWriter(log_dir=staging), staging, target)
+        return cls(EventFileWriter(staging), staging, target)
 
     def add(self, step: int, metrics: dict[str, Any]) -> None:
-        self._add(step, metrics, "")
+        self._add(step, metrics)
         self.writer.flush()
         if self.remote is not None and time.monotonic() - self.uploaded >= UPLOAD_EVERY:
             self._upload()
 
-    def _add(self, step: int, metrics: dict[str, Any], prefix: str) -> None:
-        for key, value in metrics.items():
-            if isinstance(value, dict):
-                self._add(step, value, f"{prefix}{key}/")
-            elif isinstance(value, (int, float)) and not isinstance(value, bool):
-                self.writer.add_scalar(f"{prefix}{key}", value, step)
+    def _add(self, step: int, metrics: dict[str, Any]) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        values = [Summary.Value(tag=tag, simple_value=value)
+                  for tag, value in _scalars(metrics, "")]
+        if values:
+            self.writer.add_event(Event(wall_time=time.time(), step=step,
+                                        summary=Summary(value=values)))
 
     def _upload(self) -> None:
         assert self.staging is not None and self.remote is not None
@@ -78,3 +82,14 @@ class Scalars:
         if self.staging is not None:
             self._upload()
             shutil.rmtree(self.staging, ignore_errors=True)
+
+
+def _scalars(metrics: dict[str, Any], prefix: str) -> list[tuple[str, float]]:
+    """Numeric metrics as (tag, value); nested dicts become ``outer/inner`` tags."""
+    found = []
+    for key, value in metrics.items():
+        if isinstance(value, dict):
+            found.extend(_scalars(value, f"{prefix}{key}/"))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            found.append((f"{prefix}{key}", float(value)))
+    return found

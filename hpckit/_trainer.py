@@ -1,4 +1,4 @@
-"""TorchTrainer.fit(): run the training function on every rank of an MPI world."""
+"""The trainers: fit() runs the training function on every rank of an MPI world."""
 
 from __future__ import annotations
 
@@ -31,9 +31,12 @@ DEFAULT_STORAGE = "~/hpckit_results"
 PROCESS_GROUP_TIMEOUT = timedelta(minutes=30)
 
 
-class TorchTrainer:
-    """Data-parallel PyTorch training on the ranks of an MPI job.
+class DataParallelTrainer:
+    """Run a training function on every rank of an MPI job, with hpckit's checkpoints,
+    metrics, retention and resume, and no deep-learning framework set up (as in Ray Train).
 
+    Use it for NumPy, JAX or scikit-learn jobs that coordinate through mpi4py themselves;
+    :class:`hpckit.torch.TorchTrainer` adds the torch.distributed process group and devices.
     ``fit()`` works the same under ``mpirun``/``srun`` (the launched processes are the ranks)
     and from ``python train.py`` (hpckit starts ``num_workers`` ranks on this node itself).
     """
@@ -44,18 +47,19 @@ class TorchTrainer:
                  run_config: RunConfig | None = None,
                  resume_from_checkpoint: Checkpoint | None = None) -> None:
         if not callable(train_loop_per_worker):
-            raise ConfigError(f"TorchTrainer(train_loop_per_worker={train_loop_per_worker!r}) must "
-                              "be a function taking the config dict (or nothing).")
+            raise ConfigError(f"{type(self).__name__}(train_loop_per_worker={train_loop_per_worker!r}) "
+                              "must be a function taking the config dict (or nothing).")
         if len(inspect.signature(train_loop_per_worker).parameters) > 1:
             raise ConfigError(f"train_loop_per_worker {train_loop_per_worker.__name__}() must take "
                               "one argument (train_loop_config) or none.")
         if train_loop_config is not None and not isinstance(train_loop_config, dict):
-            raise ConfigError(f"TorchTrainer(train_loop_config={train_loop_config!r}) must be a dict.")
+            raise ConfigError(f"{type(self).__name__}(train_loop_config={train_loop_config!r}) must be "
+                              "a dict.")
         for name, value, kind in (("scaling_config", scaling_config, ScalingConfig),
                                   ("run_config", run_config, RunConfig),
                                   ("resume_from_checkpoint", resume_from_checkpoint, Checkpoint)):
             if value is not None and not isinstance(value, kind):
-                raise ConfigError(f"TorchTrainer({name}={value!r}) must be a {kind.__name__}.")
+                raise ConfigError(f"{type(self).__name__}({name}={value!r}) must be a {kind.__name__}.")
         self.train_loop_per_worker = train_loop_per_worker
         self.train_loop_config = train_loop_config
         self.scaling_config = scaling_config or ScalingConfig()
@@ -77,11 +81,11 @@ class TorchTrainer:
         path = self.run_config.storage_path or env.storage or DEFAULT_STORAGE
         return resolve(path, self.run_config.storage_filesystem)
 
-    def _named(self, env: Environment, name: str | None = None) -> TorchTrainer:
+    def _named(self, env: Environment, name: str | None = None) -> DataParallelTrainer:
         """This trainer with its experiment name fixed, so every rank and attempt agree."""
         if self.run_config.name:
             return self
-        clone = object.__new__(TorchTrainer)
+        clone = object.__new__(type(self))
         clone.__dict__.update(self.__dict__)
         clone.run_config = replace(self.run_config, name=name or default_name(env))
         return clone
@@ -141,7 +145,7 @@ class TorchTrainer:
         if comm.rank == 0:
             _storage.delete_file(experiment.join(start.marker))
         started = time.perf_counter()
-        _distributed.setup(comm, local_comm, topology, self.scaling_config, env, PROCESS_GROUP_TIMEOUT)
+        self._setup_backend(comm, local_comm, topology, env)
         context = TrainContext(topology, name, experiment, attempt, env.launcher, env.slurm())
         session = Session(comm, context, self.run_config.checkpoint_config, start.next_step,
                           Checkpoint._at(experiment.join(start.latest)) if start.latest else None,
@@ -169,6 +173,10 @@ class TorchTrainer:
             summary = (final.to_json(), [json.loads(line) for line in log_.lines])
         manifest_json, history = comm.bcast(summary, root=0)
         return Result._build(experiment, Manifest.from_json(manifest_json, experiment.display), history)
+
+    def _setup_backend(self, comm: Any, local_comm: Any, topology: _comm.Topology,
+                       env: Environment) -> None:
+        """Framework set-up on every rank before the training function runs; none here."""
 
     def _call_train_loop(self) -> None:
         if inspect.signature(self.train_loop_per_worker).parameters:
@@ -204,7 +212,7 @@ class TorchTrainer:
             "host": socket.gethostname(), "pid": os.getpid(), "argv": [redact(a) for a in sys.argv],
             "slurm": env.slurm()})
         _experiment.write_manifest(experiment, manifest)
-        metrics = _experiment.MetricsLog.resume(experiment, manifest.next_step)
+        metrics = _experiment.MetricsLog.resume(experiment, manifest.next_step, manifest.latest)
         marker = f".hpckit-visible-{uuid.uuid4().hex}"
         _storage.write_bytes(experiment.join(marker), b"")
         latest = manifest.latest
@@ -221,6 +229,16 @@ class TorchTrainer:
             "resume_from_checkpoint": (self.resume_from_checkpoint.uri
                                        if self.resume_from_checkpoint else None),
         }
+
+
+class TorchTrainer(DataParallelTrainer):
+    """Data-parallel PyTorch training on the ranks of an MPI job: every rank joins one
+    torch.distributed process group (NCCL on GPUs with ``use_gpu``, Gloo on CPUs) and gets
+    its device before the training function runs."""
+
+    def _setup_backend(self, comm: Any, local_comm: Any, topology: _comm.Topology,
+                       env: Environment) -> None:
+        _distributed.setup(comm, local_comm, topology, self.scaling_config, env, PROCESS_GROUP_TIMEOUT)
 
 
 @dataclass(frozen=True)
@@ -254,7 +272,7 @@ def _stop_run(session: Session, env: Environment, signal_name: str) -> None:
     raise SystemExit(_stop.EXIT_STOPPED)
 
 
-def _retry_in_process(trainer: TorchTrainer, env: Environment, world_size: int, attempt: int) -> bool:
+def _retry_in_process(trainer: DataParallelTrainer, env: Environment, world_size: int, attempt: int) -> bool:
     """Only a single rank that hpckit did not launch restarts itself; launched ranks are
     restarted by whoever launched them (hpckit's parent process, or the user)."""
     limit = trainer.run_config.failure_config.max_failures

@@ -13,7 +13,7 @@ from hpckit._env import Environment
 
 def main() -> None:
     env = Environment.read()
-    assert env.worker, "hpckit._worker is started by TorchTrainer.fit(), not by hand"
+    assert env.worker, "hpckit._worker is started by a trainer's fit(), not by hand"
     with open(os.path.join(env.worker, "main.json")) as f:
         spec = json.load(f)
     sys.path[:] = spec["sys_path"]

@@ -137,3 +137,15 @@ def s3(tmp_path_factory: pytest.TempPathFactory):
     server = s3_server.start(tmp_path_factory.mktemp("s3"))
     yield server
     server.stop()
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]
+    """The fault-injection figures that docs/reliability.md quotes."""
+    import reliability
+
+    lines = reliability.summary()
+    if lines:
+        terminalreporter.section("fault-injection trials")
+        terminalreporter.write_line("suite | case | trials | outcomes | committed checkpoints lost")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -1,0 +1,70 @@
+"""Deterministic NumPy training with a state shard per rank and no torch, so it starts in
+well under a second and the fault tests can run it hundreds of times. Each checkpoint holds
+two files per rank plus rank 0's meta.json. Rank 0 prints ``FINAL {json}`` when done."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import tempfile
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import hpckit
+from hpckit import Checkpoint, CheckpointConfig, DataParallelTrainer, RunConfig, ScalingConfig
+
+
+def train_loop(config: dict) -> None:
+    ctx = hpckit.get_context()
+    rank = ctx.get_world_rank()
+    n = config["shard_floats"]
+    state = np.random.default_rng(rank).standard_normal(n)
+    momentum = np.zeros(n)
+    start = 0
+    if checkpoint := hpckit.get_checkpoint():
+        with checkpoint.as_directory() as d:
+            state = np.load(os.path.join(d, f"state-rank{rank}.npy"))
+            momentum = np.load(os.path.join(d, f"momentum-rank{rank}.npy"))
+            with open(os.path.join(d, "meta.json")) as f:
+                start = json.load(f)["epoch"] + 1
+    for epoch in range(start, config["epochs"]):
+        momentum = 0.9 * momentum + np.sin(epoch + rank + np.arange(n) * 1e-3)
+        state = 0.5 * state + 0.1 * momentum
+        loss = MPI.COMM_WORLD.allreduce(float(np.abs(state).mean()))
+        time.sleep(config["epoch_seconds"])
+        with tempfile.TemporaryDirectory() as d:
+            np.save(os.path.join(d, f"state-rank{rank}.npy"), state)
+            np.save(os.path.join(d, f"momentum-rank{rank}.npy"), momentum)
+            if rank == 0:
+                with open(os.path.join(d, "meta.json"), "w") as f:
+                    json.dump({"epoch": epoch}, f)
+            hpckit.report({"epoch": epoch, "loss": loss}, checkpoint=Checkpoint.from_directory(d))
+    digests = MPI.COMM_WORLD.gather(hashlib.sha256(state.tobytes() + momentum.tobytes()).hexdigest())
+    if rank == 0:
+        print("FINAL " + json.dumps({"shards": digests}), flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--storage", required=True)
+    p.add_argument("--name", default="exp")
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--epoch-seconds", type=float, default=0.0)
+    p.add_argument("--shard-floats", type=int, default=4096)
+    p.add_argument("--keep", type=int, default=2)
+    args = p.parse_args()
+    DataParallelTrainer(
+        train_loop,
+        train_loop_config={"epochs": args.epochs, "epoch_seconds": args.epoch_seconds,
+                           "shard_floats": args.shard_floats},
+        scaling_config=ScalingConfig(num_workers=MPI.COMM_WORLD.size),
+        run_config=RunConfig(name=args.name, storage_path=args.storage,
+                             checkpoint_config=CheckpointConfig(num_to_keep=args.keep))).fit()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""The fault-injection suite's bookkeeping: what every trial found, for the session summary
+(and docs/reliability.md), and the checks every trial must pass."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpckit import _verify
+from hpckit._manifest import MANIFEST_NAME, Manifest, is_checkpoint_dirname
+from hpckit._uri import resolve
+
+TRIALS: list[dict] = []
+
+
+@dataclass
+class State:
+    """What a trial left behind, checked."""
+
+    latest: str | None
+    committed: list[str]
+    leftovers: list[str] = field(default_factory=list)
+    temp_files: list[str] = field(default_factory=list)
+
+
+def check_experiment(experiment: Path, before: State | None) -> State:
+    """The manifest parses; every checkpoint it names is complete (sizes and sha256); nothing
+    committed before was lost (the latest only moves forward)."""
+    path = experiment / MANIFEST_NAME
+    if not path.exists():
+        assert before is None or before.latest is None, f"the manifest vanished after {before}"
+        return State(None, [])
+    manifest = Manifest.from_json(path.read_bytes(), str(path))
+    location = resolve(str(experiment))
+    for record in manifest.checkpoints:
+        problems = _verify.verify(location, record)
+        assert not problems, f"{record.directory} is named by the manifest but damaged: {problems}"
+    latest = manifest.latest.directory if manifest.latest else None
+    if before is not None and before.latest is not None:
+        assert latest is not None and latest >= before.latest, \
+            f"committed {before.latest} was lost: the manifest's latest is now {latest}"
+    named = {r.directory for r in manifest.checkpoints}
+    entries = sorted(p.name for p in experiment.iterdir())
+    return State(latest, sorted(named),
+                 [n for n in entries if is_checkpoint_dirname(n) and n not in named],
+                 [n for n in entries if n.startswith(f".{MANIFEST_NAME}.tmp-")])
+
+
+def record(suite: str, case: str, outcome: str, **details: object) -> None:
+    TRIALS.append({"suite": suite, "case": case, "outcome": outcome, **details})
+
+
+def summary() -> list[str]:
+    """One line per (suite, case): trials and outcomes, for the terminal and the docs."""
+    grouped: dict[tuple[str, str], Counter[str]] = {}
+    lost: Counter[tuple[str, str]] = Counter()
+    for t in TRIALS:
+        grouped.setdefault((t["suite"], t["case"]), Counter())[t["outcome"]] += 1
+        lost[(t["suite"], t["case"])] += int(t.get("lost", 0))
+    lines = []
+    for (suite, case), outcomes in grouped.items():
+        shown = ", ".join(f"{n} {o}" for o, n in sorted(outcomes.items()))
+        lines.append(f"{suite} | {case} | {sum(outcomes.values())} | {shown} | "
+                     f"{lost[(suite, case)]} lost")
+    target = os.environ.get("HPCKIT_RELIABILITY_LOG")
+    if target and TRIALS:
+        with open(target, "w") as f:
+            f.writelines(json.dumps(t) + "\n" for t in TRIALS)
+    return lines

@@ -1,0 +1,158 @@
+"""SIGKILL at every phase of the commit protocol, and at random times, many times over.
+
+After every trial: the manifest parses, every checkpoint it names is complete (sizes and
+sha256), nothing committed earlier is lost, and the next run resumes from the newest complete
+checkpoint after removing the leftovers. Each chain of trials then finishes with exactly the
+result of an uninterrupted run. The figures go to the session summary (docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import reliability
+from conftest import HERE, MPIEXEC, Run, mpiexec
+
+from hpckit._faults import PHASES
+
+SHARDED = HERE / "ranks" / "sharded.py"
+RANKS = 3
+TRIALS = 20
+PHASE_EPOCHS = 48
+RANDOM_EPOCHS = 150
+SHARD = "65536"  # floats per file: 512 KiB, seven files per checkpoint
+BEFORE_COMMIT = ("writing", "written", "gathered")
+ROOT_ONLY = ("gathered", "committed", "evicting")
+OCCURRENCES = {"writing": (1, 3), "written": (1, 2), "gathered": (1, 2), "committed": (1, 2),
+               "evicting": (1, 4, 9)}
+
+
+def args(storage: Path, epochs: int) -> list[str]:
+    return ["--storage", str(storage), "--epochs", str(epochs), "--shard-floats", SHARD]
+
+
+def finished(storage: Path, epochs: int, run: Run) -> tuple[list[str], list[tuple[int, float]]]:
+    """The final shards' digests and the (step, loss) history of a run that finished."""
+    line = run.line("FINAL")
+    assert line is not None, f"the run did not finish:\n{run.output}"
+    metrics = [json.loads(l) for l in (storage / "exp" / "metrics.jsonl").read_text().splitlines()]
+    history = [(m["step"], m["metrics"]["loss"]) for m in metrics]
+    assert [s for s, _ in history] == list(range(epochs)), f"steps are missing or repeated: {history}"
+    return json.loads(line)["shards"], history
+
+
+_references: dict[int, tuple[list[str], list[tuple[int, float]]]] = {}
+
+
+@pytest.fixture
+def reference(tmp_path_factory: pytest.TempPathFactory):
+    """The result of an uninterrupted run, by number of epochs (computed once each)."""
+    def of(epochs: int) -> tuple[list[str], list[tuple[int, float]]]:
+        if epochs not in _references:
+            storage = tmp_path_factory.mktemp("reference")
+            _references[epochs] = finished(storage, epochs, mpiexec(
+                RANKS, *args(storage, epochs), script=SHARDED, timeout=120))
+        return _references[epochs]
+    return of
+
+
+def check_resumed(run: Run, before: reliability.State) -> None:
+    """The run resumed from the newest complete checkpoint and removed the leftovers."""
+    text = re.sub(r"\[\d+\] ", "", run.output)
+    found = re.search(r"resuming experiment \S+ from (\S+)", text)
+    if found is None:
+        return  # killed before it opened the experiment
+    assert found.group(1) == (before.latest or "its"), \
+        f"resumed from {found.group(1)}, but the newest complete checkpoint is {before.latest}"
+    for leftover in before.leftovers:
+        assert re.search(rf"removed leftovers .*{leftover}", text), \
+            f"leftover {leftover} was not removed on resume:\n{run.output}"
+
+
+def fault_for(phase: str, trial: int) -> tuple[str, str]:
+    """Which rank dies, at which occurrence; every fourth trial takes the whole job down."""
+    whole = trial % 4 == 3
+    rank = 0 if whole or phase in ROOT_ONLY else trial % RANKS
+    occurrences = OCCURRENCES[phase]
+    spec = f"{phase}:{rank}:{occurrences[trial % len(occurrences)]}" + (":all" if whole else "")
+    return spec, "whole job" if whole else f"rank {rank}"
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_sigkill_at_each_commit_phase_loses_nothing(phase, tmp_path, reference):
+    experiment = tmp_path / "exp"
+    state = reliability.State(None, [])
+    for trial in range(TRIALS):
+        spec, victim = fault_for(phase, trial)
+        run = mpiexec(RANKS, *args(tmp_path, PHASE_EPOCHS), script=SHARDED, expect=None,
+                      env={"HPCKIT_FAULT": spec}, timeout=60)
+        assert run.returncode != 0 and run.line("FINAL") is None, \
+            f"trial {trial}: fault {spec} never fired:\n{run.output}"
+        check_resumed(run, state)
+        after = reliability.check_experiment(experiment, state)
+        in_flight = max(after.leftovers + after.committed, default=None)
+        if phase in BEFORE_COMMIT:
+            assert in_flight is not None and in_flight not in after.committed, \
+                f"trial {trial} ({spec}): a checkpoint killed before its commit is visible: {after}"
+            outcome = "in-flight checkpoint discarded"
+        else:
+            assert in_flight == after.latest and after.latest != state.latest, \
+                f"trial {trial} ({spec}): the manifest was replaced but {after} lacks it"
+            outcome = "in-flight checkpoint kept"
+        reliability.record("SIGKILL at a hook", f"{phase}", outcome, victim=victim, lost=0)
+        state = after
+    run = mpiexec(RANKS, *args(tmp_path, PHASE_EPOCHS), script=SHARDED, timeout=120)
+    check_resumed(run, state)
+    assert finished(tmp_path, PHASE_EPOCHS, run) == reference(PHASE_EPOCHS)
+    end = reliability.check_experiment(experiment, state)
+    assert not end.leftovers and not end.temp_files and len(end.committed) == 2, end
+
+
+def test_sigkill_at_random_times_loses_nothing(tmp_path, reference):
+    rng = random.Random(20261121)
+    experiment = tmp_path / "exp"
+    state = reliability.State(None, [])
+    command = [MPIEXEC, "-prepend-rank", "-n", str(RANKS), sys.executable, str(SHARDED),
+               *args(tmp_path, RANDOM_EPOCHS), "--epoch-seconds", "0.005"]
+    for trial in range(TRIALS):
+        pids = tmp_path / f"pids-{trial}"
+        pids.mkdir()
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True, start_new_session=True,
+                                   env={**os.environ, "HPCKIT_PID_DIR": str(pids)})
+        time.sleep(rng.uniform(0.5, 1.1))
+        ranks = sorted(os.listdir(pids))
+        if ranks and rng.random() < 0.75:
+            victim = "one rank"
+            os.kill(int(rng.choice(ranks)), signal.SIGKILL)
+        else:
+            victim = "whole job"
+            os.killpg(process.pid, signal.SIGKILL)
+        try:
+            output, _ = process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            pytest.fail(f"trial {trial}: the job hung after a rank was killed:\n"
+                        f"{process.communicate()[0]}")
+        run = Run(process.returncode, output)
+        assert run.line("FINAL") is None, f"trial {trial} finished before the kill; lower the delay"
+        check_resumed(run, state)
+        after = reliability.check_experiment(experiment, state)
+        outcome = ("killed mid-commit" if after.leftovers or after.temp_files
+                   else "killed between commits")
+        reliability.record("SIGKILL at a random time", "random", outcome, victim=victim, lost=0)
+        state = after
+    run = mpiexec(RANKS, *args(tmp_path, RANDOM_EPOCHS), script=SHARDED, timeout=120)
+    check_resumed(run, state)
+    assert finished(tmp_path, RANDOM_EPOCHS, run) == reference(RANDOM_EPOCHS)
+    end = reliability.check_experiment(experiment, state)
+    assert not end.leftovers and not end.temp_files, end
