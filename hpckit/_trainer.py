@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from typing import Any
 
-from hpckit import _comm, _distributed, _experiment, _launch, _log, _slurm, _stop, _storage
+from hpckit import _comm, _distributed, _experiment, _launch, _log, _slurm, _stop, _storage, _verify
 from hpckit._commit import finish
 from hpckit._env import Environment
 from hpckit._log import log
@@ -193,6 +193,8 @@ class DataParallelTrainer:
             manifest = Manifest(name, world_size, _command(env), self._config_record(root),
                                 asdict(self.run_config.checkpoint_config), time.time())
         else:
+            if self.run_config.checkpoint_config.verify_on_resume:
+                _verify.drop_damaged(experiment, manifest)
             _experiment.remove_leftovers(experiment, manifest)
             latest = manifest.latest
             manifest.next_step = latest.step + 1 if latest else 0

@@ -68,6 +68,16 @@ class Location:
         return Location(self.filesystem, path, _join_display(self.display, parts))
 
     @property
+    def parent(self) -> Location:
+        base, sep, query = self.display.partition("?")
+        return Location(self.filesystem, posixpath.dirname(self.path.rstrip("/")),
+                        f"{posixpath.dirname(base.rstrip('/'))}{sep}{query}")
+
+    @property
+    def name(self) -> str:
+        return posixpath.basename(self.path.rstrip("/"))
+
+    @property
     def is_local(self) -> bool:
         return isinstance(self.filesystem, pyarrow.fs.LocalFileSystem)
 

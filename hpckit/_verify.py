@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow.fs
 
 from hpckit import _storage
-from hpckit._manifest import CheckpointRecord
+from hpckit._log import log
+from hpckit._manifest import CheckpointRecord, FileRecord, Manifest
 from hpckit._uri import Location
-from hpckit.errors import StorageError
+from hpckit.errors import CheckpointError, StorageError
+
+PARALLEL_READS = 8
 
 
 @dataclass(frozen=True)
@@ -17,27 +22,63 @@ class Problem:
     directory: str
     path: str
     what: str
+    unreadable: bool = False
 
     def __str__(self) -> str:
         return f"{self.directory}/{self.path}: {self.what}"
 
 
 def verify(experiment: Location, record: CheckpointRecord) -> list[Problem]:
-    """Every file of ``record`` that is missing, of the wrong size, or has the wrong sha256."""
-    problems = []
-    for f in record.files:
-        location = experiment.join(record.directory, f.path)
-        if _storage.file_type(location) != pyarrow.fs.FileType.File:
-            problems.append(Problem(record.directory, f.path, "missing"))
-            continue
-        try:
-            size, digest = _storage.sha256_stored(location)
-        except StorageError as exc:
-            problems.append(Problem(record.directory, f.path, f"unreadable ({exc})"))
-            continue
-        if size != f.size:
-            problems.append(Problem(record.directory, f.path, f"size {size}, manifest says {f.size}"))
-        elif digest != f.sha256:
-            problems.append(Problem(record.directory, f.path,
-                                    f"sha256 {digest[:12]}..., manifest says {f.sha256[:12]}..."))
-    return problems
+    """Every file of ``record`` that is missing, of the wrong size, or has the wrong sha256.
+    Files are read back in parallel, as large checkpoints have many shards."""
+    with ThreadPoolExecutor(max(1, min(PARALLEL_READS, len(record.files)))) as pool:
+        found = pool.map(lambda f: _check(experiment.join(record.directory, f.path), record, f),
+                         record.files)
+        return [p for p in found if p is not None]
+
+
+def _check(location: Location, record: CheckpointRecord, f: FileRecord) -> Problem | None:
+    if _storage.file_type(location) != pyarrow.fs.FileType.File:
+        return Problem(record.directory, f.path, "missing")
+    try:
+        size, digest = _storage.sha256_stored(location)
+    except StorageError as exc:
+        return Problem(record.directory, f.path, f"unreadable ({exc})", unreadable=True)
+    if size != f.size:
+        return Problem(record.directory, f.path, f"size {size}, manifest says {f.size}")
+    if digest != f.sha256:
+        return Problem(record.directory, f.path,
+                       f"sha256 {digest[:12]}..., manifest says {f.sha256[:12]}...")
+    return None
+
+
+def drop_damaged(experiment: Location, manifest: Manifest) -> list[CheckpointRecord]:
+    """Verify checkpoints newest first until one is intact; remove the damaged ones ahead of
+    it from ``manifest`` (their directories become leftovers) and return them.
+
+    A file that cannot be read (as opposed to one that reads back wrong) is an error: storage
+    that fails now may be fine later, and a good checkpoint must not be skipped for it.
+    """
+    damaged = []
+    for record in sorted(manifest.checkpoints, key=lambda r: r.index, reverse=True):
+        started = time.perf_counter()
+        problems = verify(experiment, record)
+        unreadable = [p for p in problems if p.unreadable]
+        if unreadable:
+            raise StorageError(f"cannot verify {experiment.join(record.directory).display} before "
+                               f"resuming: {unreadable[0]}. Fix the storage and run again.")
+        if not problems:
+            log.info("verified %s (%d file(s), %d bytes) in %.2f s", record.directory,
+                     len(record.files), record.size, time.perf_counter() - started)
+            break
+        log.warning("!!! %s is DAMAGED and will not be resumed from: %s. It is dropped from the "
+                    "manifest and removed; resuming from the newest checkpoint that verifies.",
+                    record.directory, "; ".join(map(str, problems)))
+        damaged.append(record)
+    if damaged and len(damaged) == len(manifest.checkpoints):
+        raise CheckpointError(
+            f"no committed checkpoint of {experiment.display} verifies (damaged: "
+            f"{', '.join(r.directory for r in damaged)}); nothing was changed. Restore the files, "
+            "run `hpckit verify` for details, or start a new experiment (another name).")
+    manifest.checkpoints = [r for r in manifest.checkpoints if r not in damaged]
+    return damaged

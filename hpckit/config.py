@@ -90,7 +90,14 @@ class CheckpointConfig:
     checkpoint_score_order: Literal["max", "min"] = "max"
     """Whether a higher (``"max"``) or lower (``"min"``) score is better."""
 
+    verify_on_resume: bool = True
+    """Before resuming, read the newest checkpoint back and check every file's size and SHA-256
+    against the manifest; a damaged one is skipped (loudly) for the newest that verifies."""
+
     def __post_init__(self) -> None:
+        if not isinstance(self.verify_on_resume, bool):
+            raise ConfigError(
+                f"CheckpointConfig(verify_on_resume={self.verify_on_resume!r}) must be True or False.")
         if self.num_to_keep is not None and (not _is_int(self.num_to_keep) or self.num_to_keep < 1):
             raise ConfigError(
                 f"CheckpointConfig(num_to_keep={self.num_to_keep!r}) is invalid: use an integer "

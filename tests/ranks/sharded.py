@@ -56,6 +56,7 @@ def main() -> None:
     p.add_argument("--epoch-seconds", type=float, default=0.0)
     p.add_argument("--shard-floats", type=int, default=4096)
     p.add_argument("--keep", type=int, default=2)
+    p.add_argument("--no-verify", action="store_true")
     args = p.parse_args()
     DataParallelTrainer(
         train_loop,
@@ -63,7 +64,8 @@ def main() -> None:
                            "shard_floats": args.shard_floats},
         scaling_config=ScalingConfig(num_workers=MPI.COMM_WORLD.size),
         run_config=RunConfig(name=args.name, storage_path=args.storage,
-                             checkpoint_config=CheckpointConfig(num_to_keep=args.keep))).fit()
+                             checkpoint_config=CheckpointConfig(
+                                 num_to_keep=args.keep, verify_on_resume=not args.no_verify))).fit()
 
 
 if __name__ == "__main__":
