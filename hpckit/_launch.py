@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 import types
+import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -131,7 +132,8 @@ def _write_payload(payload: str, trainer: DataParallelTrainer) -> None:
 def _run(command: list[str], payload: str, attempt: int) -> int:
     for stale in os.listdir(os.path.join(payload, "errors")):
         os.unlink(os.path.join(payload, "errors", stale))
-    return run_process(command, {variable("worker"): payload, variable("attempt"): str(attempt)})
+    return run_process(command, {variable("worker"): payload, variable("attempt"): str(attempt),
+                                 variable("run_id"): os.path.basename(payload)})
 
 
 def run_script(ranks: int, argv: list[str], max_failures: int, cwd: str | None = None,
@@ -142,9 +144,11 @@ def run_script(ranks: int, argv: list[str], max_failures: int, cwd: str | None =
     env = Environment.read()
     command = [*_mpiexec(env), "-n", str(ranks), sys.executable, *argv]
     attempt = 0
+    ids = {variable("run_id"): env.run_id or f"run-{uuid.uuid4().hex}"}
     while True:
         log.info("attempt %d: %s", attempt, redact(" ".join(command)))
-        code = run_process(command, {**(extra_env or {}), variable("attempt"): str(attempt)}, cwd)
+        code = run_process(command, {**(extra_env or {}), **ids, variable("attempt"): str(attempt)},
+                           cwd)
         if code in (0, EXIT_STOPPED) or (max_failures != -1 and attempt >= max_failures):
             return code
         attempt += 1

@@ -14,7 +14,18 @@ from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from typing import Any
 
-from hpckit import _comm, _distributed, _experiment, _launch, _log, _slurm, _stop, _storage, _verify
+from hpckit import (
+    _comm,
+    _distributed,
+    _experiment,
+    _launch,
+    _lock,
+    _log,
+    _slurm,
+    _stop,
+    _storage,
+    _verify,
+)
 from hpckit._commit import finish
 from hpckit._env import Environment
 from hpckit._log import log
@@ -133,46 +144,51 @@ class DataParallelTrainer:
         opened: dict[str, Any] = {}
 
         def open_experiment() -> _Start:
-            opened["manifest"], opened["metrics"], start = self._open_experiment(
+            opened["manifest"], opened["metrics"], opened["lock"], start = self._open_experiment(
                 root, name, comm.size, env, attempt)
             return start
 
         start = _comm.on_root(comm, open_experiment, f"opening experiment {experiment.display}",
                               StorageError)
-        manifest, metrics = opened.get("manifest"), opened.get("metrics")
-        _comm.everywhere(comm, lambda: _check_visible(experiment, start.marker, topology),
-                         "checking that every rank sees the storage", StorageError)
-        if comm.rank == 0:
-            _storage.delete_file(experiment.join(start.marker))
-        started = time.perf_counter()
-        self._setup_backend(comm, local_comm, topology, env)
-        context = TrainContext(topology, name, experiment, attempt, env.launcher, env.slurm())
-        session = Session(comm, context, self.run_config.checkpoint_config, start.next_step,
-                          Checkpoint._at(experiment.join(start.latest)) if start.latest else None,
-                          self.resume_from_checkpoint, manifest, metrics)
-        log.info("%d rank(s) on %d node(s) ready in %.2f s; experiment %s", topology.world_size,
-                 topology.num_nodes, time.perf_counter() - started, experiment.display)
-        activate(session)
+        lock: _lock.Lock | None = opened.get("lock")
         try:
-            self._call_train_loop()
-            finish(session)
-        except _stop.StopRequested as stop:
-            _stop_run(session, env, str(stop))
-        except BaseException as exc:
+            manifest, metrics = opened.get("manifest"), opened.get("metrics")
+            _comm.everywhere(comm, lambda: _check_visible(experiment, start.marker, topology),
+                             "checking that every rank sees the storage", StorageError)
             if comm.rank == 0:
-                _close_attempt(session, "failed", f"{type(exc).__name__}: {exc}")
-            raise _TrainingError(exc, getattr(exc, "_hpckit_collective", False)) from exc
+                _storage.delete_file(experiment.join(start.marker))
+            started = time.perf_counter()
+            self._setup_backend(comm, local_comm, topology, env)
+            context = TrainContext(topology, name, experiment, attempt, env.launcher, env.slurm())
+            session = Session(comm, context, self.run_config.checkpoint_config, start.next_step,
+                              Checkpoint._at(experiment.join(start.latest)) if start.latest else None,
+                              self.resume_from_checkpoint, manifest, metrics)
+            log.info("%d rank(s) on %d node(s) ready in %.2f s; experiment %s", topology.world_size,
+                     topology.num_nodes, time.perf_counter() - started, experiment.display)
+            activate(session)
+            try:
+                self._call_train_loop()
+                finish(session)
+            except _stop.StopRequested as stop:
+                _stop_run(session, env, str(stop))
+            except BaseException as exc:
+                if comm.rank == 0:
+                    _close_attempt(session, "failed", f"{type(exc).__name__}: {exc}")
+                raise _TrainingError(exc, getattr(exc, "_hpckit_collective", False)) from exc
+            finally:
+                activate(None)
+                if session.metrics is not None:
+                    session.metrics.close()
+            summary = None
+            if comm.rank == 0:
+                _close_attempt(session, "finished", None)
+                final, log_ = session.coordinator_state()
+                summary = (final.to_json(), [json.loads(line) for line in log_.lines])
+            manifest_json, history = comm.bcast(summary, root=0)
+            return Result._build(experiment, Manifest.from_json(manifest_json, experiment.display), history)
         finally:
-            activate(None)
-            if session.metrics is not None:
-                session.metrics.close()
-        summary = None
-        if comm.rank == 0:
-            _close_attempt(session, "finished", None)
-            final, log_ = session.coordinator_state()
-            summary = (final.to_json(), [json.loads(line) for line in log_.lines])
-        manifest_json, history = comm.bcast(summary, root=0)
-        return Result._build(experiment, Manifest.from_json(manifest_json, experiment.display), history)
+            if lock is not None:
+                lock.release()
 
     def _setup_backend(self, comm: Any, local_comm: Any, topology: _comm.Topology,
                        env: Environment) -> None:
@@ -185,12 +201,23 @@ class DataParallelTrainer:
             self.train_loop_per_worker()
 
     def _open_experiment(self, root: Location, name: str, world_size: int, env: Environment,
-                         attempt: int) -> tuple[Manifest, _experiment.MetricsLog, _Start]:
-        """Rank 0: create or resume the experiment, and record this attempt in the manifest."""
+                         attempt: int) -> tuple[Manifest, _experiment.MetricsLog, _lock.Lock, _Start]:
+        """Rank 0: lock the experiment, create or resume it, and record this attempt."""
         manifest = _experiment.preflight(root, name)
         experiment = root.join(name)
+        lock = _lock.Lock.acquire(experiment, env)
+        try:
+            manifest = _experiment.read_manifest(experiment)  # as the lock's holder sees it
+            manifest, metrics, start = self._begin(experiment, manifest, name, world_size, env, attempt)
+            return manifest, metrics, lock, start
+        except BaseException:
+            lock.release()
+            raise
+
+    def _begin(self, experiment: Location, manifest: Manifest | None, name: str, world_size: int,
+               env: Environment, attempt: int) -> tuple[Manifest, _experiment.MetricsLog, _Start]:
         if manifest is None:
-            manifest = Manifest(name, world_size, _command(env), self._config_record(root),
+            manifest = Manifest(name, world_size, _command(env), self._config_record(experiment.parent),
                                 asdict(self.run_config.checkpoint_config), time.time())
         else:
             if self.run_config.checkpoint_config.verify_on_resume:

@@ -54,3 +54,7 @@ class LaunchError(HpckitError):
 
 class TrainingFailedError(HpckitError):
     """Training failed (after any retries); the message names the failed ranks."""
+
+
+class ExperimentLockedError(HpckitError):
+    """Another live run holds the experiment: two writers would corrupt its history."""

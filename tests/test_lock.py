@@ -1,0 +1,117 @@
+"""One writer per experiment: a second run fails fast naming the holder; a dead run's lock
+is recognised as stale and taken over, with a warning."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import HERE, MPIEXEC, mpiexec
+
+from hpckit import ExperimentLockedError
+from hpckit._env import Environment
+from hpckit._lock import LOCK_NAME, Lock
+from hpckit._uri import resolve
+
+SHARDED = HERE / "ranks" / "sharded.py"
+
+
+def start_slow_run(storage, env: dict[str, str]) -> subprocess.Popen:
+    command = [MPIEXEC, "-n", "2", sys.executable, str(SHARDED), "--storage", str(storage),
+               "--epochs", "400", "--epoch-seconds", "0.02"]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env={**os.environ, **env})
+
+
+def wait_for_lock(path, process: subprocess.Popen) -> dict:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if path.exists() and path.stat().st_size:
+            return json.loads(path.read_text())
+        if process.poll() is not None:
+            pytest.fail(f"the first run ended before it locked:\n{process.communicate()[0]}")
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGKILL)
+    pytest.fail(f"no lock after 30 s:\n{process.communicate()[0]}")
+
+
+def test_a_second_run_fails_fast_naming_the_holder(tmp_path):
+    first = start_slow_run(tmp_path, {"SLURM_JOB_ID": "4242"})
+    try:
+        holder = wait_for_lock(tmp_path / "exp" / LOCK_NAME, first)
+        started = time.monotonic()
+        second = mpiexec(2, "--storage", str(tmp_path), "--epochs", "3", script=SHARDED,
+                         expect=None, timeout=60)
+        assert second.returncode != 0
+        assert time.monotonic() - started < 15, "the second run did not fail fast"
+        text = re.sub(r"\[\d+\] ", "", second.output)
+        assert "ExperimentLockedError" in text and "is in use by another run" in text, text
+        assert f"host {holder['host']}, pid {holder['pid']}, Slurm job 4242" in text, text
+        assert first.poll() is None, "the first run was disturbed"
+    finally:
+        os.killpg(first.pid, signal.SIGTERM)
+        first.communicate(timeout=60)
+
+
+def test_a_killed_runs_lock_is_taken_over_with_a_warning(tmp_path):
+    first = start_slow_run(tmp_path, {})
+    holder = wait_for_lock(tmp_path / "exp" / LOCK_NAME, first)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.communicate(timeout=60)
+    assert (tmp_path / "exp" / LOCK_NAME).exists(), "a SIGKILLed run cannot remove its lock"
+    second = mpiexec(2, "--storage", str(tmp_path), "--epochs", "3", script=SHARDED, timeout=90)
+    text = re.sub(r"\[\d+\] ", "", second.output)
+    assert re.search(rf"taking over the stale lock of host \S+, pid {holder['pid']}.*"
+                     rf"pid {holder['pid']} no longer runs", text), text
+    assert not (tmp_path / "exp" / LOCK_NAME).exists(), "a finished run leaves its lock behind"
+
+
+def write_lock(experiment, host: str, refreshed_ago: float) -> None:
+    experiment.mkdir(parents=True, exist_ok=True)
+    now = time.time()
+    (experiment / LOCK_NAME).write_text(json.dumps({
+        "token": "0" * 32, "host": host, "pid": 1, "job_id": "77", "run_id": None,
+        "started_at": now - 3600, "refreshed_at": now - refreshed_ago}))
+
+
+def test_a_lock_from_another_host_is_stale_only_once_it_stops_being_refreshed(tmp_path, caplog):
+    experiment = tmp_path / "exp"
+    env = Environment.read({"HPCKIT_LOCK_STALE_SECONDS": "60"})
+    write_lock(experiment, "node-elsewhere", refreshed_ago=5)
+    with pytest.raises(ExperimentLockedError, match="host node-elsewhere, pid 1, Slurm job 77"):
+        Lock.acquire(resolve(str(experiment)), env)
+    write_lock(experiment, "node-elsewhere", refreshed_ago=120)
+    lock = Lock.acquire(resolve(str(experiment)), env)
+    assert "not refreshed for 120 s" in caplog.text
+    assert json.loads((experiment / LOCK_NAME).read_text())["pid"] == os.getpid()
+    lock.release()
+    assert not (experiment / LOCK_NAME).exists()
+
+
+def test_the_lock_is_refreshed_while_held_and_a_later_attempt_of_the_run_takes_it(tmp_path):
+    experiment = resolve(str(tmp_path / "exp"))
+    os.makedirs(experiment.path)
+    env = Environment.read({"HPCKIT_LOCK_STALE_SECONDS": "5", "HPCKIT_RUN_ID": "run-1"})
+    lock = Lock.acquire(experiment, env)
+    first = json.loads((tmp_path / "exp" / LOCK_NAME).read_text())["refreshed_at"]
+    time.sleep(2.5)
+    again = json.loads((tmp_path / "exp" / LOCK_NAME).read_text())["refreshed_at"]
+    assert again > first, "the holder did not refresh its lock"
+    successor = Lock.acquire(experiment, env)  # same run id: its own earlier attempt
+    lock.release()  # the earlier attempt no longer owns it, so it must not remove it
+    assert (tmp_path / "exp" / LOCK_NAME).exists()
+    successor.release()
+
+
+@pytest.mark.parametrize("value", ["0", "soon", "-5"])
+def test_a_bad_stale_time_is_refused(tmp_path, value):
+    from hpckit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"HPCKIT_LOCK_STALE_SECONDS={value!r}"):
+        Lock.acquire(resolve(str(tmp_path)), Environment.read({"HPCKIT_LOCK_STALE_SECONDS": value}))
