@@ -153,6 +153,9 @@ def _assign_writers(handed: dict[int, list[tuple[str, int]]]
     holders: dict[str, list[tuple[int, int]]] = {}
     for rank, files in sorted(handed.items()):
         for path, size in files:
+            if not is_safe_relpath(path):
+                raise CheckpointError(f"rank {rank} handed checkpoint file {path!r}, which would "
+                                      "leave the checkpoint directory; refused.")
             holders.setdefault(path, []).append((rank, size))
     writes: dict[int, list[str]] = {rank: [] for rank in handed}
     hashes: dict[int, list[str]] = {}

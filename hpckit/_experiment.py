@@ -186,7 +186,7 @@ def evict(experiment: Location, records: list[CheckpointRecord]) -> None:
         started = time.perf_counter()
         target = experiment.join(record.directory)
         try:
-            for f in record.files:
+            for f in [] if _storage.escapes(target, experiment) else record.files:
                 _storage.delete_file(target.join(f.path), missing_ok=True)
                 _faults.reached("evicting", 0)
             _storage.delete_dir(target)

@@ -139,8 +139,21 @@ def list_files(location: Location) -> list[tuple[str, int]]:
     return sorted((i.path[len(base):], i.size) for i in infos if i.type == pyarrow.fs.FileType.File)
 
 
+def escapes(location: Location, root: Location) -> bool:
+    """Whether a local path leads out of ``root`` through a symbolic link (object stores have
+    no links: never)."""
+    if not location.is_local:
+        return False
+    inside = os.path.realpath(root.path).rstrip("/") + "/"
+    return not (os.path.realpath(location.path) + "/").startswith(inside)
+
+
 def delete_dir(location: Location) -> None:
+    """Delete a directory and what is in it; a symbolic link is removed, never followed."""
     with errors_named(location, "delete"):
+        if location.is_local and os.path.islink(location.path):
+            os.unlink(location.path)
+            return
         if file_type(location) != pyarrow.fs.FileType.NotFound:
             location.filesystem.delete_dir(location.path)
 

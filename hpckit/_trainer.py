@@ -220,6 +220,7 @@ class DataParallelTrainer:
             manifest = Manifest(name, world_size, _command(env), self._config_record(experiment.parent),
                                 asdict(self.run_config.checkpoint_config), time.time())
         else:
+            _verify.drop_escaping(experiment, manifest)
             if self.run_config.checkpoint_config.verify_on_resume:
                 _verify.drop_damaged(experiment, manifest)
             _experiment.remove_leftovers(experiment, manifest)

@@ -32,12 +32,16 @@ def verify(experiment: Location, record: CheckpointRecord) -> list[Problem]:
     """Every file of ``record`` that is missing, of the wrong size, or has the wrong sha256.
     Files are read back in parallel, as large checkpoints have many shards."""
     with ThreadPoolExecutor(max(1, min(PARALLEL_READS, len(record.files)))) as pool:
-        found = pool.map(lambda f: _check(experiment.join(record.directory, f.path), record, f),
-                         record.files)
+        found = pool.map(lambda f: _check(experiment.join(record.directory, f.path), record, f,
+                                          experiment), record.files)
         return [p for p in found if p is not None]
 
 
-def _check(location: Location, record: CheckpointRecord, f: FileRecord) -> Problem | None:
+def _check(location: Location, record: CheckpointRecord, f: FileRecord,
+           experiment: Location) -> Problem | None:
+    if _storage.escapes(location, experiment):
+        return Problem(record.directory, f.path, "a symbolic link out of the experiment directory "
+                       "(not followed)")
     if _storage.file_type(location) != pyarrow.fs.FileType.File:
         return Problem(record.directory, f.path, "missing")
     try:
@@ -50,6 +54,16 @@ def _check(location: Location, record: CheckpointRecord, f: FileRecord) -> Probl
         return Problem(record.directory, f.path,
                        f"sha256 {digest[:12]}..., manifest says {f.sha256[:12]}...")
     return None
+
+
+def drop_escaping(experiment: Location, manifest: Manifest) -> None:
+    """Drop checkpoints whose directory is a symbolic link out of the experiment: hpckit
+    never reads, writes or deletes outside it, whatever the manifest says."""
+    for record in list(manifest.checkpoints):
+        if _storage.escapes(experiment.join(record.directory), experiment):
+            log.warning("!!! %s is a symbolic link out of %s; it is not resumed from, and only the "
+                        "link is removed", record.directory, experiment.display)
+            manifest.checkpoints.remove(record)
 
 
 def drop_damaged(experiment: Location, manifest: Manifest) -> list[CheckpointRecord]:
