@@ -124,5 +124,8 @@ def resolve(path: str | os.PathLike[str], filesystem: pyarrow.fs.FileSystem | No
         ) from None
     if isinstance(fs, pyarrow.fs.LocalFileSystem):
         return Location(fs, inner, inner)
+    if not inner.strip("/"):
+        raise ConfigError(f"storage {redact(text)!r} names no bucket or directory; use e.g. "
+                          "s3://bucket/prefix?endpoint_override=host:port&scheme=http.")
     base, sep, query = _redact_uri(text).partition("?")
     return Location(fs, inner.rstrip("/"), f"{base.rstrip('/')}{sep}{query}")
