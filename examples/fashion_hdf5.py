@@ -23,7 +23,7 @@ from torch import nn
 
 import hpckit
 from hpckit import Checkpoint, CheckpointConfig, RunConfig, ScalingConfig
-from hpckit.torch import HDF5Dataset, TorchTrainer, prepare_data_loader, prepare_model
+from hpckit.torch import HDF5Dataset, TorchTrainer, load_state, prepare_data_loader, prepare_model
 
 
 def write_dataset(path: str, n_train: int = 6000, n_test: int = 1000, seed: int = 0) -> None:
@@ -80,8 +80,7 @@ def train_loop(config: dict) -> None:
     start = 0
     checkpoint = hpckit.get_checkpoint()
     if checkpoint:
-        with checkpoint.as_directory() as d:
-            state = torch.load(os.path.join(d, "model.pt"), weights_only=True)
+        state = load_state(checkpoint, "model.pt")  # checked against the manifest; weights only
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start = state["epoch"] + 1

@@ -15,7 +15,7 @@ import torch
 
 import hpckit
 from hpckit import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-from hpckit.torch import TorchTrainer, prepare_data_loader, prepare_model
+from hpckit.torch import TorchTrainer, load_state, prepare_data_loader, prepare_model
 
 
 def make_data(n: int = 512, seed: int = 0) -> torch.utils.data.TensorDataset:
@@ -34,8 +34,7 @@ def train_loop(config: dict) -> None:
     start = 0
     checkpoint = hpckit.get_checkpoint()
     if checkpoint:
-        with checkpoint.as_directory() as d:
-            state = torch.load(os.path.join(d, "model.pt"), weights_only=True)
+        state = load_state(checkpoint, "model.pt")  # checked against the manifest; weights only
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start = state["epoch"] + 1
