@@ -58,3 +58,10 @@ def select_evictions(records: Sequence[CheckpointRecord],
     keep = {r.index for r in ranked[: config.num_to_keep]}
     keep.add(max(r.index for r in records))
     return [r for r in records if r.index not in keep]
+
+
+def record(config: CheckpointConfig) -> dict[str, Any]:
+    """What the manifest records of the retention: the fields that decide what is kept."""
+    return {"num_to_keep": config.num_to_keep,
+            "checkpoint_score_attribute": config.checkpoint_score_attribute,
+            "checkpoint_score_order": config.checkpoint_score_order}

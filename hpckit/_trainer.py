@@ -21,6 +21,7 @@ from hpckit import (
     _launch,
     _lock,
     _log,
+    _retention,
     _slurm,
     _stop,
     _storage,
@@ -218,7 +219,7 @@ class DataParallelTrainer:
                env: Environment, attempt: int) -> tuple[Manifest, _experiment.MetricsLog, _Start]:
         if manifest is None:
             manifest = Manifest(name, world_size, _command(env), self._config_record(experiment.parent),
-                                asdict(self.run_config.checkpoint_config), time.time())
+                                _retention.record(self.run_config.checkpoint_config), time.time())
         else:
             _verify.drop_escaping(experiment, manifest)
             if self.run_config.checkpoint_config.verify_on_resume:
@@ -226,7 +227,7 @@ class DataParallelTrainer:
             _experiment.remove_leftovers(experiment, manifest)
             latest = manifest.latest
             manifest.next_step = latest.step + 1 if latest else 0
-            manifest.retention = asdict(self.run_config.checkpoint_config)
+            manifest.retention = _retention.record(self.run_config.checkpoint_config)
             if manifest.world_size != world_size:
                 log.warning("resuming %s with %d ranks; it was recorded with %d", name, world_size,
                             manifest.world_size)

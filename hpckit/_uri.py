@@ -14,6 +14,9 @@ from hpckit.errors import ConfigError, StorageError
 
 _SECRET_QUERY = re.compile(r"secret|token|password|passwd|credential|signature|session|key", re.I)
 _NOT_SECRET_QUERY = {"endpoint_override", "region", "scheme"}
+# hpckit's own S3 options, taken out of the query before pyarrow parses the rest:
+# seconds to connect, seconds per request, attempts per request (with exponential backoff).
+S3_DEFAULTS = {"connect_timeout": 10.0, "request_timeout": 60.0, "retries": 5}
 REDACTED = "***"
 
 
@@ -115,8 +118,13 @@ def resolve(path: str | os.PathLike[str], filesystem: pyarrow.fs.FileSystem | No
     if "://" not in text:
         local = os.path.abspath(os.path.expanduser(text))
         return Location(pyarrow.fs.LocalFileSystem(), local, local)
+    text, options = _take_options(text)
     try:
         fs, inner = pyarrow.fs.FileSystem.from_uri(text)
+        if isinstance(fs, pyarrow.fs.S3FileSystem):
+            fs = _with_timeouts(fs, options)
+        elif options:
+            raise ConfigError(f"storage {redact(text)!r}: {', '.join(options)} apply to s3:// only.")
     except (pyarrow.ArrowInvalid, pyarrow.ArrowNotImplementedError, ValueError, OSError) as exc:
         raise StorageError(
             f"cannot open storage {redact(text)!r}: {redact(str(exc))}. Use a local path, file://, "
@@ -129,3 +137,36 @@ def resolve(path: str | os.PathLike[str], filesystem: pyarrow.fs.FileSystem | No
                           "s3://bucket/prefix?endpoint_override=host:port&scheme=http.")
     base, sep, query = _redact_uri(text).partition("?")
     return Location(fs, inner.rstrip("/"), f"{base.rstrip('/')}{sep}{query}")
+
+
+def _take_options(uri: str) -> tuple[str, dict[str, float]]:
+    """Split hpckit's own options (:data:`S3_DEFAULTS`) out of a URI's query."""
+    parts = urlsplit(uri)
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    options: dict[str, float] = {}
+    for key, value in pairs:
+        if key not in S3_DEFAULTS:
+            continue
+        try:
+            number = float(value)
+        except ValueError:
+            number = -1.0
+        whole = key != "retries" or number.is_integer()
+        if not (number > 0 and whole) or (key == "retries" and number < 1):
+            raise ConfigError(f"storage option {key}={value!r} in {redact(uri)!r} must be a "
+                              f"{'whole number >= 1' if key == 'retries' else 'number of seconds > 0'}"
+                              f" (default {S3_DEFAULTS[key]}).")
+        options[key] = number
+    rest = urlencode([(k, v) for k, v in pairs if k not in S3_DEFAULTS], safe="/:")
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, rest, parts.fragment)), options
+
+
+def _with_timeouts(fs: pyarrow.fs.S3FileSystem, options: dict[str, float]) -> pyarrow.fs.S3FileSystem:
+    """The same S3 filesystem with hpckit's timeouts and retries, so that a dead server
+    fails a request after a bounded time instead of hanging a rank."""
+    settings = {**S3_DEFAULTS, **options}
+    kwargs = fs.__reduce__()[1][0]
+    kwargs.update(connect_timeout=settings["connect_timeout"],
+                  request_timeout=settings["request_timeout"])
+    retry = pyarrow.fs.AwsStandardS3RetryStrategy(max_attempts=int(settings["retries"]))
+    return pyarrow.fs.S3FileSystem(**kwargs, retry_strategy=retry)

@@ -67,6 +67,15 @@ class S3Server:
         with self.filesystem().open_input_stream(f"{BUCKET}/{path}") as f:
             return f.read().decode()
 
+    def kill(self) -> None:
+        """SIGKILL, as a crashed server: no goodbye to its clients."""
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        self._remove_sockets()
+
+    def restart(self) -> S3Server:
+        return start(self.root, self.ports)
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -75,19 +84,23 @@ class S3Server:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        self._remove_sockets()
+
+    def _remove_sockets(self) -> None:
         for port in self.ports:
             for pattern in (f"/tmp/seaweedfs-*-{port}.sock", f"/tmp/seaweedfs-*-{port + 10000}.sock"):
                 for sock in glob.glob(pattern):
                     os.unlink(sock)
 
 
-def start(root: Path) -> S3Server:
+def start(root: Path, ports: list[int] | None = None) -> S3Server:
+    """Start a server storing under ``root``; with ``ports``, a restart of an earlier one."""
     root.mkdir(parents=True, exist_ok=True)
     config = root / "s3.json"
     config.write_text(json.dumps({"identities": [{
         "name": "hpckit", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
         "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
-    master, volume, filer, s3, admin = (_free_pair() for _ in range(5))
+    master, volume, filer, s3, admin = ports or [_free_pair() for _ in range(5)]
     command = [weed(), f"-logdir={root}", "mini", f"-dir={root}/data", "-ip=127.0.0.1",
                "-ip.bind=127.0.0.1", f"-master.port={master}", f"-volume.port={volume}",
                f"-filer.port={filer}", f"-s3.port={s3}", f"-admin.port={admin}", "-admin.ui=false",
@@ -95,7 +108,7 @@ def start(root: Path) -> S3Server:
                f"-s3.config={config}", "-s3.autoCreateBucket=false"]
     env = {**os.environ, "GOMEMLIMIT": "512MiB",
            "WEED_FILER_OPTIONS_S3_EMPTY_FOLDER_CLEANUP_DELAY": "1s"}
-    log = open(root / "weed.out", "w")
+    log = open(root / "weed.out", "a")
     process = subprocess.Popen([str(c) for c in command], stdout=log, stderr=subprocess.STDOUT,
                                env=env, start_new_session=True)
     server = S3Server(process, s3, [master, volume, filer, s3, admin], root)
