@@ -50,14 +50,15 @@ class Holder:
 
     def stale(self, now: float, stale_after: float) -> str | None:
         """Why this holder is surely gone, or None while it may be alive."""
-        if self.host == socket.gethostname() and not _alive(self.pid):
+        if self.host == socket.gethostname() and not alive(self.pid):
             return f"pid {self.pid} no longer runs on {self.host}"
         if now - self.refreshed_at > stale_after:
             return f"not refreshed for {now - self.refreshed_at:.0f} s (stale after {stale_after:.0f} s)"
         return None
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether a process of this host still runs (a zombie does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

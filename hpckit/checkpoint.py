@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow.fs
 
-from hpckit import _storage
+from hpckit import _downloads, _storage
 from hpckit._env import Environment
 from hpckit._uri import Location, resolve
 from hpckit.errors import CheckpointError
@@ -86,17 +86,16 @@ class Checkpoint:
     @contextlib.contextmanager
     def as_directory(self) -> Iterator[str]:
         """A local directory with the checkpoint's files: the directory itself when local,
-        otherwise a download that is removed on exit."""
+        otherwise a copy in ``$HPCKIT_LOCAL_DIR`` that every process of this node opening
+        the same checkpoint shares. It is downloaded once and removed when the last of them
+        leaves; treat it as read-only."""
         if self._location.is_local:
             self._require_dir()
             yield self.path
             return
-        target = tempfile.mkdtemp(prefix="hpckit-checkpoint-", dir=_local_dir())
-        try:
-            self.to_directory(target)
-            yield target
-        finally:
-            shutil.rmtree(target, ignore_errors=True)
+        self._require_dir()
+        with _downloads.shared_copy(self._location, _local_dir()) as directory:
+            yield directory
 
     def to_directory(self, path: str | os.PathLike[str] | None = None) -> str:
         """Copy the checkpoint's files into ``path`` (a new temporary directory by default)."""
