@@ -5,7 +5,7 @@ from __future__ import annotations
 from hpckit._session import get_checkpoint, get_context, report
 from hpckit._trainer import DataParallelTrainer
 from hpckit.checkpoint import Checkpoint
-from hpckit.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from hpckit.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig, SyncConfig
 from hpckit.context import TrainContext
 from hpckit.errors import (
                            CheckpointError,
@@ -42,6 +42,7 @@ __all__ = [
     "RunConfig",
     "ScalingConfig",
     "StorageError",
+    "SyncConfig",
     "TrainContext",
     "TrainingFailedError",
     "get_checkpoint",

@@ -90,6 +90,8 @@ def commit_report(session: Session, metrics: Any, checkpoint: Checkpoint | None)
     raise_failures([failure] if failure else [], "report()", CommitError)
     session.latest = Checkpoint._at(session.context.experiment.join(directory))
     session.next_step = plan.step + 1
+    if session.mirror is not None and session.manifest is not None:
+        session.mirror.after_commit(session.manifest)
     if session.context._stop_requested:
         raise _stop.StopRequested(plan.stop)
 

@@ -27,6 +27,7 @@ class Session:
     metrics: MetricsLog | None = None
     reports: int = 0
     last_metrics: dict[str, Any] | None = None
+    mirror: Any = None
 
     def coordinator_state(self) -> tuple[Manifest, MetricsLog]:
         """The manifest and metrics log, which only rank 0 holds."""
@@ -70,4 +71,6 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> Non
     """
     from hpckit._commit import commit_report
 
-    commit_report(current("report"), metrics, checkpoint)
+    session = current("report")
+    commit_report(session, metrics, checkpoint)
+    session.context._artifacts.sync()

@@ -15,12 +15,14 @@ from datetime import timedelta
 from typing import Any
 
 from hpckit import (
+    _artifacts,
     _comm,
     _distributed,
     _experiment,
     _launch,
     _lock,
     _log,
+    _mirror,
     _retention,
     _slurm,
     _stop,
@@ -152,6 +154,7 @@ class DataParallelTrainer:
         start = _comm.on_root(comm, open_experiment, f"opening experiment {experiment.display}",
                               StorageError)
         lock: _lock.Lock | None = opened.get("lock")
+        mirror: _mirror.Mirror | None = None
         try:
             manifest, metrics = opened.get("manifest"), opened.get("metrics")
             _comm.everywhere(comm, lambda: _check_visible(experiment, start.marker, topology),
@@ -160,10 +163,18 @@ class DataParallelTrainer:
                 _storage.delete_file(experiment.join(start.marker))
             started = time.perf_counter()
             self._setup_backend(comm, local_comm, topology, env)
-            context = TrainContext(topology, name, experiment, attempt, env.launcher, env.slurm())
+            sync = self.run_config.sync_config
+            artifacts = _artifacts.Artifacts(
+                experiment, comm.rank, env.local_dir,
+                sync.sync_artifacts and (comm.rank == 0 or sync.sync_artifacts_all_ranks))
+            context = TrainContext(topology, name, experiment, attempt, env.launcher, env.slurm(),
+                                   _artifacts=artifacts)
             session = Session(comm, context, self.run_config.checkpoint_config, start.next_step,
                               Checkpoint._at(experiment.join(start.latest)) if start.latest else None,
                               self.resume_from_checkpoint, manifest, metrics)
+            if sync.mirror is not None and comm.rank == 0:
+                session.mirror = mirror = _mirror.Mirror(experiment, name, sync,
+                                                         lambda: session.manifest)
             log.info("%d rank(s) on %d node(s) ready in %.2f s; experiment %s", topology.world_size,
                      topology.num_nodes, time.perf_counter() - started, experiment.display)
             activate(session)
@@ -178,6 +189,7 @@ class DataParallelTrainer:
                 raise _TrainingError(exc, getattr(exc, "_hpckit_collective", False)) from exc
             finally:
                 activate(None)
+                artifacts.close()
                 if session.metrics is not None:
                     session.metrics.close()
             summary = None
@@ -188,6 +200,8 @@ class DataParallelTrainer:
             manifest_json, history = comm.bcast(summary, root=0)
             return Result._build(experiment, Manifest.from_json(manifest_json, experiment.display), history)
         finally:
+            if mirror is not None:
+                mirror.close()
             if lock is not None:
                 lock.release()
 

@@ -25,7 +25,7 @@ def redact(text: str) -> str:
     return _URI_IN_TEXT.sub(lambda m: _redact_uri(m.group(0)), text)
 
 
-_URI_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+_URI_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]*[^\s'\"<>,.;:)]")
 
 
 def _redact_uri(uri: str) -> str:

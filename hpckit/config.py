@@ -10,7 +10,7 @@ import pyarrow.fs
 
 from hpckit.errors import ConfigError
 
-__all__ = ["ScalingConfig", "CheckpointConfig", "FailureConfig", "RunConfig"]
+__all__ = ["ScalingConfig", "CheckpointConfig", "FailureConfig", "SyncConfig", "RunConfig"]
 
 _RESOURCE_KEYS = ("CPU", "GPU")
 
@@ -128,6 +128,48 @@ class FailureConfig:
 
 
 @dataclass(frozen=True)
+class SyncConfig:
+    """What else is copied where: each rank's artifacts, and a mirror of the experiment."""
+
+    sync_artifacts: bool = False
+    """Persist rank 0's ``get_context().get_artifact_dir()`` to ``{experiment}/artifacts/rank-0/``
+    at every report (only files that changed)."""
+
+    sync_artifacts_all_ranks: bool = False
+    """With ``sync_artifacts``, every rank's artifacts, each to its own ``rank-N/``."""
+
+    mirror: str | None = None
+    """A second storage root (a path or URI) that receives a copy of the experiment: manifest,
+    metrics and kept checkpoints. For scratch filesystems that are purged."""
+
+    mirror_command: str | None = None
+    """Copy with this command instead of pyarrow, e.g. ``"rclone copy {source} {target}"``;
+    ``{source}`` is the experiment directory, ``{target}`` the mirror's ``{mirror}/{name}``."""
+
+    sync_period: float = 300.0
+    """Mirror at most once per this many seconds (after a commit), and once at the end."""
+
+    def __post_init__(self) -> None:
+        for name in ("sync_artifacts", "sync_artifacts_all_ranks"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"SyncConfig({name}={getattr(self, name)!r}) must be True or False.")
+        if self.mirror is not None and (not isinstance(self.mirror, str) or not self.mirror.strip()):
+            raise ConfigError(f"SyncConfig(mirror={self.mirror!r}) must be a path or URI, e.g. "
+                              "'/project/archive/runs' or 's3://bucket/runs'.")
+        command = self.mirror_command
+        if command is not None:
+            if not isinstance(command, str) or "{source}" not in command or "{target}" not in command:
+                raise ConfigError(f"SyncConfig(mirror_command={command!r}) must be a command with "
+                                  "{source} and {target} in it, e.g. 'rclone copy {source} {target}'.")
+            if self.mirror is None:
+                raise ConfigError(f"SyncConfig(mirror_command={command!r}) needs mirror= too: it "
+                                  "names the {target}.")
+        period = self.sync_period
+        if isinstance(period, bool) or not isinstance(period, (int, float)) or not period >= 0:
+            raise ConfigError(f"SyncConfig(sync_period={period!r}) must be a number of seconds >= 0.")
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """Where the experiment lives and how it is checkpointed and retried."""
 
@@ -147,6 +189,9 @@ class RunConfig:
 
     failure_config: FailureConfig = field(default_factory=FailureConfig)
     """Restarts after failures."""
+
+    sync_config: SyncConfig = field(default_factory=SyncConfig)
+    """Artifacts and mirrors."""
 
     def __post_init__(self) -> None:
         if self.name is not None:
@@ -174,6 +219,8 @@ class RunConfig:
         if not isinstance(self.failure_config, FailureConfig):
             raise ConfigError(
                 f"RunConfig(failure_config={self.failure_config!r}) must be a FailureConfig.")
+        if not isinstance(self.sync_config, SyncConfig):
+            raise ConfigError(f"RunConfig(sync_config={self.sync_config!r}) must be a SyncConfig.")
 
 
 def _check_name(name: object) -> None:

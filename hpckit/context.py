@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from hpckit._comm import Topology
 from hpckit._uri import Location
@@ -21,6 +22,7 @@ class TrainContext:
     launcher: str | None = None
     slurm: dict[str, str] = field(default_factory=dict)
     _stop_requested: bool = field(default=False, repr=False)
+    _artifacts: Any = field(default=None, repr=False)
 
     def get_world_rank(self) -> int:
         return self.topology.world_rank
@@ -56,6 +58,15 @@ class TrainContext:
         """The Slurm job this rank runs in: job_id, array_job_id, array_task_id,
         restart_count, nodelist, tasks_per_node (those Slurm set; empty outside Slurm)."""
         return dict(self.slurm)
+
+    def get_artifact_dir(self) -> str:
+        """A local directory for this rank's artifacts (plots, samples, logs). With
+        ``SyncConfig(sync_artifacts=True)`` its files are persisted to
+        ``{experiment}/artifacts/rank-N/`` at every report; it is removed when the run ends."""
+        if self._artifacts is None:
+            raise RuntimeError("get_artifact_dir() is available inside a training run")
+        directory: str = self._artifacts.directory
+        return directory
 
     def should_stop(self) -> bool:
         """True once the ranks agreed a stop was requested (e.g. Slurm's time-limit warning)."""

@@ -15,7 +15,8 @@ import numpy as np
 from mpi4py import MPI
 
 import hpckit
-from hpckit import Checkpoint, CheckpointConfig, DataParallelTrainer, RunConfig, ScalingConfig
+from hpckit import (Checkpoint, CheckpointConfig, DataParallelTrainer, RunConfig, ScalingConfig,
+                    SyncConfig)
 
 
 def train_loop(config: dict) -> None:
@@ -36,6 +37,12 @@ def train_loop(config: dict) -> None:
         state = 0.5 * state + 0.1 * momentum
         loss = MPI.COMM_WORLD.allreduce(float(np.abs(state).mean()))
         time.sleep(config["epoch_seconds"])
+        artifacts = ctx.get_artifact_dir()
+        with open(os.path.join(artifacts, "log.txt"), "a") as f:
+            f.write(f"epoch {epoch} loss {loss}\n")
+        if epoch == start:
+            with open(os.path.join(artifacts, "fixed.txt"), "w") as f:
+                f.write(f"written once by rank {rank}\n")
         with tempfile.TemporaryDirectory() as d:
             np.save(os.path.join(d, f"state-rank{rank}.npy"), state)
             np.save(os.path.join(d, f"momentum-rank{rank}.npy"), momentum)
@@ -43,6 +50,11 @@ def train_loop(config: dict) -> None:
                 with open(os.path.join(d, "meta.json"), "w") as f:
                     json.dump({"epoch": epoch}, f)
             hpckit.report({"epoch": epoch, "loss": loss}, checkpoint=Checkpoint.from_directory(d))
+        if rank == 0 and config["artifacts"] != "off":
+            print("ARTIFACT_DIR " + artifacts, flush=True)
+            stored = os.path.join(ctx.get_experiment_path(), "artifacts", "rank-0", "fixed.txt")
+            if os.path.exists(stored):
+                print(f"STORED_FIXED {os.stat(stored).st_mtime_ns}", flush=True)
     digests = MPI.COMM_WORLD.gather(hashlib.sha256(state.tobytes() + momentum.tobytes()).hexdigest())
     if rank == 0:
         print("FINAL " + json.dumps({"shards": digests}), flush=True)
@@ -57,13 +69,22 @@ def main() -> None:
     p.add_argument("--shard-floats", type=int, default=4096)
     p.add_argument("--keep", type=int, default=2)
     p.add_argument("--no-verify", action="store_true")
+    p.add_argument("--mirror", default=None)
+    p.add_argument("--mirror-command", default=None)
+    p.add_argument("--sync-period", type=float, default=300.0)
+    p.add_argument("--artifacts", choices=["off", "rank0", "all"], default="off")
     args = p.parse_args()
     DataParallelTrainer(
         train_loop,
         train_loop_config={"epochs": args.epochs, "epoch_seconds": args.epoch_seconds,
-                           "shard_floats": args.shard_floats},
+                           "shard_floats": args.shard_floats, "artifacts": args.artifacts},
         scaling_config=ScalingConfig(num_workers=MPI.COMM_WORLD.size),
         run_config=RunConfig(name=args.name, storage_path=args.storage,
+                             sync_config=SyncConfig(
+                                 sync_artifacts=args.artifacts != "off",
+                                 sync_artifacts_all_ranks=args.artifacts == "all",
+                                 mirror=args.mirror, mirror_command=args.mirror_command,
+                                 sync_period=args.sync_period),
                              checkpoint_config=CheckpointConfig(
                                  num_to_keep=args.keep, verify_on_resume=not args.no_verify))).fit()
 
