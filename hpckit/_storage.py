@@ -174,7 +174,8 @@ def persist_file(source: str, target: Location) -> tuple[int, str]:
         if target.is_local:
             os.makedirs(parent, exist_ok=True)
             return _copy_local(source, target.path)
-        target.filesystem.create_dir(parent, recursive=True)
+        if target.filesystem.type_name != "s3":  # S3 has no directories: a marker is a request
+            target.filesystem.create_dir(parent, recursive=True)
         return _stream_hashed(source, target)
 
 
@@ -221,20 +222,32 @@ def _copy_range(src: int, dst: int, size: int) -> None:
 
 def _stream_hashed(source: str, target: Location) -> tuple[int, str]:
     with open(source, "rb") as src, target.filesystem.open_output_stream(target.path) as dst:
-        return pipe_hashed(src, dst)
+        return pipe_hashed(src, dst, window=UPLOAD_WINDOW)
 
 
-def pipe_hashed(src: Any, dst: Any | None, advance: Callable[[int], Any] | None = None
-                ) -> tuple[int, str]:
+# pyarrow's S3 stream uploads multipart parts in the background, but queues every part
+# written to it: a 1 GiB file would sit in RAM whole. Flushing every window waits for the
+# parts in flight, so memory stays near one window per stream while parts still upload
+# in parallel within it.
+UPLOAD_WINDOW = 32 << 20
+
+
+def pipe_hashed(src: Any, dst: Any | None, advance: Callable[[int], Any] | None = None,
+                window: int | None = None) -> tuple[int, str]:
     """Copy a stream to another (or nowhere), hashing each chunk while it is written:
-    hashlib releases the GIL, so the hash overlaps the write. Returns (size, sha256 hex)."""
+    hashlib releases the GIL, so the hash overlaps the write. With ``window``, ``dst`` is
+    flushed every ``window`` bytes. Returns (size, sha256 hex)."""
     digest = hashlib.sha256()
-    size = 0
+    size = unflushed = 0
     with ThreadPoolExecutor(1) as hasher:
         while chunk := src.read(CHUNK):
             hashed = hasher.submit(digest.update, chunk)
             if dst is not None:
                 dst.write(chunk)
+                unflushed += len(chunk)
+                if window is not None and unflushed >= window:
+                    dst.flush()
+                    unflushed = 0
             size += len(chunk)
             hashed.result()
             if advance is not None:
