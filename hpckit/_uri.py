@@ -139,34 +139,44 @@ def resolve(path: str | os.PathLike[str], filesystem: pyarrow.fs.FileSystem | No
     return Location(fs, inner.rstrip("/"), f"{base.rstrip('/')}{sep}{query}")
 
 
-def _take_options(uri: str) -> tuple[str, dict[str, float]]:
-    """Split hpckit's own options (:data:`S3_DEFAULTS`) out of a URI's query."""
+def _take_options(uri: str) -> tuple[str, dict[str, float | str]]:
+    """Split hpckit's own options (:data:`S3_DEFAULTS`, and ``session_token`` for temporary
+    credentials, which pyarrow's URIs lack) out of a URI's query."""
     parts = urlsplit(uri)
     pairs = parse_qsl(parts.query, keep_blank_values=True)
-    options: dict[str, float] = {}
+    options: dict[str, float | str] = {}
     for key, value in pairs:
-        if key not in S3_DEFAULTS:
-            continue
-        try:
-            number = float(value)
-        except ValueError:
-            number = -1.0
-        whole = key != "retries" or number.is_integer()
-        if not (number > 0 and whole) or (key == "retries" and number < 1):
-            raise ConfigError(f"storage option {key}={value!r} in {redact(uri)!r} must be a "
-                              f"{'whole number >= 1' if key == 'retries' else 'number of seconds > 0'}"
-                              f" (default {S3_DEFAULTS[key]}).")
-        options[key] = number
-    rest = urlencode([(k, v) for k, v in pairs if k not in S3_DEFAULTS], safe="/:")
+        if key == "session_token":
+            options[key] = value
+        elif key in S3_DEFAULTS:
+            options[key] = _number(key, value, uri)
+    rest = urlencode([(k, v) for k, v in pairs if k not in options], safe="/:")
     return urlunsplit((parts.scheme, parts.netloc, parts.path, rest, parts.fragment)), options
 
 
-def _with_timeouts(fs: pyarrow.fs.S3FileSystem, options: dict[str, float]) -> pyarrow.fs.S3FileSystem:
+def _number(key: str, value: str, uri: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if key == "retries" and not (number >= 1 and number.is_integer()):
+        raise ConfigError(f"storage option retries={value!r} in {redact(uri)!r} must be a whole "
+                          f"number >= 1 (default {S3_DEFAULTS[key]}).")
+    if not number > 0:
+        raise ConfigError(f"storage option {key}={value!r} in {redact(uri)!r} must be a number of "
+                          f"seconds > 0 (default {S3_DEFAULTS[key]}).")
+    return number
+
+
+def _with_timeouts(fs: pyarrow.fs.S3FileSystem, options: dict[str, float | str]
+                   ) -> pyarrow.fs.S3FileSystem:
     """The same S3 filesystem with hpckit's timeouts and retries, so that a dead server
     fails a request after a bounded time instead of hanging a rank."""
     settings = {**S3_DEFAULTS, **options}
     kwargs = fs.__reduce__()[1][0]
-    kwargs.update(connect_timeout=settings["connect_timeout"],
-                  request_timeout=settings["request_timeout"])
+    kwargs.update(connect_timeout=float(settings["connect_timeout"]),
+                  request_timeout=float(settings["request_timeout"]))
+    if "session_token" in settings:
+        kwargs["session_token"] = settings["session_token"]
     retry = pyarrow.fs.AwsStandardS3RetryStrategy(max_attempts=int(settings["retries"]))
     return pyarrow.fs.S3FileSystem(**kwargs, retry_strategy=retry)

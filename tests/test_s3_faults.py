@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 
+import pyarrow.fs
 import pytest
 import reliability
 from conftest import HERE, MPIEXEC, Run, mpiexec
@@ -88,5 +89,35 @@ def test_a_server_killed_mid_upload_fails_every_rank_and_the_run_resumes(server,
     text = re.sub(r"\[\d+\] ", "", resumed.output)
     assert re.search(rf"resuming experiment \S+ from {committed.latest.directory}", text), text
     assert json.loads(resumed.line("FINAL")) == json.loads(reference.line("FINAL"))
+    listing = server[-1].filesystem().get_file_info(pyarrow.fs.FileSelector("hpckit/runs/exp"))
+    stored = sorted(i.base_name for i in listing if i.base_name.startswith("checkpoint_"))
+    final = read_manifest(server[-1], "runs/exp")
+    assert final is not None and stored == sorted(r.directory for r in final.checkpoints), \
+        f"orphans of the failed upload were not cleaned: {stored}"
     reliability.record("S3 server SIGKILLed mid-upload", "3 ranks, 48 MiB checkpoints",
                        f"every rank failed {took:.0f} s after the kill; resumed after restart", lost=0)
+
+
+def test_a_server_that_stalls_briefly_is_waited_for(server, tmp_path):
+    """A transient fault: the server stops answering for 3 s mid-upload, then comes back.
+    The request is retried and the run finishes as if nothing happened."""
+    uri = server[0].uri("stall") + "&connect_timeout=5&request_timeout=20&retries=5"
+    command = [MPIEXEC, "-prepend-rank", "-n", "2", sys.executable, str(SHARDED), "--storage", uri,
+               "--epochs", "3", "--shard-floats", SHARD]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while (m := read_manifest(server[0], "stall/exp")) is None or m.latest is None:
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0]
+            time.sleep(0.05)
+        os.killpg(server[0].process.pid, signal.SIGSTOP)
+        time.sleep(3)
+        os.killpg(server[0].process.pid, signal.SIGCONT)
+        output, _ = process.communicate(timeout=180)
+    finally:
+        os.killpg(server[0].process.pid, signal.SIGCONT)
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 0 and "FINAL" in output, output
+    assert read_manifest(server[0], "stall/exp").latest.directory == "checkpoint_000002"

@@ -24,7 +24,7 @@ NO_AMBIENT_CREDENTIALS = {"AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE"
 
 def plain_uri(s3, path: str) -> str:
     """An s3:// URI without credentials: they must come from elsewhere."""
-    return f"s3://{BUCKET}/{path}?endpoint_override={s3.endpoint}&scheme=http"
+    return f"s3://{BUCKET}/{path}?endpoint_override={s3.endpoint}&scheme=http&region=us-east-1"
 
 
 def committed(s3, name: str) -> list[str]:
@@ -102,3 +102,37 @@ def test_a_checkpoint_uri_on_its_own(s3):
         assert np.load(os.path.join(d, "w.npy"))[0] == 2
     target = checkpoint.to_directory(tempfile.mkdtemp())
     assert os.listdir(target) == ["w.npy"]
+
+
+def test_hpckit_storage_names_the_default(s3):
+    env = {"HPCKIT_STORAGE": s3.uri("from-default")}
+    mpiexec(2, "--epochs", "1", script=SHARDED, env=env, timeout=90)
+    assert committed(s3, "from-default/exp") == ["checkpoint_000000"]
+
+
+def test_no_secret_reaches_anything_hpckit_writes_or_prints(s3, tmp_path):
+    """Everything stored under the experiment, its mirror, its artifacts and the output of
+    every rank, grepped for the secret."""
+    uri = s3.uri("secrets")
+    out = mpiexec(3, "--storage", uri, "--epochs", "3", "--artifacts", "all", "--mirror",
+                  str(tmp_path / "mirror"), "--sync-period", "0", script=SHARDED, timeout=120)
+    fs = s3.filesystem()
+    stored = [i.path for i in fs.get_file_info(pyarrow.fs.FileSelector(f"{BUCKET}/secrets",
+                                                                         recursive=True))
+              if i.type == pyarrow.fs.FileType.File]
+    assert any(p.endswith("manifest.json") for p in stored) and any("artifacts" in p for p in stored)
+    texts = {p: fs.open_input_stream(p).read() for p in stored}
+    texts.update({str(p): p.read_bytes() for p in (tmp_path / "mirror").rglob("*") if p.is_file()})
+    texts["output"] = out.output.encode()
+    leaked = [where for where, data in texts.items() if SECRET_KEY.encode() in data]
+    assert not leaked, f"the secret leaked into {leaked}"
+    assert "***@" in out.output and "***@" in texts[f"{BUCKET}/secrets/exp/manifest.json"].decode()
+
+
+def test_a_session_token_in_the_uri_is_used_and_never_shown():
+    from hpckit._uri import redact, resolve
+
+    uri = "s3://bucket/p?endpoint_override=127.0.0.1:1&scheme=http&session_token=tok-secret-42"
+    location = resolve(uri)
+    assert location.filesystem.__reduce__()[1][0]["session_token"] == "tok-secret-42"
+    assert "tok-secret-42" not in location.display + repr(Checkpoint(uri)) + redact(uri)

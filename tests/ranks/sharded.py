@@ -62,7 +62,7 @@ def train_loop(config: dict) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--storage", required=True)
+    p.add_argument("--storage", default=None, help="default: $HPCKIT_STORAGE")
     p.add_argument("--name", default="exp")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--epoch-seconds", type=float, default=0.0)
