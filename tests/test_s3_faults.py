@@ -49,6 +49,13 @@ def read_manifest(server, name: str) -> Manifest | None:
         return Manifest.from_json(f.read(), path)
 
 
+def wait_for_a_commit(server, name: str, process: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 120
+    while (m := read_manifest(server, name)) is None or m.latest is None:
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0]
+        time.sleep(0.05)
+
+
 def test_a_server_killed_mid_upload_fails_every_rank_and_the_run_resumes(server, tmp_path):
     uri = server[0].uri("runs") + FAST_FAILING
     args = ["--epochs", "4", "--keep", "10", "--shard-floats", SHARD]
@@ -57,10 +64,7 @@ def test_a_server_killed_mid_upload_fails_every_rank_and_the_run_resumes(server,
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
-        while (m := read_manifest(server[0], "runs/exp")) is None or m.latest is None:
-            assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0]
-            time.sleep(0.05)
+        wait_for_a_commit(server[0], "runs/exp", process)
         time.sleep(0.1)  # the next checkpoint's 48 MiB are on their way
         server[0].kill()
         killed = time.monotonic()
@@ -107,10 +111,7 @@ def test_a_server_that_stalls_briefly_is_waited_for(server, tmp_path):
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
-        while (m := read_manifest(server[0], "stall/exp")) is None or m.latest is None:
-            assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0]
-            time.sleep(0.05)
+        wait_for_a_commit(server[0], "stall/exp", process)
         os.killpg(server[0].process.pid, signal.SIGSTOP)
         time.sleep(3)
         os.killpg(server[0].process.pid, signal.SIGCONT)

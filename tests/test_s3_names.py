@@ -132,7 +132,7 @@ def test_no_secret_reaches_anything_hpckit_writes_or_prints(s3, tmp_path):
 def test_a_session_token_in_the_uri_is_used_and_never_shown():
     from hpckit._uri import redact, resolve
 
-    uri = "s3://bucket/p?endpoint_override=127.0.0.1:1&scheme=http&session_token=tok-secret-42"
+    uri = "s3://AK:SK@bucket/p?endpoint_override=127.0.0.1:1&scheme=http&session_token=tok-secret-42"
     location = resolve(uri)
     assert location.filesystem.__reduce__()[1][0]["session_token"] == "tok-secret-42"
     assert "tok-secret-42" not in location.display + repr(Checkpoint(uri)) + redact(uri)
