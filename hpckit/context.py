@@ -7,6 +7,7 @@ from typing import Any
 
 from hpckit._comm import Topology
 from hpckit._uri import Location
+from hpckit.errors import HpckitError
 
 __all__ = ["TrainContext"]
 
@@ -64,7 +65,7 @@ class TrainContext:
         ``SyncConfig(sync_artifacts=True)`` its files are persisted to
         ``{experiment}/artifacts/rank-N/`` at every report; it is removed when the run ends."""
         if self._artifacts is None:
-            raise RuntimeError("get_artifact_dir() is available inside a training run")
+            raise HpckitError("get_artifact_dir() is available inside a training run only.")
         directory: str = self._artifacts.directory
         return directory
 

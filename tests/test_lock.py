@@ -115,3 +115,17 @@ def test_a_bad_stale_time_is_refused(tmp_path, value):
 
     with pytest.raises(ConfigError, match=f"HPCKIT_LOCK_STALE_SECONDS={value!r}"):
         Lock.acquire(resolve(str(tmp_path)), Environment.read({"HPCKIT_LOCK_STALE_SECONDS": value}))
+
+
+def test_gc_refuses_an_experiment_a_live_run_holds(tmp_path):
+    from click.testing import CliRunner
+
+    from hpckit import DataParallelTrainer, RunConfig
+    from hpckit.cli import main
+
+    DataParallelTrainer(lambda: None, run_config=RunConfig(name="exp", storage_path=str(tmp_path))).fit()
+    write_lock(tmp_path / "exp", "node-elsewhere", refreshed_ago=1)
+    refused = CliRunner().invoke(main, ["gc", "--keep", "1", str(tmp_path / "exp")])
+    assert refused.exit_code != 0 and "in use by a run (host node-elsewhere, pid 1, Slurm job 77" \
+        in refused.output, refused.output
+    assert CliRunner().invoke(main, ["gc", "--keep", "1", "--force", str(tmp_path / "exp")]).exit_code == 0

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import click
 import pyarrow.fs
 
-from hpckit import _experiment, _retention, _storage, _transfer
+from hpckit import _experiment, _lock, _retention, _storage, _transfer
+from hpckit._env import Environment
 from hpckit._manifest import is_checkpoint_dirname
 from hpckit._uri import resolve
 from hpckit.cli import _open, _record, main
@@ -17,7 +20,7 @@ from hpckit.errors import HpckitError
 @click.option("--keep", type=click.IntRange(min=1), default=None,
               help="Keep this many checkpoints (best by the retention score, else most recent).")
 @click.option("--dry-run", is_flag=True, help="Print what would be removed; remove nothing.")
-@click.option("--force", is_flag=True, help="Run even though the experiment looks running.")
+@click.option("--force", is_flag=True, help="Run even though a live run seems to hold the experiment.")
 def gc(experiment: str, keep: int | None, dry_run: bool, force: bool) -> None:
     """Apply a retention policy to EXPERIMENT after the fact, and remove leftovers that no
     manifest names. The latest committed checkpoint is never deleted.
@@ -25,6 +28,11 @@ def gc(experiment: str, keep: int | None, dry_run: bool, force: bool) -> None:
     Example: hpckit gc /lustre/me/runs/resnet --keep 2 --dry-run
     """
     location, manifest = _open(experiment)
+    holder = _lock.read(location.join(_lock.LOCK_NAME))
+    if holder is not None and not force and holder.stale(
+            time.time(), _lock.stale_after(Environment.read())) is None:
+        raise click.UsageError(f"{location.display} is in use by a run ({holder.describe()}); "
+                               "wait for it to end, or pass --force if it is dead.")
     last = manifest.attempts[-1] if manifest.attempts else {}
     if last.get("status") == "running" and not force:
         raise click.UsageError(f"{location.display} looks running (attempt {last.get('attempt')} "
