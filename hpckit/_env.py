@@ -20,6 +20,7 @@ _VARIABLES = {
     "attempt": "HPCKIT_ATTEMPT",
     "stop_signal": "HPCKIT_STOP_SIGNAL",
     "fault": "HPCKIT_FAULT",
+    "tensorboard": "HPCKIT_TENSORBOARD",
     "run_id": "HPCKIT_RUN_ID",
     "lock_stale_seconds": "HPCKIT_LOCK_STALE_SECONDS",
     "pmi_size": "PMI_SIZE",
@@ -49,6 +50,7 @@ class Environment:
     attempt: str | None = None
     stop_signal: str | None = None
     fault: str | None = None
+    tensorboard: str | None = None
     run_id: str | None = None
     lock_stale_seconds: str | None = None
     pmi_size: str | None = None

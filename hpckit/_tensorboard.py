@@ -41,7 +41,9 @@ class Scalars:
 
     @classmethod
     def open(cls, experiment: Location) -> Scalars | None:
-        if not _installed():
+        """A writer, or None when tensorboard is not installed or ``HPCKIT_TENSORBOARD=0``
+        turns it off (its import costs rank 0 about half a second at start)."""
+        if Environment.read().tensorboard in ("0", "false", "no", "off") or not _installed():
             return None
         # tensorboard's own writer, not torch's: a run without torch must not import it.
         from tensorboard.summary.writer.event_file_writer import EventFileWriter

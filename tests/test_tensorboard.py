@@ -60,3 +60,11 @@ def test_events_of_an_s3_experiment_land_in_its_directory(s3, tmp_path):
     events = EventAccumulator(str(tmp_path / "events"))
     events.Reload()
     assert [round(e.value, 3) for e in events.Scalars("val/acc")] == [0.1, 0.5, 0.75]
+
+
+def test_hpckit_tensorboard_0_turns_the_events_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("HPCKIT_TENSORBOARD", "0")
+    hpckit.DataParallelTrainer(lambda: hpckit.report({"loss": 1.0}),
+                               run_config=RunConfig(name="quiet", storage_path=str(tmp_path))).fit()
+    assert (tmp_path / "quiet" / "metrics.jsonl").exists()
+    assert not (tmp_path / "quiet" / "tensorboard").exists()
