@@ -9,7 +9,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpckit import _verify
+import pyarrow.fs
+
+from hpckit import _storage, _verify
 from hpckit._manifest import MANIFEST_NAME, Manifest, is_checkpoint_dirname
 from hpckit._uri import resolve
 
@@ -26,15 +28,15 @@ class State:
     temp_files: list[str] = field(default_factory=list)
 
 
-def check_experiment(experiment: Path, before: State | None) -> State:
+def check_experiment(experiment: Path | str, before: State | None) -> State:
     """The manifest parses; every checkpoint it names is complete (sizes and sha256); nothing
-    committed before was lost (the latest only moves forward)."""
-    path = experiment / MANIFEST_NAME
-    if not path.exists():
+    committed before was lost (the latest only moves forward). ``experiment`` is a local
+    directory or a URI."""
+    location = resolve(str(experiment))
+    if _storage.file_type(location.join(MANIFEST_NAME)) == pyarrow.fs.FileType.NotFound:
         assert before is None or before.latest is None, f"the manifest vanished after {before}"
         return State(None, [])
-    manifest = Manifest.from_json(path.read_bytes(), str(path))
-    location = resolve(str(experiment))
+    manifest = Manifest.from_json(_storage.read_bytes(location.join(MANIFEST_NAME)), str(experiment))
     for record in manifest.checkpoints:
         problems = _verify.verify(location, record)
         assert not problems, f"{record.directory} is named by the manifest but damaged: {problems}"
@@ -43,7 +45,7 @@ def check_experiment(experiment: Path, before: State | None) -> State:
         assert latest is not None and latest >= before.latest, \
             f"committed {before.latest} was lost: the manifest's latest is now {latest}"
     named = {r.directory for r in manifest.checkpoints}
-    entries = sorted(p.name for p in experiment.iterdir())
+    entries = sorted(i.base_name for i in _storage.list_dir(location))
     return State(latest, sorted(named),
                  [n for n in entries if is_checkpoint_dirname(n) and n not in named],
                  [n for n in entries if n.startswith(f".{MANIFEST_NAME}.tmp-")])

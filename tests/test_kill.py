@@ -22,7 +22,9 @@ import pytest
 import reliability
 from conftest import HERE, MPIEXEC, Run, mpiexec
 
+from hpckit import _storage
 from hpckit._faults import PHASES
+from hpckit._uri import resolve
 
 SHARDED = HERE / "ranks" / "sharded.py"
 RANKS = 3
@@ -37,16 +39,16 @@ OCCURRENCES = {"writing": (1, 3), "written": (1, 2), "gathered": (1, 2), "commit
                "evicting": (1, 4, 9)}
 
 
-def args(storage: Path, epochs: int) -> list[str]:
+def args(storage: Path | str, epochs: int) -> list[str]:
     return ["--storage", str(storage), "--epochs", str(epochs), "--shard-floats", SHARD]
 
 
-def finished(storage: Path, epochs: int, run: Run) -> tuple[list[str], list[tuple[int, float]]]:
+def finished(experiment: str, epochs: int, run: Run) -> tuple[list[str], list[tuple[int, float]]]:
     """The final shards' digests and the (step, loss) history of a run that finished."""
     line = run.line("FINAL")
     assert line is not None, f"the run did not finish:\n{run.output}"
-    metrics = [json.loads(l) for l in (storage / "exp" / "metrics.jsonl").read_text().splitlines()]
-    history = [(m["step"], m["metrics"]["loss"]) for m in metrics]
+    text = _storage.read_bytes(resolve(experiment).join("metrics.jsonl")).decode()
+    history = [(m["step"], m["metrics"]["loss"]) for m in map(json.loads, text.splitlines())]
     assert [s for s, _ in history] == list(range(epochs)), f"steps are missing or repeated: {history}"
     return json.loads(line)["shards"], history
 
@@ -60,7 +62,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory):
     def of(epochs: int) -> tuple[list[str], list[tuple[int, float]]]:
         if epochs not in _references:
             storage = tmp_path_factory.mktemp("reference")
-            _references[epochs] = finished(storage, epochs, mpiexec(
+            _references[epochs] = finished(str(storage / "exp"), epochs, mpiexec(
                 RANKS, *args(storage, epochs), script=SHARDED, env=QUICK, timeout=120))
         return _references[epochs]
     return of
@@ -88,34 +90,56 @@ def fault_for(phase: str, trial: int) -> tuple[str, str]:
     return spec, "whole job" if whole else f"rank {rank}"
 
 
-@pytest.mark.parametrize("phase", PHASES)
-def test_sigkill_at_each_commit_phase_loses_nothing(phase, tmp_path, reference):
-    experiment = tmp_path / "exp"
-    state = reliability.State(None, [])
-    for trial in range(TRIALS):
-        spec, victim = fault_for(phase, trial)
-        run = mpiexec(RANKS, *args(tmp_path, PHASE_EPOCHS), script=SHARDED, expect=None,
-                      env={**QUICK, "HPCKIT_FAULT": spec}, timeout=60)
-        assert run.returncode != 0 and run.line("FINAL") is None, \
-            f"trial {trial}: fault {spec} never fired:\n{run.output}"
-        check_resumed(run, state)
-        after = reliability.check_experiment(experiment, state)
-        in_flight = max(after.leftovers + after.committed, default=None)
-        if phase in BEFORE_COMMIT:
-            assert in_flight is not None and in_flight not in after.committed, \
-                f"trial {trial} ({spec}): a checkpoint killed before its commit is visible: {after}"
-            outcome = "in-flight checkpoint discarded"
-        else:
-            assert in_flight == after.latest and after.latest != state.latest, \
-                f"trial {trial} ({spec}): the manifest was replaced but {after} lacks it"
-            outcome = "in-flight checkpoint kept"
-        reliability.record("SIGKILL at a hook", f"{phase}", outcome, victim=victim, lost=0)
-        state = after
-    run = mpiexec(RANKS, *args(tmp_path, PHASE_EPOCHS), script=SHARDED, env=QUICK, timeout=120)
+def kill_trial(storage: str, experiment: str, phase: str, trial: int, state: reliability.State,
+               suite: str) -> reliability.State:
+    """One run killed at ``phase``; checks what it left and that it resumed right."""
+    spec, victim = fault_for(phase, trial)
+    run = mpiexec(RANKS, *args(storage, PHASE_EPOCHS), script=SHARDED, expect=None,
+                  env={**QUICK, "HPCKIT_FAULT": spec}, timeout=90)
+    assert run.returncode != 0 and run.line("FINAL") is None, \
+        f"trial {trial}: fault {spec} never fired:\n{run.output}"
     check_resumed(run, state)
-    assert finished(tmp_path, PHASE_EPOCHS, run) == reference(PHASE_EPOCHS)
+    after = reliability.check_experiment(experiment, state)
+    in_flight = max(after.leftovers + after.committed, default=None)
+    if phase in BEFORE_COMMIT:
+        assert in_flight is not None and in_flight not in after.committed, \
+            f"trial {trial} ({spec}): a checkpoint killed before its commit is visible: {after}"
+        outcome = "in-flight checkpoint discarded"
+    else:
+        assert in_flight == after.latest and after.latest != state.latest, \
+            f"trial {trial} ({spec}): the manifest was replaced but {after} lacks it"
+        outcome = "in-flight checkpoint kept"
+    reliability.record(suite, phase, outcome, victim=victim, lost=0)
+    return after
+
+
+def finish_chain(storage: str, experiment: str, state: reliability.State, reference) -> None:
+    """The run that completes a chain: resumed right, and equal to an uninterrupted one."""
+    run = mpiexec(RANKS, *args(storage, PHASE_EPOCHS), script=SHARDED, env=QUICK, timeout=180)
+    check_resumed(run, state)
+    assert finished(experiment, PHASE_EPOCHS, run) == reference(PHASE_EPOCHS)
     end = reliability.check_experiment(experiment, state)
     assert not end.leftovers and not end.temp_files and len(end.committed) == 2, end
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_sigkill_at_each_commit_phase_loses_nothing(phase, tmp_path, reference):
+    state = reliability.State(None, [])
+    for trial in range(TRIALS):
+        state = kill_trial(str(tmp_path), str(tmp_path / "exp"), phase, trial, state,
+                           "SIGKILL at a hook")
+    finish_chain(str(tmp_path), str(tmp_path / "exp"), state, reference)
+
+
+def test_sigkill_at_every_phase_on_s3_loses_nothing(s3, tmp_path, reference):
+    """The same checks with the experiment on the S3 server: four trials per phase."""
+    storage = s3.uri(f"kill-{tmp_path.name}")
+    experiment = storage.replace("?", "/exp?", 1)
+    state = reliability.State(None, [])
+    for trial in range(TRIALS):
+        state = kill_trial(storage, experiment, PHASES[trial % len(PHASES)],
+                           trial // len(PHASES), state, "SIGKILL at a hook, on S3")
+    finish_chain(storage, experiment, state, reference)
 
 
 def test_sigkill_at_random_times_loses_nothing(tmp_path, reference):
@@ -154,6 +178,6 @@ def test_sigkill_at_random_times_loses_nothing(tmp_path, reference):
         state = after
     run = mpiexec(RANKS, *args(tmp_path, RANDOM_EPOCHS), script=SHARDED, env=QUICK, timeout=120)
     check_resumed(run, state)
-    assert finished(tmp_path, RANDOM_EPOCHS, run) == reference(RANDOM_EPOCHS)
+    assert finished(str(experiment), RANDOM_EPOCHS, run) == reference(RANDOM_EPOCHS)
     end = reliability.check_experiment(experiment, state)
     assert not end.leftovers and not end.temp_files, end
