@@ -38,14 +38,19 @@ def read_manifest(experiment: Location) -> Manifest | None:
     return Manifest.from_json(_storage.read_bytes(location), location.display)
 
 
-def preflight(root: Location, name: str) -> Manifest | None:
-    """Checks that need no ranks: root usable, experiment directory creatable, manifest sane."""
+def prepare(root: Location, name: str) -> Location:
+    """The experiment directory, created: the root must be usable and the path not a file."""
     check_root(root)
     experiment = root.join(name)
     if _storage.file_type(experiment) == _FT.File:
         raise StorageError(f"experiment path {experiment.display} is a file; choose another name.")
     _storage.make_dir(experiment)
-    return read_manifest(experiment)
+    return experiment
+
+
+def preflight(root: Location, name: str) -> Manifest | None:
+    """Checks that need no ranks: root usable, experiment directory creatable, manifest sane."""
+    return read_manifest(prepare(root, name))
 
 
 def list_experiments(root: Location) -> list[tuple[str, Manifest | None]]:
@@ -132,8 +137,7 @@ class MetricsLog:
             log.info("metrics.jsonl: dropped %d line(s) reported after the last committed "
                      "checkpoint; those steps run again", dropped)
         restored = latest is not None and latest.step not in steps
-        if restored:
-            assert latest is not None
+        if latest is not None and restored:
             log.info("metrics.jsonl: restored the line of step %d from the manifest (the run "
                      "ended between committing %s and logging it)", latest.step, latest.directory)
             kept.append(_line(latest.step, latest.reported_at, latest.metrics, latest.directory))

@@ -23,6 +23,8 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import NoReturn
 
+import pyarrow.fs
+
 from hpckit import _storage
 from hpckit._env import Environment, variable
 from hpckit._log import log
@@ -157,8 +159,6 @@ class Lock:
 
 
 def read(location: Location) -> Holder | None:
-    import pyarrow.fs
-
     if _storage.file_type(location) == pyarrow.fs.FileType.NotFound:
         return None
     try:

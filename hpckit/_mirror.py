@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import pyarrow.fs
 
-from hpckit import _storage
+from hpckit import _experiment, _storage
 from hpckit._log import log
 from hpckit._manifest import MANIFEST_NAME, METRICS_NAME, Manifest, is_checkpoint_dirname
 from hpckit._uri import Location, redact, resolve
@@ -98,7 +98,7 @@ class Mirror:
         _storage.make_dir(target)
         present = {i.base_name for i in _storage.list_dir(target)
                    if i.type == pyarrow.fs.FileType.Directory}
-        mirrored = _read_manifest(target)
+        mirrored = _experiment.read_manifest(target)
         complete = {r.directory for r in mirrored.checkpoints} & present if mirrored else set()
         for record in manifest.checkpoints:
             if record.directory in complete:
@@ -115,13 +115,6 @@ class Mirror:
         for name in present - kept:
             if is_checkpoint_dirname(name):
                 _storage.delete_dir(target.join(name))
-
-
-def _read_manifest(target: Location) -> Manifest | None:
-    location = target.join(MANIFEST_NAME)
-    if _storage.file_type(location) != pyarrow.fs.FileType.File:
-        return None
-    return Manifest.from_json(_storage.read_bytes(location), location.display)
 
 
 def _copy_file(source: Location, target: Location) -> None:

@@ -218,11 +218,10 @@ class DataParallelTrainer:
     def _open_experiment(self, root: Location, name: str, world_size: int, env: Environment,
                          attempt: int) -> tuple[Manifest, _experiment.MetricsLog, _lock.Lock, _Start]:
         """Rank 0: lock the experiment, create or resume it, and record this attempt."""
-        manifest = _experiment.preflight(root, name)
-        experiment = root.join(name)
+        experiment = _experiment.prepare(root, name)
         lock = _lock.Lock.acquire(experiment, env)
         try:
-            manifest = _experiment.read_manifest(experiment)  # as the lock's holder sees it
+            manifest = _experiment.read_manifest(experiment)  # read once the lock is ours
             manifest, metrics, start = self._begin(experiment, manifest, name, world_size, env, attempt)
             return manifest, metrics, lock, start
         except BaseException:

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 from s3_server import BUCKET
 
@@ -18,7 +17,9 @@ with Checkpoint(sys.argv[1]).as_directory() as d:
     inode = os.stat(os.path.join(d, "model.bin")).st_ino
     size = os.path.getsize(os.path.join(d, "model.bin"))
     print("DIR", d, inode, size, flush=True)
-    time.sleep(float(sys.argv[2]))
+    deadline = time.monotonic() + 60
+    while not os.path.exists(sys.argv[2]) and time.monotonic() < deadline:
+        time.sleep(0.01)  # hold the copy until the test releases every reader
 """
 
 
@@ -28,19 +29,29 @@ def put_checkpoint(s3, name: str, size: int) -> str:
     return s3.uri(name)
 
 
-def readers(uri: str, local: str, holds: list[float]) -> list[subprocess.Popen]:
+def readers(uri: str, local: str, release: str, n: int) -> list[subprocess.Popen]:
+    """``n`` processes that open the checkpoint and hold it until ``release`` exists."""
     env = {**os.environ, "HPCKIT_LOCAL_DIR": local}
-    return [subprocess.Popen([sys.executable, "-c", READER, uri, str(hold)], env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for hold in holds]
+    return [subprocess.Popen([sys.executable, "-c", READER, uri, release], env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(n)]
+
+
+def opened(process: subprocess.Popen) -> str:
+    """The line a reader prints once it holds the checkpoint's directory."""
+    line = process.stdout.readline()
+    assert line.startswith("DIR "), f"the reader failed: {line}{process.communicate()[0]}"
+    return line
 
 
 def test_concurrent_users_share_one_download_removed_after_the_last(s3, tmp_path):
     uri = put_checkpoint(s3, "downloads/shared", 32 << 20)
-    procs = readers(uri, str(tmp_path), [1.5, 2.0, 2.5, 3.0])
+    release = tmp_path / "release"
+    procs = readers(uri, str(tmp_path), str(release), 4)
+    lines = [opened(p) for p in procs]  # all four hold the copy at once
+    release.touch()
     outputs = [p.communicate(timeout=60)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outputs
-    seen = {tuple(line.split()[1:]) for out in outputs for line in out.splitlines()
-            if line.startswith("DIR ")}
+    seen = {tuple(line.split()[1:]) for line in lines}
     assert len(seen) == 1, f"the processes did not share one copy: {seen}"
     assert next(iter(seen))[2] == str(32 << 20)
     left = [p for p in (tmp_path / "hpckit-downloads").iterdir() if p.is_dir()]
@@ -49,12 +60,12 @@ def test_concurrent_users_share_one_download_removed_after_the_last(s3, tmp_path
 
 def test_a_killed_user_does_not_keep_the_copy_alive(s3, tmp_path):
     uri = put_checkpoint(s3, "downloads/killed", 1 << 20)
-    (victim,) = readers(uri, str(tmp_path), [60])
-    while not victim.stdout.readline().startswith("DIR "):
-        assert victim.poll() is None
+    release = tmp_path / "release"
+    (victim,) = readers(uri, str(tmp_path), str(release), 1)
+    opened(victim)
     victim.send_signal(signal.SIGKILL)
     victim.wait()
-    (survivor,) = readers(uri, str(tmp_path), [0.1])
+    release.touch()
+    (survivor,) = readers(uri, str(tmp_path), str(release), 1)
     assert survivor.communicate(timeout=60)[0].startswith("DIR ")
-    time.sleep(0.1)
     assert not any(p.is_dir() for p in (tmp_path / "hpckit-downloads").iterdir())
