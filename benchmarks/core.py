@@ -116,9 +116,11 @@ def run_all(storage: str, quick: bool) -> None:
 
 def bench_verify(storage: str, mib: int, files: int = 4) -> None:
     """Verification on resume re-reads and hashes every file of the newest checkpoint."""
-    from hpckit import _storage, _verify
-    from hpckit._manifest import CheckpointRecord, FileRecord
-    from hpckit._uri import resolve
+    from hpckit.experiment import verify as _verify
+from hpckit.storage import copy as _copy
+from hpckit.storage import files as _storage
+    from hpckit.experiment.manifest import CheckpointRecord, FileRecord
+    from hpckit.storage.location import resolve
 
     experiment = resolve(tempfile.mkdtemp(prefix="verify-bench-", dir=storage))
     source = tempfile.mkdtemp(prefix="verify-source-", dir=storage)
@@ -129,7 +131,7 @@ def bench_verify(storage: str, mib: int, files: int = 4) -> None:
             for _ in range(mib // files // 8 or 1):
                 f.write(os.urandom(8 << 20))
         started = time.perf_counter()
-        size, digest = _storage.persist_file(path, experiment.join("checkpoint_000000", f"shard-{i}.bin"))
+        size, digest = _copy.persist_file(path, experiment.join("checkpoint_000000", f"shard-{i}.bin"))
         persist_s += time.perf_counter() - started
         records.append(FileRecord(f"shard-{i}.bin", size, 0, digest))
     record = CheckpointRecord(0, "checkpoint_000000", 0, time.time(), {}, records)

@@ -2,25 +2,25 @@
 
 from __future__ import annotations
 
-from hpckit._session import get_checkpoint, get_context, report
-from hpckit._trainer import DataParallelTrainer
 from hpckit.checkpoint import Checkpoint
 from hpckit.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig, SyncConfig
-from hpckit.context import TrainContext
 from hpckit.errors import (
-                           CheckpointError,
-                           CommitError,
-                           ConfigError,
-                           ExperimentLockedError,
-                           HpckitError,
-                           LaunchError,
-                           ManifestError,
-                           MetricsError,
-                           ReportMismatchError,
-                           StorageError,
-                           TrainingFailedError,
+    CheckpointError,
+    CommitError,
+    ConfigError,
+    ExperimentLockedError,
+    HpckitError,
+    LaunchError,
+    ManifestError,
+    MetricsError,
+    ReportMismatchError,
+    StorageError,
+    TrainingFailedError,
 )
+from hpckit.launch.trainer import DataParallelTrainer
 from hpckit.result import Result
+from hpckit.run.context import TrainContext
+from hpckit.run.session import get_checkpoint, get_context, report
 
 __version__ = "0.1.0"
 

@@ -12,10 +12,12 @@ from typing import Any
 
 import pyarrow.fs
 
-from hpckit import _downloads, _storage
-from hpckit._env import Environment
-from hpckit._uri import Location, resolve
+from hpckit import settings
 from hpckit.errors import CheckpointError
+from hpckit.storage import files
+from hpckit.storage.copy import download_dir
+from hpckit.storage.downloads import shared_copy
+from hpckit.storage.location import Location, resolve
 
 __all__ = ["Checkpoint"]
 
@@ -56,7 +58,7 @@ class Checkpoint:
     @classmethod
     def _at(cls, location: Location) -> Checkpoint:
         checkpoint = cls.__new__(cls)
-        checkpoint._location = location
+        checkpoint._location = location  # noqa: SLF001 (the class's own constructor)
         return checkpoint
 
     @property
@@ -94,7 +96,7 @@ class Checkpoint:
             yield self.path
             return
         self._require_dir()
-        with _downloads.shared_copy(self._location, _local_dir()) as directory:
+        with shared_copy(self._location, _local_dir()) as directory:
             yield directory
 
     def to_directory(self, path: str | os.PathLike[str] | None = None) -> str:
@@ -105,15 +107,16 @@ class Checkpoint:
         if self._location.is_local:
             shutil.copytree(self.path, target, dirs_exist_ok=True)
         else:
-            _storage.download_dir(self._location, target)
+            download_dir(self._location, target)
         return target
 
     def get_metadata(self) -> dict[str, Any]:
         """The checkpoint's metadata dict (``{}`` when none was set)."""
         location = self._location.join(METADATA_NAME)
-        if _storage.file_type(location) == pyarrow.fs.FileType.NotFound:
+        if files.file_type(location) == pyarrow.fs.FileType.NotFound:
             return {}
-        return json.loads(_storage.read_bytes(location))
+        metadata: dict[str, Any] = json.loads(files.read_bytes(location))
+        return metadata
 
     def set_metadata(self, metadata: dict[str, Any]) -> None:
         """Replace the metadata; it is stored as ``.metadata.json`` beside the files."""
@@ -124,14 +127,14 @@ class Checkpoint:
         except (TypeError, ValueError) as exc:
             raise CheckpointError(f"checkpoint metadata must be JSON-serialisable: {exc}.") from None
         self._require_dir()
-        _storage.write_bytes(self._location.join(METADATA_NAME), data)
+        files.write_bytes(self._location.join(METADATA_NAME), data)
 
     def update_metadata(self, metadata: dict[str, Any]) -> None:
         """Merge ``metadata`` into the existing metadata."""
         self.set_metadata({**self.get_metadata(), **metadata})
 
     def _require_dir(self) -> None:
-        kind = _storage.file_type(self._location)
+        kind = files.file_type(self._location)
         if kind == pyarrow.fs.FileType.File:
             raise CheckpointError(f"checkpoint {self.uri} is a file; a checkpoint is a directory.")
         if kind == pyarrow.fs.FileType.NotFound and self._location.is_local:
@@ -139,4 +142,4 @@ class Checkpoint:
 
 
 def _local_dir() -> str | None:
-    return Environment.read().local_dir
+    return settings.current().local_dir

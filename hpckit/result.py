@@ -9,11 +9,13 @@ from typing import Any
 import pyarrow
 import pyarrow.fs
 
-from hpckit import _experiment, _retention
-from hpckit._manifest import Manifest
-from hpckit._uri import Location, resolve
 from hpckit.checkpoint import Checkpoint
-from hpckit.errors import ConfigError, ManifestError
+from hpckit.errors import ConfigError, TrainingFailedError
+from hpckit.experiment import retention as _retention
+from hpckit.experiment.attempts import AttemptStatus
+from hpckit.experiment.manifest import Manifest
+from hpckit.experiment.reading import read_metrics, require_manifest
+from hpckit.storage.location import Location, resolve
 
 __all__ = ["Result"]
 
@@ -36,13 +38,11 @@ class Result:
     def from_path(cls, path: str | os.PathLike[str],
                   storage_filesystem: pyarrow.fs.FileSystem | None = None) -> Result:
         """Read an experiment directory (local or remote) written by an earlier run."""
-        experiment = resolve(path, storage_filesystem)
-        manifest = _experiment.read_manifest(experiment)
-        if manifest is None:
-            raise ManifestError(
-                f"{experiment.display} has no manifest.json: it is not an hpckit experiment "
-                "directory (pass {storage_path}/{name}).")
-        return cls._build(experiment, manifest, _experiment.read_metrics(experiment))
+        return cls._read(resolve(path, storage_filesystem))
+
+    @classmethod
+    def _read(cls, experiment: Location) -> Result:
+        return cls._build(experiment, require_manifest(experiment), read_metrics(experiment))
 
     @classmethod
     def _build(cls, experiment: Location, manifest: Manifest,
@@ -54,7 +54,7 @@ class Result:
             metrics=last,
             checkpoint=Checkpoint._at(experiment.join(latest.directory)) if latest else None,
             best_checkpoints=[(Checkpoint._at(experiment.join(r.directory)), r.metrics) for r in ranked],
-            path=experiment.display, filesystem=experiment.filesystem,
+            path=experiment.path, filesystem=experiment.filesystem,
             metrics_history=[entry["metrics"] for entry in history],
             error=_attempt_error(manifest), _location=experiment, _manifest=manifest)
 
@@ -63,7 +63,7 @@ class Result:
         """Every report as a row (step, time, checkpoint, then each metric; nested metrics
         flattened as ``a/b``). ``.to_pandas()`` gives a pandas DataFrame where pandas is
         installed."""
-        entries = (_experiment.read_metrics(self._location) if self._location is not None
+        entries = (read_metrics(self._location) if self._location is not None
                    else [{"metrics": m} for m in self.metrics_history])
         rows = [{**{k: e[k] for k in ("step", "time", "checkpoint") if k in e},
                  **_flatten(e["metrics"])} for e in entries]
@@ -94,9 +94,7 @@ def _flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _attempt_error(manifest: Manifest) -> BaseException | None:
-    last = manifest.attempts[-1] if manifest.attempts else {}
-    if last.get("status") == "failed":
-        from hpckit.errors import TrainingFailedError
-
-        return TrainingFailedError(last.get("error") or "the last attempt failed")
+    last = manifest.last_attempt
+    if last is not None and last.status is AttemptStatus.FAILED:
+        return TrainingFailedError(last.error or "the last attempt failed")
     return None

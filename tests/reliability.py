@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pyarrow.fs
 
-from hpckit import _storage, _verify
-from hpckit._manifest import MANIFEST_NAME, Manifest, is_checkpoint_dirname
-from hpckit._uri import resolve
+from hpckit.experiment import verify as _verify
+from hpckit.storage import copy as _copy
+from hpckit.storage import files as _storage
+from hpckit.experiment.manifest import MANIFEST_NAME, Manifest, is_checkpoint_dirname
+from hpckit.storage.location import resolve
 
 TRIALS: list[dict] = []
 

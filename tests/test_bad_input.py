@@ -169,7 +169,7 @@ def test_api_outside_a_training_run(call):
 
 
 def test_metrics_errors_are_typed():
-    from hpckit._metrics import to_json_metrics
+    from hpckit.experiment.values import to_json_metrics
 
     with pytest.raises(MetricsError):
         to_json_metrics({"x": object()})

@@ -14,11 +14,11 @@ from click.testing import CliRunner
 import hpckit
 from hpckit import (Checkpoint, CheckpointConfig, DataParallelTrainer, FailureConfig, HpckitError,
                     Result, RunConfig, ScalingConfig)
-from hpckit._env import Environment
-from hpckit._faults import Fault
-from hpckit._lock import stale_after
-from hpckit._stop import parse_signal
-from hpckit._trainer import _check_world
+from hpckit.settings import Settings
+
+
+
+from hpckit.run.ranks import check_world as _check_world
 from hpckit.cli import main
 from hpckit.torch import load_state
 
@@ -66,8 +66,8 @@ CASES = [
     (lambda e: RunConfig(storage_path=b"/tmp"), "storage_path=b'/tmp'"),
     (lambda e: RunConfig(checkpoint_config={"num_to_keep": 1}), "checkpoint_config={'num_to_keep': 1}"),
     # world sizes
-    (lambda e: _check_world(2, 3, Environment()), "num_workers=3) but 2 rank(s)"),
-    (lambda e: _check_world(2, 2, Environment(pmi_size="4")), "started 4 tasks but MPI sees a world of 2"),
+    (lambda e: _check_world(2, 3, Settings()), "num_workers=3) but 2 rank(s)"),
+    (lambda e: _check_world(2, 2, Settings(pmi_size="4")), "started 4 tasks but MPI sees a world of 2"),
     # paths and URIs
     (lambda e: Checkpoint(""), "path=''"),
     (lambda e: Checkpoint.from_directory(e.parent / "absent"), "absent"),
@@ -83,9 +83,9 @@ CASES = [
     (lambda e: report_in_a_run(e.parent, {"loss": object()}), "metric 'loss'"),
     (lambda e: report_in_a_run(e.parent, {"t": torch.ones(3)}), "metric 't'"),
     # environment and signals
-    (lambda e: parse_signal("SIGFOO"), "HPCKIT_STOP_SIGNAL='SIGFOO'"),
-    (lambda e: Fault.parse("written:x:1"), "HPCKIT_FAULT='written:x:1'"),
-    (lambda e: stale_after(Environment(lock_stale_seconds="never")), "HPCKIT_LOCK_STALE_SECONDS='never'"),
+    (lambda e: Settings.read({"HPCKIT_STOP_SIGNAL": "SIGFOO"}), "HPCKIT_STOP_SIGNAL='SIGFOO'"),
+    (lambda e: Settings.read({"HPCKIT_FAULT": "written:x:1"}), "HPCKIT_FAULT='written:x:1'"),
+    (lambda e: Settings.read({"HPCKIT_LOCK_STALE_SECONDS": "never"}), "HPCKIT_LOCK_STALE_SECONDS='never'"),
     # the command line
     (cli("run", "-n", "0", "train.py"), "0 is not in the range"),
     (cli("resume", E, "-n", "-3"), "-3 is not in the range"),

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 import hpckit
 from hpckit import Checkpoint, CheckpointConfig, RunConfig
-from hpckit._uri import parent
+from hpckit.storage.uris import parent
 from hpckit.cli import main
 from hpckit.torch import TorchTrainer
 

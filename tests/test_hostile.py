@@ -12,7 +12,7 @@ import shutil
 import pytest
 from conftest import HERE, HPCKIT, checkpoint_dirs, mpiexec, run
 
-from hpckit._commit import _assign_writers
+from hpckit.run.plan import assign_writers as _assign_writers
 from hpckit.errors import CheckpointError
 
 SHARDED = HERE / "ranks" / "sharded.py"

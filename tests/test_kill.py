@@ -22,9 +22,10 @@ import pytest
 import reliability
 from conftest import HERE, MPIEXEC, Run, mpiexec
 
-from hpckit import _storage
-from hpckit._faults import PHASES
-from hpckit._uri import resolve
+from hpckit.storage import copy as _copy
+from hpckit.storage import files as _storage
+from hpckit.faults import PHASES
+from hpckit.storage.location import resolve
 
 SHARDED = HERE / "ranks" / "sharded.py"
 RANKS = 3

@@ -15,9 +15,9 @@ import pytest
 from conftest import HERE, MPIEXEC, mpiexec
 
 from hpckit import ExperimentLockedError
-from hpckit._env import Environment
-from hpckit._lock import LOCK_NAME, Lock
-from hpckit._uri import resolve
+from hpckit.settings import Settings
+from hpckit.experiment.lock import LOCK_NAME, Lock
+from hpckit.storage.location import resolve
 
 SHARDED = HERE / "ranks" / "sharded.py"
 
@@ -82,7 +82,7 @@ def write_lock(experiment, host: str, refreshed_ago: float) -> None:
 
 def test_a_lock_from_another_host_is_stale_only_once_it_stops_being_refreshed(tmp_path, caplog):
     experiment = tmp_path / "exp"
-    env = Environment.read({"HPCKIT_LOCK_STALE_SECONDS": "60"})
+    env = Settings.read({"HPCKIT_LOCK_STALE_SECONDS": "60"})
     write_lock(experiment, "node-elsewhere", refreshed_ago=5)
     with pytest.raises(ExperimentLockedError, match="host node-elsewhere, pid 1, Slurm job 77"):
         Lock.acquire(resolve(str(experiment)), env)
@@ -97,7 +97,7 @@ def test_a_lock_from_another_host_is_stale_only_once_it_stops_being_refreshed(tm
 def test_the_lock_is_refreshed_while_held_and_a_later_attempt_of_the_run_takes_it(tmp_path):
     experiment = resolve(str(tmp_path / "exp"))
     os.makedirs(experiment.path)
-    env = Environment.read({"HPCKIT_LOCK_STALE_SECONDS": "5", "HPCKIT_RUN_ID": "run-1"})
+    env = Settings.read({"HPCKIT_LOCK_STALE_SECONDS": "5", "HPCKIT_RUN_ID": "run-1"})
     lock = Lock.acquire(experiment, env)
     first = json.loads((tmp_path / "exp" / LOCK_NAME).read_text())["refreshed_at"]
     deadline = time.monotonic() + 10  # it refreshes every 1 s (a fifth of 5 s)
@@ -115,7 +115,7 @@ def test_a_bad_stale_time_is_refused(tmp_path, value):
     from hpckit.errors import ConfigError
 
     with pytest.raises(ConfigError, match=f"HPCKIT_LOCK_STALE_SECONDS={value!r}"):
-        Lock.acquire(resolve(str(tmp_path)), Environment.read({"HPCKIT_LOCK_STALE_SECONDS": value}))
+        Lock.acquire(resolve(str(tmp_path)), Settings.read({"HPCKIT_LOCK_STALE_SECONDS": value}))
 
 
 def test_gc_refuses_an_experiment_a_live_run_holds(tmp_path):

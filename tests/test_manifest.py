@@ -6,15 +6,16 @@ import json
 
 import pytest
 
-from hpckit._manifest import (CheckpointRecord, FileRecord, Manifest, is_safe_relpath)
+from hpckit.experiment.manifest import (CheckpointRecord, FileRecord, Manifest, is_safe_relpath)
 from hpckit.errors import ManifestError
+from hpckit.experiment.attempts import Attempt, AttemptStatus
 
 
 def sample() -> Manifest:
     rec = CheckpointRecord(3, "checkpoint_000003", 7, 1.5, {"loss": 0.25},
-                           [FileRecord("model-rank=1.pt", 10, 1, "ab" * 32)])
+                           (FileRecord("model-rank=1.pt", 10, 1, "ab" * 32),))
     return Manifest("exp", 4, {"argv": ["train.py"]}, {"a": 1}, {"num_to_keep": 2}, 1.0,
-                    [rec], 4, 8, [{"attempt": 0, "status": "finished"}])
+                    (rec,), 4, 8, (Attempt(0, AttemptStatus.FINISHED, 1.0, 4, "mpiexec"),))
 
 
 def test_round_trip_is_exact():

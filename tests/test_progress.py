@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from hpckit._transfer import PROGRESS_FROM
+from hpckit.storage.copy import PROGRESS_FROM
 
 
 @pytest.fixture

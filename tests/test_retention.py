@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hpckit._manifest import CheckpointRecord, checkpoint_dirname
-from hpckit._retention import rank_best_first, score_of, select_evictions
+from hpckit.experiment.manifest import CheckpointRecord, checkpoint_dirname
+from hpckit.experiment.retention import rank_best_first, score_of, select_evictions
 from hpckit.config import CheckpointConfig
 
 

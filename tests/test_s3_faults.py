@@ -19,9 +19,9 @@ import pytest
 import reliability
 from conftest import HERE, MPIEXEC, Run, mpiexec
 
-from hpckit import _verify
-from hpckit._manifest import Manifest
-from hpckit._uri import resolve
+from hpckit.experiment import verify as _verify
+from hpckit.experiment.manifest import Manifest
+from hpckit.storage.location import resolve
 
 SHARDED = HERE / "ranks" / "sharded.py"
 SHARD = str(1 << 20)  # floats per file: 8 MiB, so an upload takes a while

@@ -17,9 +17,9 @@ from hpckit import Checkpoint, RunConfig
 from hpckit.torch import TorchTrainer
 
 from conftest import HERE, HPCKIT, JOB, STEADY, final_params, manifest, metrics_lines, run
-from hpckit._slurm import job_to_requeue, render_sbatch
-from hpckit._env import Environment
-from hpckit._stop import EXIT_STOPPED, parse_signal
+from hpckit.launch.slurm import render_sbatch
+from hpckit.settings import Settings
+from hpckit.run.stop import EXIT_STOPPED
 from hpckit.errors import ConfigError
 
 
@@ -127,11 +127,14 @@ def test_sbatch_rendering_matches_the_golden_file():
     ({}, None),
 ])
 def test_requeue_target_is_array_aware(environ, expected):
-    assert job_to_requeue(Environment.read(environ)) == expected
+    assert Settings.read(environ).job_to_requeue == expected
 
 
 def test_stop_signal_names():
+    def parse_signal(name):
+        return Settings.read({"HPCKIT_STOP_SIGNAL": name} if name else {}).stop_signal
+
     assert parse_signal(None) == signal.SIGUSR2
     assert parse_signal("usr1") == signal.SIGUSR1 and parse_signal("SIGTERM") == signal.SIGTERM
-    with pytest.raises(ConfigError, match="HPCKIT_STOP_SIGNAL='USR9' is not a signal"):
+    with pytest.raises(ConfigError, match="HPCKIT_STOP_SIGNAL='USR9' is invalid: use a signal name"):
         parse_signal("USR9")

@@ -11,8 +11,10 @@ import os
 import pyarrow.fs
 import pytest
 
-from hpckit import _storage
-from hpckit._uri import resolve
+from hpckit.storage import copy as _copy
+from hpckit.storage import files as _storage
+from hpckit.errors import StorageError
+from hpckit.storage.location import resolve
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -43,17 +45,17 @@ def test_persist_hashes_what_it_stores_and_lists_and_downloads(root, tmp_path):
     source = tmp_path / "shard.pt"
     data = os.urandom(3 << 20)
     source.write_bytes(data)
-    size, digest = _storage.persist_file(str(source), root.join("checkpoint_000000/sub/shard.pt"))
+    size, digest = _copy.persist_file(str(source), root.join("checkpoint_000000/sub/shard.pt"))
     assert (size, digest) == (len(data), hashlib.sha256(data).hexdigest())
     assert _storage.list_files(root.join("checkpoint_000000")) == [("sub/shard.pt", len(data))]
-    _storage.download_dir(root.join("checkpoint_000000"), str(tmp_path / "down"))
+    _copy.download_dir(root.join("checkpoint_000000"), str(tmp_path / "down"))
     assert (tmp_path / "down" / "sub" / "shard.pt").read_bytes() == data
 
 
 def test_delete_and_file_types(root, tmp_path):
     source = tmp_path / "f"
     source.write_bytes(b"x")
-    _storage.persist_file(str(source), root.join("d/f"))
+    _copy.persist_file(str(source), root.join("d/f"))
     assert _storage.file_type(root.join("d/f")) == pyarrow.fs.FileType.File
     assert _storage.file_type(root.join("nothing")) == pyarrow.fs.FileType.NotFound
     _storage.delete_dir(root.join("d"))
@@ -62,6 +64,6 @@ def test_delete_and_file_types(root, tmp_path):
 
 
 def test_errors_name_the_location_without_secrets(root):
-    with pytest.raises(_storage.StorageError) as info:
+    with pytest.raises(StorageError) as info:
         _storage.read_bytes(root.join("missing.json"))
     assert "missing.json" in str(info.value) and "secret" not in str(info.value)

@@ -9,9 +9,9 @@ import re
 import pytest
 from conftest import HERE, manifest, mpiexec
 
-from hpckit import _verify
-from hpckit._manifest import Manifest
-from hpckit._uri import resolve
+from hpckit.experiment import verify as _verify
+from hpckit.experiment.manifest import Manifest
+from hpckit.storage.location import resolve
 
 SHARDED = HERE / "ranks" / "sharded.py"
 

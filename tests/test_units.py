@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from hpckit._devices import assign_gpus, cpu_threads
-from hpckit._env import Environment
-from hpckit._metrics import to_json_metrics
-from hpckit._uri import parent, redact, resolve, restore_credentials
+from hpckit.integrations.torch.devices import assign_gpus, cpu_threads
+from hpckit.settings import Settings
+from hpckit.experiment.values import to_json_metrics
+from hpckit.storage.location import resolve
+from hpckit.storage.uris import parent, redact, restore_credentials
 from hpckit.errors import LaunchError, MetricsError, StorageError
 
 
@@ -99,5 +100,5 @@ def test_cpu_threads():
     ({"SLURM_JOB_ID": "7"}, None, None),
 ])
 def test_launcher_detection(environ, launcher, tasks):
-    env = Environment.read(environ)
+    env = Settings.read(environ)
     assert env.launcher == launcher and env.launched_tasks == tasks

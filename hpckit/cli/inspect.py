@@ -11,10 +11,13 @@ from typing import Any
 
 import click
 
-from hpckit import _experiment, _plot, _retention, _verify
-from hpckit._uri import Location
-from hpckit.cli import _open, _record, main
-from hpckit.errors import HpckitError
+from hpckit.cli import plot as _plot
+from hpckit.cli.app import main
+from hpckit.cli.common import find_record, open_experiment, require
+from hpckit.experiment import retention as _retention
+from hpckit.experiment import verify as _verify
+from hpckit.experiment.reading import list_experiments, read_metrics
+from hpckit.storage.location import Location
 
 
 @main.command("ls")
@@ -29,7 +32,7 @@ def ls(experiment: str, metrics: tuple[str, ...], as_json: bool) -> None:
 
     Example: hpckit ls ~/hpckit_results/resnet-fmnist --metric loss
     """
-    location, manifest = _open(experiment, allow_root=True)
+    location, manifest = open_experiment(experiment, allow_root=True)
     if manifest is None:
         _list_experiments(location, as_json)
         return
@@ -62,9 +65,9 @@ def show(experiment: str, checkpoint: str | None, as_json: bool) -> None:
 
     Example: hpckit show ~/hpckit_results/linear checkpoint_000004
     """
-    location, manifest = _open(experiment)
+    location, manifest = require(experiment)
     if checkpoint is not None:
-        record = _record(location, manifest, checkpoint)
+        record = find_record(location, manifest, checkpoint)
         if as_json:
             click.echo(json.dumps(dataclasses.asdict(record), indent=1))
             return
@@ -83,12 +86,12 @@ def show(experiment: str, checkpoint: str | None, as_json: bool) -> None:
     click.echo(f"retention: {json.dumps(manifest.retention)}; checkpoints kept: "
                f"{len(manifest.checkpoints)}; latest: {body['latest']}")
     for a in manifest.attempts:
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a.get("started_at", 0)))
-        job = a.get("slurm", {}).get("job_id")
-        click.echo(f"  attempt {a.get('attempt')}: {a.get('status')} started {started}, "
-                   f"{a.get('world_size')} rank(s) via {a.get('launcher')}"
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a.started_at))
+        job = a.slurm.get("job_id")
+        click.echo(f"  attempt {a.attempt}: {a.status.value} started {started}, "
+                   f"{a.world_size} rank(s) via {a.launcher}"
                    + (f", Slurm job {job}" if job else "")
-                   + (f": {a['error']}" if a.get("error") else ""))
+                   + (f": {a.error}" if a.error else ""))
 
 
 @main.command()
@@ -100,8 +103,8 @@ def verify(experiment: str, checkpoint: str | None) -> None:
 
     Example: hpckit verify /lustre/me/runs/resnet
     """
-    location, manifest = _open(experiment)
-    records = [_record(location, manifest, checkpoint)] if checkpoint else manifest.checkpoints
+    location, manifest = require(experiment)
+    records = [find_record(location, manifest, checkpoint)] if checkpoint else list(manifest.checkpoints)
     problems = [p for record in records for p in _verify.verify(location, record)]
     files = sum(len(r.files) for r in records)
     if problems:
@@ -122,8 +125,8 @@ def metrics(experiment: str, fmt: str) -> None:
 
     Example: hpckit metrics ~/hpckit_results/linear --format csv > linear.csv
     """
-    location, _ = _open(experiment)
-    history = _experiment.read_metrics(location)
+    location, _ = require(experiment)
+    history = read_metrics(location)
     if fmt == "json":
         click.echo(json.dumps(history, indent=1))
         return
@@ -157,24 +160,21 @@ def plot(experiments: tuple[str, ...], metric_names: tuple[str, ...], output: st
     """
     series = []
     for experiment in experiments:
-        location, manifest = _open(experiment)
-        series.append((manifest.experiment, _experiment.read_metrics(location)))
-    try:
-        _plot.curves(series, list(metric_names), x_axis, output)
-    except HpckitError as exc:
-        raise click.UsageError(str(exc)) from None
+        location, manifest = require(experiment)
+        series.append((manifest.experiment, read_metrics(location)))
+    _plot.curves(series, list(metric_names), x_axis, output)
     click.echo(f"wrote {output}")
 
 
 def _list_experiments(root: Location, as_json: bool) -> None:
     rows: list[dict[str, Any]] = []
-    for name, manifest in _experiment.list_experiments(root):
+    for name, manifest in list_experiments(root):
         if manifest is None:
             rows.append({"experiment": name, "status": "unreadable manifest"})
             continue
-        history = _experiment.read_metrics(root.join(name))
-        last = manifest.attempts[-1] if manifest.attempts else {}
-        rows.append({"experiment": name, "status": last.get("status", "?"),
+        history = read_metrics(root.join(name))
+        last = manifest.last_attempt
+        rows.append({"experiment": name, "status": last.status.value if last else "?",
                      "checkpoints": len(manifest.checkpoints),
                      "latest": manifest.latest.directory if manifest.latest else None,
                      "last_metrics": history[-1]["metrics"] if history else None})

@@ -9,11 +9,13 @@ import sys
 
 import click
 
-from hpckit import _launch, _slurm
-from hpckit._manifest import Manifest
-from hpckit._uri import parent, redact, restore_credentials
-from hpckit.cli import _open, main
-from hpckit.errors import HpckitError
+from hpckit.cli.app import main
+from hpckit.cli.common import require
+from hpckit.experiment.manifest import Manifest
+from hpckit.launch.process import run_script
+from hpckit.launch.slurm import render_sbatch
+from hpckit.run.retry import RetryPolicy
+from hpckit.storage.uris import parent, redact, restore_credentials
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -28,11 +30,7 @@ def run(ranks: int, max_failures: int, script: str, args: tuple[str, ...]) -> No
 
     Example: hpckit run -n 4 --max-failures 3 train.py --epochs 10
     """
-    try:
-        code = _launch.run_script(ranks, [script, *args], max_failures)
-    except HpckitError as exc:
-        raise click.ClickException(str(exc)) from None
-    sys.exit(code)
+    sys.exit(run_script(ranks, [script, *args], RetryPolicy(max_failures)))
 
 
 @main.command()
@@ -48,7 +46,7 @@ def resume(experiment: str, ranks: int | None, max_failures: int, sbatch_file: s
 
     Example: hpckit resume /lustre/me/runs/resnet --sbatch resume-resnet.sbatch
     """
-    location, manifest = _open(experiment)
+    location, manifest = require(experiment)
     world = _world_size(manifest, ranks)
     command = manifest.command
     argv = [restore_credentials(a, experiment) for a in command.get("argv") or []]
@@ -64,11 +62,7 @@ def resume(experiment: str, ranks: int | None, max_failures: int, sbatch_file: s
         return
     click.echo(f"resuming {location.display} with {world} rank(s): {redact(' '.join(argv))}",
                err=True)
-    try:
-        code = _launch.run_script(world, argv, max_failures, cwd=cwd, extra_env=env)
-    except HpckitError as exc:
-        raise click.ClickException(str(exc)) from None
-    sys.exit(code)
+    sys.exit(run_script(world, argv, RetryPolicy(max_failures), cwd=cwd, extra_env=env))
 
 
 def _world_size(manifest: Manifest, ranks: int | None) -> int:
@@ -87,7 +81,7 @@ def _world_size(manifest: Manifest, ranks: int | None) -> int:
 
 def _submit(path: str, argv: list[str], world: int, cwd: str, name: str, python: str,
             env: dict[str, str]) -> None:
-    text = _slurm.render_sbatch(argv, world, cwd, name, python, env)
+    text = render_sbatch(argv, world, cwd, name, python, env)
     with open(path, "w") as f:
         f.write(text)
     sbatch = shutil.which("sbatch")

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import time
-
 import click
-import pyarrow.fs
 
-from hpckit import _experiment, _lock, _retention, _storage, _transfer
-from hpckit._env import Environment
-from hpckit._manifest import is_checkpoint_dirname
-from hpckit._uri import resolve
-from hpckit.cli import _open, _record, main
-from hpckit.errors import HpckitError
+from hpckit import settings
+from hpckit.cli.app import main
+from hpckit.cli.common import find_record, require
+from hpckit.experiment import retention
+from hpckit.experiment.experiment import Experiment
+from hpckit.experiment.export import export as export_checkpoint
+from hpckit.experiment.manifest import CheckpointRecord, Manifest
+from hpckit.storage.location import Location, resolve
 
 
 @main.command()
@@ -27,39 +26,16 @@ def gc(experiment: str, keep: int | None, dry_run: bool, force: bool) -> None:
 
     Example: hpckit gc /lustre/me/runs/resnet --keep 2 --dry-run
     """
-    location, manifest = _open(experiment)
-    holder = _lock.read(location.join(_lock.LOCK_NAME))
-    if holder is not None and not force and holder.stale(
-            time.time(), _lock.stale_after(Environment.read())) is None:
-        raise click.UsageError(f"{location.display} is in use by a run ({holder.describe()}); "
-                               "wait for it to end, or pass --force if it is dead.")
-    last = manifest.attempts[-1] if manifest.attempts else {}
-    if last.get("status") == "running" and not force:
-        raise click.UsageError(f"{location.display} looks running (attempt {last.get('attempt')} "
-                               f"on {last.get('host')}, pid {last.get('pid')}); stop it first, or "
-                               "pass --force if it died without saying so.")
-    evicted = _retention.select_evictions(manifest.checkpoints,
-                                          _retention.recorded_config(manifest, keep))
-    named = {r.directory for r in manifest.checkpoints}
-    leftovers = [i for i in _storage.list_dir(location) if i.type == pyarrow.fs.FileType.Directory
-                 and is_checkpoint_dirname(i.base_name) and i.base_name not in named]
-    leftover_bytes = {i.base_name: sum(size for _, size in _storage.list_files(location.join(i.base_name)))
-                      for i in leftovers}
-    freed = sum(r.size for r in evicted) + sum(leftover_bytes.values())
+    location, _ = require(experiment)
+    opened = Experiment.for_maintenance(location, settings.current(), force)
+    garbage = opened.collect_garbage(keep, dry_run)
     verb = "would remove" if dry_run else "removed"
-    if not dry_run and evicted:
-        manifest.checkpoints = [r for r in manifest.checkpoints if r not in evicted]
-        _experiment.write_manifest(location, manifest)  # the commit first, then the deletion
-    for record in evicted:
-        if not dry_run:
-            _storage.delete_dir(location.join(record.directory))
+    for record in garbage.evicted:
         click.echo(f"{verb} {record.directory} ({record.size} B, evicted by retention)")
-    for name, size in leftover_bytes.items():
-        if not dry_run:
-            _storage.delete_dir(location.join(name))
+    for name, size in garbage.leftovers.items():
         click.echo(f"{verb} {name} ({size} B, named by no manifest)")
-    click.echo(f"{verb} {len(evicted) + len(leftovers)} checkpoint(s), {freed} B"
-               + (" (dry run: nothing was deleted)" if dry_run else " freed"))
+    click.echo(f"{verb} {len(garbage.evicted) + len(garbage.leftovers)} checkpoint(s), "
+               f"{garbage.size} B" + (" (dry run: nothing was deleted)" if dry_run else " freed"))
 
 
 @main.command()
@@ -74,22 +50,18 @@ def export(experiment: str, dest: str, which: str, index: int | None) -> None:
 
     Example: hpckit export /lustre/me/runs/resnet --best ./resnet-best
     """
-    location, manifest = _open(experiment)
-    if index is not None:
-        record = _record(location, manifest, str(index))
-    elif which == "best":
-        best = _retention.ranked(manifest)
-        if not best:
-            raise click.UsageError(f"{location.display} has no committed checkpoint.")
-        record = best[0]
-    else:
-        if manifest.latest is None:
-            raise click.UsageError(f"{location.display} has no committed checkpoint.")
-        record = manifest.latest
-    try:
-        target = resolve(dest)
-        copied = _transfer.export(location.join(record.directory), record, target)
-    except HpckitError as exc:
-        raise click.ClickException(str(exc)) from None
+    location, manifest = require(experiment)
+    record = _chosen(location, manifest, which, index)
+    target = resolve(dest)
+    copied = export_checkpoint(location.join(record.directory), record, target)
     click.echo(f"exported {record.directory} ({len(record.files)} file(s), {copied} B, verified) "
                f"to {target.display}")
+
+
+def _chosen(location: Location, manifest: Manifest, which: str, index: int | None) -> CheckpointRecord:
+    if index is not None:
+        return find_record(location, manifest, str(index))
+    chosen = retention.ranked(manifest)[:1] if which == "best" else [manifest.latest]
+    if not chosen or chosen[0] is None:
+        raise click.UsageError(f"{location.display} has no committed checkpoint.")
+    return chosen[0]

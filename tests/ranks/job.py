@@ -63,8 +63,9 @@ def train_loop(config: dict) -> None:
     if "://" not in args.storage:
         assert ctx.get_storage_path() == os.path.abspath(args.storage), ctx.get_storage_path()
         assert ctx.get_experiment_path() == os.path.join(os.path.abspath(args.storage), args.name)
-    else:
-        assert "***@" in ctx.get_experiment_path() or "@" not in args.storage
+    else:  # as in Ray: a path on the storage filesystem, no scheme, no credentials
+        assert "://" not in ctx.get_experiment_path() and "@" not in ctx.get_experiment_path()
+        assert ctx.get_experiment_path() == f"{ctx.get_storage_path()}/{args.name}"
     if os.environ.get("SLURM_JOB_ID"):
         assert ctx.get_slurm_info()["job_id"] == os.environ["SLURM_JOB_ID"]
     # prepare_data_loader: disjoint shares covering the data, reshuffled every epoch.

@@ -1,0 +1,89 @@
+"""The ``hpckit`` click group, and the one mapping from errors to what a person sees.
+
+Every failure prints one line, ``hpckit: error: ...``, naming the path and the fix, and exits
+with a documented status; tracebacks only with ``--debug`` or ``HPCKIT_LOG_LEVEL=DEBUG``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import IO, Any
+
+import click
+
+from hpckit import logs, settings
+from hpckit.errors import ConfigError, ExperimentLockedError, HpckitError, StorageError
+from hpckit.storage.uris import redact
+
+VERSION = "0.1.0"
+# Exit statuses, documented in docs/cli.md.
+EXIT_FAILED = 1  # the command ran and failed: a check failed, training failed, hpckit's error
+EXIT_USAGE = 2  # a bad argument or input, not an experiment, or an experiment in use
+EXIT_STORAGE = 3  # storage could not be read or written
+
+
+class CommandError(click.ClickException):
+    """An error shown as one line; its class says the exit status."""
+
+    exit_code = EXIT_FAILED
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(f"hpckit: error: {self.format_message()}", err=True, file=file)
+
+
+class _UsageFailure(CommandError):
+    exit_code = EXIT_USAGE
+
+
+class _StorageFailure(CommandError):
+    exit_code = EXIT_STORAGE
+
+
+def as_command_error(error: HpckitError) -> CommandError:
+    """The one mapping from hpckit's errors to exit statuses."""
+    message = redact(str(error))
+    if isinstance(error, (ConfigError, ExperimentLockedError)):
+        return _UsageFailure(message)
+    if isinstance(error, StorageError):
+        return _StorageFailure(message)
+    return CommandError(message)
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort, SystemExit):
+            raise
+        except HpckitError as exc:
+            if _debugging(ctx):
+                raise
+            raise as_command_error(exc) from None
+        except Exception as exc:
+            if _debugging(ctx):
+                raise
+            raise CommandError(f"unexpected {type(exc).__name__}: {redact(str(exc))} (this is a "
+                               "bug in hpckit; rerun with --debug for the traceback and report "
+                               "it)") from None
+
+
+def _debugging(ctx: click.Context) -> bool:
+    return bool(ctx.meta.get("hpckit.debug")) or logs.debugging()
+
+
+@click.group(cls=_Group)
+@click.version_option(VERSION, prog_name="hpckit")
+@click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
+    """Batch training on HPC clusters: run, resume and inspect hpckit experiments.
+
+    Exit status: 0 success; 1 the command failed (a check failed, training failed); 2 a bad
+    argument, not an experiment, or an experiment in use; 3 storage could not be read or
+    written; 75 a run stopped on request (run it again, or it was requeued, to continue).
+    """
+    ctx.meta["hpckit.debug"] = debug
+    settings.refresh()
+    logs.configure(0, "DEBUG" if debug else None)
+    if debug:
+        sys.tracebacklimit = 1000

@@ -1,0 +1,69 @@
+"""Attempts: one record per start of a run, with a typed status, as the manifest keeps them."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+from hpckit.errors import ManifestError
+
+
+class AttemptStatus(StrEnum):
+    """How an attempt ended (``running`` while it has not)."""
+
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    REQUEUED = "requeued"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One start of a run: who ran it, where, how, and how it ended."""
+
+    attempt: int
+    status: AttemptStatus
+    started_at: float = 0.0
+    world_size: int | None = None
+    launcher: str | None = None
+    host: str | None = None
+    pid: int | None = None
+    argv: tuple[str, ...] = ()
+    slurm: dict[str, str] = field(default_factory=dict)
+    ended_at: float | None = None
+    error: str | None = None
+    reports: int | None = None
+
+    def ended(self, status: AttemptStatus, error: str | None = None,
+              reports: int | None = None) -> Attempt:
+        return replace(self, status=status, ended_at=time.time(), error=error,
+                       reports=reports if reports is not None else self.reports)
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"attempt": self.attempt, "status": self.status.value,
+                                "started_at": self.started_at, "world_size": self.world_size,
+                                "launcher": self.launcher, "host": self.host, "pid": self.pid,
+                                "argv": list(self.argv), "slurm": dict(self.slurm)}
+        for key in ("ended_at", "error", "reports"):
+            if getattr(self, key) is not None:
+                body[key] = getattr(self, key)
+        return body
+
+    @classmethod
+    def from_json(cls, raw: Any, where: str) -> Attempt:
+        if not isinstance(raw, dict):
+            raise ManifestError(f"manifest {where}: an attempt is not an object: {raw!r}.")
+        try:
+            status = AttemptStatus(raw.get("status", "running"))
+        except ValueError:
+            raise ManifestError(f"manifest {where}: attempt status {raw.get('status')!r} is none "
+                                f"of {', '.join(s.value for s in AttemptStatus)}.") from None
+        known = {k: raw[k] for k in ("attempt", "started_at", "world_size", "launcher", "host",
+                                     "pid", "ended_at", "error", "reports") if k in raw}
+        known.setdefault("attempt", 0)
+        return cls(status=status, argv=tuple(raw.get("argv") or ()),
+                   slurm=dict(raw.get("slurm") or {}), **known)

@@ -1,0 +1,202 @@
+"""The manifest: the experiment's single source of truth, as an immutable value and versioned JSON.
+
+Parsing validates every field and refuses paths that would leave the experiment directory,
+so a damaged or hostile manifest can never make hpckit touch files outside it.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from hpckit.errors import ManifestError
+from hpckit.experiment.attempts import Attempt, AttemptStatus
+
+FORMAT = "hpckit.manifest"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+METRICS_NAME = "metrics.jsonl"
+_DIRECTORY = re.compile(r"checkpoint_\d{6,}")
+
+
+def checkpoint_dirname(index: int) -> str:
+    return f"checkpoint_{index:06d}"
+
+
+def is_checkpoint_dirname(name: str) -> bool:
+    return bool(_DIRECTORY.fullmatch(name))
+
+
+def is_safe_relpath(path: str) -> bool:
+    """A relative POSIX path that stays inside its directory (no '..', no absolute, no empty)."""
+    if not isinstance(path, str) or not path or path.startswith("/") or "\\" in path or "\0" in path:
+        return False
+    parts = path.split("/")
+    return all(p not in ("", ".", "..") for p in parts) and posixpath.normpath(path) == path
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    path: str
+    size: int
+    rank: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    index: int
+    directory: str
+    step: int
+    reported_at: float
+    metrics: dict[str, Any]
+    files: tuple[FileRecord, ...]
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The experiment's state as one immutable value: every change makes a new manifest, and
+    only :class:`hpckit.experiment.Experiment` writes one."""
+
+    experiment: str
+    world_size: int
+    command: dict[str, Any]
+    config: dict[str, Any]
+    retention: dict[str, Any]
+    created_at: float
+    checkpoints: tuple[CheckpointRecord, ...] = ()
+    next_checkpoint_index: int = 0
+    next_step: int = 0
+    attempts: tuple[Attempt, ...] = ()
+
+    @property
+    def latest(self) -> CheckpointRecord | None:
+        return max(self.checkpoints, key=lambda r: r.index, default=None)
+
+    def with_checkpoint(self, record: CheckpointRecord,
+                        evicted: Iterable[CheckpointRecord] = ()) -> Manifest:
+        """The manifest after committing ``record`` and dropping what retention evicts."""
+        gone = {r.index for r in evicted}
+        kept = tuple(r for r in (*self.checkpoints, record) if r.index not in gone)
+        return replace(self, checkpoints=kept, next_checkpoint_index=record.index + 1,
+                       next_step=record.step + 1)
+
+    def without(self, records: Iterable[CheckpointRecord]) -> Manifest:
+        gone = {r.index for r in records}
+        return replace(self, checkpoints=tuple(r for r in self.checkpoints if r.index not in gone))
+
+    def with_attempt(self, attempt: Attempt) -> Manifest:
+        """A new attempt begins: earlier ones still marked running were interrupted."""
+        earlier = tuple(a.ended(AttemptStatus.INTERRUPTED) if a.status is AttemptStatus.RUNNING
+                        else a for a in self.attempts)
+        return replace(self, attempts=(*earlier, attempt))
+
+    def with_last_attempt(self, attempt: Attempt) -> Manifest:
+        return replace(self, attempts=(*self.attempts[:-1], attempt))
+
+    @property
+    def last_attempt(self) -> Attempt | None:
+        return self.attempts[-1] if self.attempts else None
+
+    def to_json(self) -> str:
+        body = {"format": FORMAT, "format_version": FORMAT_VERSION,
+                **{k: v for k, v in asdict(self).items() if k != "attempts"},
+                "attempts": [a.to_json() for a in self.attempts]}
+        latest = self.latest
+        body["latest"] = latest.directory if latest else None
+        return json.dumps(body, indent=1, allow_nan=False) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str | bytes, where: str) -> Manifest:
+        try:
+            body = json.loads(text)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ManifestError(
+                f"manifest {where} is not valid JSON ({exc}); it was left untouched. Restore it "
+                "from a backup or move the experiment aside; hpckit never overwrites a corrupt "
+                "manifest.") from None
+        return _parse(body, where)
+
+
+def _parse(body: Any, where: str) -> Manifest:
+    check = _Checker(where)
+    check.type(body, dict, "the top level")
+    if body.get("format") != FORMAT:
+        raise ManifestError(f"{where} is not an hpckit manifest (format={body.get('format')!r}).")
+    version = body.get("format_version")
+    check.type(version, int, "format_version")
+    if version > FORMAT_VERSION:
+        raise ManifestError(
+            f"manifest {where} has format_version {version}, written by a newer hpckit; this "
+            f"hpckit reads up to version {FORMAT_VERSION}. Upgrade hpckit (pip install -U hpckit).")
+    checkpoints = [_parse_checkpoint(c, check, f"checkpoints[{i}]")
+                   for i, c in enumerate(check.field(body, "checkpoints", list))]
+    indexes = [c.index for c in checkpoints]
+    if len(set(indexes)) != len(indexes):
+        raise ManifestError(f"manifest {where}: checkpoints lists an index twice: {indexes}.")
+    return Manifest(
+        experiment=check.field(body, "experiment", str),
+        world_size=check.field(body, "world_size", int),
+        command=check.field(body, "command", dict),
+        config=check.field(body, "config", dict),
+        retention=check.field(body, "retention", dict),
+        created_at=check.field(body, "created_at", (int, float)),
+        checkpoints=tuple(checkpoints),
+        next_checkpoint_index=check.field(body, "next_checkpoint_index", int),
+        next_step=check.field(body, "next_step", int),
+        attempts=tuple(Attempt.from_json(a, where) for a in check.field(body, "attempts", list)),
+    )
+
+
+def _parse_checkpoint(raw: Any, check: _Checker, name: str) -> CheckpointRecord:
+    check.type(raw, dict, name)
+    directory = check.field(raw, "directory", str, name)
+    index = check.field(raw, "index", int, name)
+    if not is_checkpoint_dirname(directory) or int(directory.split("_")[1]) != index:
+        check.fail(f"{name}.directory", f"{directory!r} is not checkpoint_{index:06d}")
+    files = []
+    for i, f in enumerate(check.field(raw, "files", list, name)):
+        where = f"{name}.files[{i}]"
+        check.type(f, dict, where)
+        path = check.field(f, "path", str, where)
+        if not is_safe_relpath(path):
+            check.fail(f"{where}.path", f"{path!r} leaves the checkpoint directory")
+        files.append(FileRecord(path, check.field(f, "size", int, where),
+                                check.field(f, "rank", int, where),
+                                check.field(f, "sha256", str, where)))
+    return CheckpointRecord(
+        index=index, directory=directory, step=check.field(raw, "step", int, name),
+        reported_at=check.field(raw, "reported_at", (int, float), name),
+        metrics=check.field(raw, "metrics", dict, name), files=tuple(files))
+
+
+_Kind = type | tuple[type, ...]
+
+
+class _Checker:
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def fail(self, name: str, problem: str) -> None:
+        raise ManifestError(f"manifest {self.where}: field {name}: {problem}.")
+
+    def type(self, value: Any, kind: _Kind, name: str) -> None:
+        if isinstance(value, bool) or not isinstance(value, kind):
+            expected = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            self.fail(name, f"expected {expected}, got {type(value).__name__}")
+
+    def field(self, body: dict[str, Any], key: str, kind: _Kind,
+              parent: str = "") -> Any:
+        name = f"{parent}.{key}" if parent else key
+        if key not in body:
+            self.fail(name, "missing")
+        self.type(body[key], kind, name)
+        return body[key]

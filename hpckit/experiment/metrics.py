@@ -1,0 +1,73 @@
+"""metrics.jsonl: one line per report, appended (or rewritten where storage cannot append),
+and mirrored as TensorBoard scalars where tensorboard is installed."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow.fs
+
+from hpckit.experiment.manifest import METRICS_NAME, CheckpointRecord
+from hpckit.experiment.reading import parse_line, read_lines
+from hpckit.experiment.tensorboard import Scalars
+from hpckit.logs import log
+from hpckit.storage import files
+from hpckit.storage.location import Location
+
+
+@dataclass
+class MetricsLog:
+    """The metrics log of an open experiment; held by its :class:`Experiment` only."""
+
+    location: Location
+    lines: list[str]
+    scalars: Scalars | None = None
+
+    @classmethod
+    def resume(cls, experiment: Location, next_step: int,
+               latest: CheckpointRecord | None = None) -> MetricsLog:
+        """Keep the lines of steps before ``next_step``: later ones describe work being redone.
+        A run killed between its manifest commit and the metrics append lacks the line of
+        its ``latest`` checkpoint: it is written again from the manifest."""
+        location = experiment.join(METRICS_NAME)
+        raw_lines = read_lines(location) if files.file_type(location) != pyarrow.fs.FileType.NotFound else []
+        kept, steps = [], set()
+        for raw in raw_lines:
+            entry = parse_line(raw)
+            if entry is not None and entry.get("step", next_step) < next_step:
+                kept.append(raw + "\n")
+                steps.add(entry["step"])
+        dropped = sum(1 for raw in raw_lines if raw.strip()) - len(kept)
+        if dropped:
+            log.info("metrics.jsonl: dropped %d line(s) reported after the last committed "
+                     "checkpoint; those steps run again", dropped)
+        restored = latest is not None and latest.step not in steps
+        if latest is not None and restored:
+            log.info("metrics.jsonl: restored the line of step %d from the manifest (the run "
+                     "ended between committing %s and logging it)", latest.step, latest.directory)
+            kept.append(_line(latest.step, latest.reported_at, latest.metrics, latest.directory))
+        if dropped or restored:
+            files.write_atomic(location, "".join(kept).encode())
+        return cls(location, kept, Scalars.open(experiment))
+
+    def append(self, step: int, metrics: dict[str, Any], checkpoint: str | None) -> None:
+        line = _line(step, time.time(), metrics, checkpoint)
+        self.lines.append(line)
+        files.append_text(self.location, line, lambda: "".join(self.lines))
+        if self.scalars is not None:
+            self.scalars.add(step, metrics)
+
+    def history(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.lines]
+
+    def close(self) -> None:
+        if self.scalars is not None:
+            self.scalars.close()
+
+
+def _line(step: int, at: float, metrics: dict[str, Any], checkpoint: str | None) -> str:
+    return json.dumps({"step": step, "time": at, "checkpoint": checkpoint, "metrics": metrics},
+                      allow_nan=False) + "\n"

@@ -1,0 +1,115 @@
+"""Mirrors: a second copy of the experiment (manifest, metrics, kept checkpoints) for
+clusters whose scratch filesystem is purged.
+
+Rank 0 mirrors in a background thread after a commit, at most once per ``sync_period``
+seconds, and once more when the attempt ends. hpckit copies through pyarrow (checkpoints the
+mirror lacks first, then metrics, then the manifest, so the mirror is always a consistent
+experiment; then it removes checkpoints retention evicted), or runs ``mirror_command`` with
+``{source}`` and ``{target}`` filled in. A failed mirror is logged and retried at the next
+commit after the period: it never fails training.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import threading
+import time
+
+import pyarrow.fs
+
+from hpckit.config import SyncConfig
+from hpckit.errors import HpckitError
+from hpckit.experiment.manifest import MANIFEST_NAME, METRICS_NAME, Manifest, is_checkpoint_dirname
+from hpckit.experiment.reading import read_manifest
+from hpckit.logs import log
+from hpckit.storage import files, uris
+from hpckit.storage.copy import copy_file
+from hpckit.storage.location import Location, resolve
+from hpckit.storage.uris import redact
+
+
+class Mirror:
+    def __init__(self, experiment: Location, name: str, config: SyncConfig) -> None:
+        assert config.mirror is not None
+        self.source = experiment
+        self.config = config
+        self.target_text = uris.join(config.mirror, name)
+        self._target: Location | None = None
+        self._last = float("-inf")
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.failures = 0
+        self.mirrored = 0
+
+    def after_commit(self, manifest: Manifest) -> None:
+        """Start a mirror in the background unless one ran within the period or is running."""
+        if time.monotonic() - self._last < self.config.sync_period:
+            return
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._last = time.monotonic()
+        # The manifest is an immutable value: the thread may read it while training goes on.
+        self._thread = threading.Thread(target=self._mirror, args=(manifest,), daemon=True,
+                                        name="hpckit-mirror")
+        self._thread.start()
+
+    def close(self, manifest: Manifest) -> None:
+        """The final mirror, in the foreground, after any running one."""
+        if self._thread is not None:
+            self._thread.join()
+        self._mirror(manifest)
+
+    def _mirror(self, manifest: Manifest) -> None:
+        with self._lock:
+            started = time.perf_counter()
+            try:
+                if self.config.mirror_command:
+                    self._run_command()
+                else:
+                    self._copy(manifest)
+            except (HpckitError, OSError, subprocess.SubprocessError) as exc:
+                self.failures += 1
+                log.warning("mirror to %s failed (training goes on; retried after the next commit "
+                            "once %.0f s have passed): %s", redact(self.target_text),
+                            self.config.sync_period, redact(str(exc)))
+                return
+            self.mirrored += 1
+            log.info("mirrored %s to %s in %.2f s", self.source.display, redact(self.target_text),
+                     time.perf_counter() - started)
+
+    def _run_command(self) -> None:
+        assert self.config.mirror_command is not None
+        source = self.source.path if self.source.is_local else self.source.display
+        command = self.config.mirror_command.format(source=shlex.quote(source),
+                                                    target=shlex.quote(self.target_text))
+        done = subprocess.run(command, shell=True, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise subprocess.SubprocessError(
+                f"`{redact(command)}` exited with {done.returncode}: {done.stderr.strip()[-500:]}")
+
+    def _copy(self, manifest: Manifest) -> None:
+        if self._target is None:
+            self._target = resolve(self.target_text)
+        target = self._target
+        files.make_dir(target)
+        present = {i.base_name for i in files.list_dir(target)
+                   if i.type == pyarrow.fs.FileType.Directory}
+        mirrored = read_manifest(target)
+        complete = {r.directory for r in mirrored.checkpoints} & present if mirrored else set()
+        for record in manifest.checkpoints:
+            if record.directory in complete:
+                continue
+            files.delete_dir(target.join(record.directory))  # a partial copy of an earlier try
+            for f in record.files:
+                copy_file(self.source.join(record.directory, f.path),
+                          target.join(record.directory, f.path))
+        if files.file_type(self.source.join(METRICS_NAME)) == pyarrow.fs.FileType.File:
+            files.write_atomic(target.join(METRICS_NAME),
+                                  files.read_bytes(self.source.join(METRICS_NAME)))
+        files.write_atomic(target.join(MANIFEST_NAME), manifest.to_json().encode())
+        kept = {r.directory for r in manifest.checkpoints}
+        for name in present - kept:
+            if is_checkpoint_dirname(name):
+                files.delete_dir(target.join(name))
+

@@ -1,0 +1,84 @@
+"""Reading experiments without changing them: manifests, metrics logs, a root's experiments.
+
+Anyone may read; only :class:`hpckit.experiment.Experiment` writes.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pyarrow.fs
+
+from hpckit.errors import ManifestError, StorageError
+from hpckit.experiment.manifest import MANIFEST_NAME, METRICS_NAME, Manifest
+from hpckit.storage import files
+from hpckit.storage.location import Location
+
+_FT = pyarrow.fs.FileType
+
+
+def read_manifest(experiment: Location) -> Manifest | None:
+    """The experiment's manifest, None when there is none; a damaged one raises ManifestError."""
+    location = experiment.join(MANIFEST_NAME)
+    kind = files.file_type(location)
+    if kind == _FT.NotFound:
+        return None
+    if kind != _FT.File:
+        raise StorageError(f"{location.display} is not a file; move it aside and run again.")
+    return Manifest.from_json(files.read_bytes(location), location.display)
+
+
+def require_manifest(experiment: Location) -> Manifest:
+    """The manifest of a directory that must be an experiment."""
+    manifest = read_manifest(experiment)
+    if manifest is None:
+        raise ManifestError(
+            f"{experiment.display} has no manifest.json: it is not an hpckit experiment "
+            "directory (pass {storage_path}/{name}).")
+    return manifest
+
+
+def check_root(root: Location) -> None:
+    """Refuse a storage path that is a file."""
+    if files.file_type(root) == _FT.File:
+        raise StorageError(
+            f"storage path {root.display} is a file; storage_path must be a directory (or a "
+            "bucket prefix) under which hpckit creates one directory per experiment.")
+
+
+def list_experiments(root: Location) -> list[tuple[str, Manifest | None]]:
+    """The experiments directly under a storage root (None for an unreadable manifest)."""
+    found: list[tuple[str, Manifest | None]] = []
+    for info in files.list_dir(root):
+        if info.type != _FT.Directory:
+            continue
+        try:
+            manifest = read_manifest(root.join(info.base_name))
+        except (ManifestError, StorageError):
+            found.append((info.base_name, None))
+            continue
+        if manifest is not None:
+            found.append((info.base_name, manifest))
+    return sorted(found, key=lambda item: item[0])
+
+
+def read_metrics(experiment: Location) -> list[dict[str, Any]]:
+    """Every line of metrics.jsonl; a torn last line (a crash mid-append) is skipped."""
+    location = experiment.join(METRICS_NAME)
+    if files.file_type(location) == _FT.NotFound:
+        return []
+    return [e for e in map(parse_line, read_lines(location)) if e is not None]
+
+
+def read_lines(location: Location) -> list[str]:
+    return files.read_bytes(location).decode(errors="replace").splitlines()
+
+
+def parse_line(raw: str) -> dict[str, Any] | None:
+    """A metrics line, or None for a blank or torn one."""
+    try:
+        entry = json.loads(raw)
+    except ValueError:
+        return None
+    return entry if isinstance(entry, dict) and isinstance(entry.get("step"), int) else None

@@ -1,0 +1,67 @@
+"""Which committed checkpoints to keep: pure functions over manifest records."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from hpckit.config import CheckpointConfig
+from hpckit.experiment.manifest import CheckpointRecord, Manifest
+
+
+def score_of(metrics: dict[str, Any], attribute: str) -> float | None:
+    """The metric named ``attribute`` (``a/b`` reaches nested dicts), or None when missing or NaN."""
+    value: Any = metrics.get(attribute)
+    if value is None and "/" in attribute:
+        value = metrics
+        for part in attribute.split("/"):
+            value = value.get(part) if isinstance(value, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        return None
+    return float(value)
+
+
+def rank_best_first(records: Sequence[CheckpointRecord], attribute: str | None,
+                    order: str = "max") -> list[CheckpointRecord]:
+    """Records best first. Missing or NaN scores rank worst under both orders; ties keep the newer."""
+    if attribute is None:
+        return sorted(records, key=lambda r: r.index, reverse=True)
+    sign = 1.0 if order == "max" else -1.0
+
+    def key(record: CheckpointRecord) -> tuple[bool, float, int]:
+        score = score_of(record.metrics, attribute)
+        return (score is not None, sign * score if score is not None else 0.0, record.index)
+
+    return sorted(records, key=key, reverse=True)
+
+
+def ranked(manifest: Manifest) -> list[CheckpointRecord]:
+    """The manifest's kept checkpoints, best first by the retention it records."""
+    return rank_best_first(manifest.checkpoints, manifest.retention.get("checkpoint_score_attribute"),
+                           manifest.retention.get("checkpoint_score_order", "max"))
+
+
+def recorded_config(manifest: Manifest, num_to_keep: int | None) -> CheckpointConfig:
+    """The manifest's retention, with another ``num_to_keep``."""
+    return CheckpointConfig(num_to_keep, manifest.retention.get("checkpoint_score_attribute"),
+                            manifest.retention.get("checkpoint_score_order", "max"))
+
+
+def select_evictions(records: Sequence[CheckpointRecord],
+                     config: CheckpointConfig) -> list[CheckpointRecord]:
+    """Records that retention deletes: all but the ``num_to_keep`` best and the latest."""
+    if config.num_to_keep is None or not records:
+        return []
+    ranked = rank_best_first(records, config.checkpoint_score_attribute,
+                             config.checkpoint_score_order)
+    keep = {r.index for r in ranked[: config.num_to_keep]}
+    keep.add(max(r.index for r in records))
+    return [r for r in records if r.index not in keep]
+
+
+def record(config: CheckpointConfig) -> dict[str, Any]:
+    """What the manifest records of the retention: the fields that decide what is kept."""
+    return {"num_to_keep": config.num_to_keep,
+            "checkpoint_score_attribute": config.checkpoint_score_attribute,
+            "checkpoint_score_order": config.checkpoint_score_order}

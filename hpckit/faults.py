@@ -1,0 +1,43 @@
+"""Fault points: where hpckit's own fault-injection tests kill a rank, deterministically.
+
+Off unless ``HPCKIT_FAULT`` is set (parsed with the other settings, see
+:mod:`hpckit.settings`); an unset variable costs one comparison per point. Its value is
+``PHASE:RANK:N`` or ``PHASE:RANK:N:all``: the N-th time rank RANK reaches PHASE it kills itself
+with SIGKILL; with ``all`` it kills its whole process group instead (every rank and the
+launcher, as when a node loses power). The phases of the commit protocol, in the order a
+report meets them:
+
+``writing``    a rank has persisted the first of its files; its others may not be written
+``written``    a rank has persisted all of its files and not yet told rank 0
+``gathered``   rank 0 holds every rank's outcome and has not replaced the manifest
+``committed``  rank 0 has replaced the manifest and not yet applied retention
+``evicting``   rank 0 has deleted part of a checkpoint that retention evicts
+
+Random-time kills need no hook: the tests send SIGKILL from outside. Ground layer.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from hpckit import settings
+from hpckit.settings import FAULT_PHASES as PHASES
+from hpckit.settings import FaultPoint
+
+__all__ = ["PHASES", "reached"]
+
+_seen = 0
+
+
+def reached(phase: str, rank: int) -> None:
+    """Mark that ``rank`` reached ``phase``; dies here when the armed fault says so."""
+    global _seen
+    fault: FaultPoint | None = settings.current().fault
+    if fault is None or fault.phase != phase or fault.rank != rank:
+        return
+    _seen += 1
+    if _seen == fault.occurrence:
+        if fault.whole_group:
+            os.killpg(0, signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)

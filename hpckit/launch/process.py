@@ -1,0 +1,93 @@
+"""Starting ranks under mpiexec on this node and waiting for them: ``hpckit run``, ``hpckit
+resume`` and ``fit()`` from ``python train.py`` all come here."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import uuid
+from typing import Any
+
+from hpckit import settings as _settings
+from hpckit.errors import LaunchError
+from hpckit.logs import log
+from hpckit.run.retry import RetryPolicy
+from hpckit.run.stop import EXIT_STOPPED
+from hpckit.settings import Settings, variable
+from hpckit.storage.uris import redact
+
+
+def mpiexec(settings: Settings) -> list[str]:
+    """The mpiexec that starts ranks on this node."""
+    found = settings.mpiexec or shutil.which("mpiexec", path=os.path.dirname(sys.executable)) \
+        or shutil.which("mpiexec")
+    if not found:
+        raise LaunchError(
+            "num_workers > 1 needs mpiexec to start the ranks, and none was found next to "
+            f"{sys.executable} or on PATH; pip install mpich, or set {variable('mpiexec')}.")
+    try:
+        version = subprocess.run([found, "--version"], capture_output=True, text=True,
+                                 timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise LaunchError(f"cannot run {found} --version: {exc}") from None
+    # Hydra would use the Slurm allocation's nodes; hpckit starts ranks on this node only.
+    return [found, "-launcher", "fork"] if "HYDRA" in version else [found]
+
+
+def run_script(ranks: int, argv: list[str], policy: RetryPolicy, cwd: str | None = None,
+               extra_env: dict[str, str] | None = None) -> int:
+    """``hpckit run``: start ``ranks`` ranks of a script under mpiexec, restarting it after a
+    failure as ``policy`` allows; each attempt resumes from the manifest. Returns the exit
+    status: 0, EXIT_STOPPED, or the last failure's."""
+    settings = _settings.current()
+    command = [*mpiexec(settings), "-n", str(ranks), sys.executable, *argv]
+    ids = {variable("run_id"): settings.run_id or f"run-{uuid.uuid4().hex}"}
+    attempt = 0
+    while True:
+        log.info("attempt %d: %s", attempt, redact(" ".join(command)))
+        code = run_process(command, {**(extra_env or {}), **ids, variable("attempt"): str(attempt)},
+                           settings, cwd)
+        if code in (0, EXIT_STOPPED) or not policy.allows(attempt):
+            return code
+        attempt += 1
+        log.warning("attempt %d exited with status %d; restarting (%s)", attempt - 1, code,
+                    policy.describe(attempt))
+
+
+def run_process(command: list[str], extra_env: dict[str, str], settings: Settings,
+                cwd: str | None = None) -> int:
+    """Run the ranks' launcher and wait. SIGTERM goes to the launcher, so a killed parent does
+    not orphan its ranks; the stop signal goes to the ranks themselves, whose PIDs they record
+    in $HPCKIT_PID_DIR, since mpiexec (hydra) dies of SIGUSR2 instead of forwarding it."""
+    pids = tempfile.mkdtemp(prefix="hpckit-pids-")
+    process = subprocess.Popen(command, env={**os.environ, **extra_env,
+                                             variable("pid_dir"): pids}, cwd=cwd)
+    stop = settings.stop_signal
+
+    def forward(signum: int, _frame: Any) -> None:
+        if signum != stop:
+            process.send_signal(signum)
+            return
+        for name in os.listdir(pids):
+            with contextlib.suppress(ValueError, OSError):
+                os.kill(int(name), signum)
+
+    previous = {s: signal.signal(s, forward) for s in {signal.SIGTERM, stop}}
+    try:
+        return process.wait()
+    except BaseException:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        raise
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        shutil.rmtree(pids, ignore_errors=True)

@@ -1,0 +1,106 @@
+"""The parent side of ``python train.py`` with num_workers > 1: start the ranks on this node
+under mpiexec, wait, read what failed, and start them again as the retry policy allows.
+
+The ranks are handed the pickled :class:`~hpckit.run.job.TrainingJob` and re-run the user's
+script as multiprocessing's spawn does (see :mod:`hpckit.launch.mainimport`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import sys
+import tempfile
+
+from hpckit.errors import HpckitError, LaunchError, TrainingFailedError
+from hpckit.experiment.experiment import end_abandoned_attempt, prepare
+from hpckit.experiment.reading import read_manifest
+from hpckit.launch.process import mpiexec, run_process
+from hpckit.logs import log
+from hpckit.result import Result
+from hpckit.run.comm import describe
+from hpckit.run.exit import ERRORS, read_errors
+from hpckit.run.job import TrainingJob
+from hpckit.run.retry import RetryPolicy
+from hpckit.run.stop import EXIT_STOPPED
+from hpckit.settings import Settings, variable
+
+
+def spawn(job: TrainingJob, settings: Settings) -> Result:
+    """Start ``num_workers`` ranks on this node under mpiexec; restart them on failure."""
+    n = job.scaling_config.num_workers
+    job = job.named(settings)
+    experiment = job.storage_root(settings).join(job.name)
+    read_manifest(prepare(experiment.parent, job.name))  # storage and manifest, before ranks
+    command = [*mpiexec(settings), "-n", str(n), sys.executable, "-m", "hpckit.launch.worker"]
+    policy = RetryPolicy(job.run_config.failure_config.max_failures)
+    payload = tempfile.mkdtemp(prefix="hpckit-launch-", dir=settings.local_dir)
+    try:
+        _write_payload(payload, job)
+        attempt = 0
+        while True:
+            log.info("starting %d ranks (attempt %d): %s", n, attempt, " ".join(command))
+            code = _run(command, payload, attempt, settings)
+            if code == 0:
+                return Result._read(experiment)
+            if code == EXIT_STOPPED:
+                raise SystemExit(EXIT_STOPPED)
+            failure = _failure(payload, code)
+            if isinstance(failure, HpckitError) and not isinstance(failure, TrainingFailedError):
+                raise failure
+            end_abandoned_attempt(experiment, str(failure).split("\n", 1)[0])
+            if not policy.allows(attempt):
+                raise failure
+            attempt += 1
+            log.warning("attempt %d failed; restarting from the last committed checkpoint "
+                        "(%s):\n%s", attempt - 1, policy.describe(attempt), failure)
+    finally:
+        shutil.rmtree(payload, ignore_errors=True)
+
+
+def _write_payload(payload: str, job: TrainingJob) -> None:
+    main = sys.modules["__main__"]
+    path = getattr(main, "__file__", None)
+    if not path:
+        raise LaunchError(
+            "ScalingConfig(num_workers > 1) from an interactive session: hpckit starts the ranks "
+            "by re-running a script file. Put the code in a .py file, or launch with "
+            "mpiexec -n N python script.py.")
+    try:
+        data = pickle.dumps(job)
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        raise LaunchError(
+            f"the trainer cannot be sent to the ranks ({exc}); define "
+            f"{job.train_loop.__qualname__} at module level (not a lambda or a "
+            "nested function) and keep train_loop_config picklable.") from None
+    with open(os.path.join(payload, "job.pkl"), "wb") as f:
+        f.write(data)
+    spec = {"main": os.path.abspath(path), "argv": sys.argv, "sys_path": sys.path,
+            "cwd": os.getcwd()}
+    with open(os.path.join(payload, "main.json"), "w") as f:
+        json.dump(spec, f)
+    os.makedirs(os.path.join(payload, ERRORS))
+
+
+def _run(command: list[str], payload: str, attempt: int, settings: Settings) -> int:
+    for stale in os.listdir(os.path.join(payload, ERRORS)):
+        os.unlink(os.path.join(payload, ERRORS, stale))
+    return run_process(command, {variable("worker"): payload, variable("attempt"): str(attempt),
+                                 variable("run_id"): os.path.basename(payload)}, settings)
+
+
+def _failure(payload: str, code: int) -> BaseException:
+    """The exception that fit() raises for the ranks' failure."""
+    reports = read_errors(payload)
+    if not reports:
+        return TrainingFailedError(
+            f"mpiexec exited with status {code} and no rank reported an exception: a rank was "
+            "probably killed (by a signal, or the out-of-memory killer); see the output above.")
+    first = reports[0]
+    if not first.training:
+        original = first.failure.original()
+        if isinstance(original, BaseException):
+            return original
+    return TrainingFailedError(describe([r.failure for r in reports], "training"))

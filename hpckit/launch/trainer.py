@@ -1,0 +1,70 @@
+"""The trainers' public face: ``fit()`` runs the job on this MPI world's ranks, or starts the
+ranks on this node first when the script was not launched by mpirun/srun."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from hpckit import settings
+from hpckit.checkpoint import Checkpoint
+from hpckit.config import RunConfig, ScalingConfig
+from hpckit.errors import ConfigError
+from hpckit.launch import mainimport
+from hpckit.launch.spawn import spawn
+from hpckit.result import Result
+from hpckit.run.job import Backend, TrainingJob
+from hpckit.run.ranks import run_ranks
+
+
+class DataParallelTrainer:
+    """Run a training function on every rank of an MPI job, with hpckit's checkpoints,
+    metrics, retention and resume, and no deep-learning framework set up (as in Ray Train).
+
+    Use it for NumPy, JAX or scikit-learn jobs that coordinate through mpi4py themselves;
+    :class:`hpckit.torch.TorchTrainer` adds the torch.distributed process group and devices.
+    ``fit()`` works the same under ``mpirun``/``srun`` (the launched processes are the ranks)
+    and from ``python train.py`` (hpckit starts ``num_workers`` ranks on this node itself).
+    """
+
+    def __init__(self, train_loop_per_worker: Callable[..., Any], *,
+                 train_loop_config: dict[str, Any] | None = None,
+                 scaling_config: ScalingConfig | None = None,
+                 run_config: RunConfig | None = None,
+                 resume_from_checkpoint: Checkpoint | None = None) -> None:
+        kind = type(self).__name__
+        if not callable(train_loop_per_worker):
+            raise ConfigError(f"{kind}(train_loop_per_worker={train_loop_per_worker!r}) must be "
+                              "a function taking the config dict (or nothing).")
+        if len(inspect.signature(train_loop_per_worker).parameters) > 1:
+            raise ConfigError(f"train_loop_per_worker {train_loop_per_worker.__name__}() must take "
+                              "one argument (train_loop_config) or none.")
+        if train_loop_config is not None and not isinstance(train_loop_config, dict):
+            raise ConfigError(f"{kind}(train_loop_config={train_loop_config!r}) must be a dict.")
+        for name, value, expected in (("scaling_config", scaling_config, ScalingConfig),
+                                      ("run_config", run_config, RunConfig),
+                                      ("resume_from_checkpoint", resume_from_checkpoint, Checkpoint)):
+            if value is not None and not isinstance(value, expected):
+                raise ConfigError(f"{kind}({name}={value!r}) must be a {expected.__name__}.")
+        self.train_loop_per_worker = train_loop_per_worker
+        self.train_loop_config = train_loop_config
+        self.scaling_config = scaling_config or ScalingConfig()
+        self.run_config = run_config or RunConfig()
+        self.resume_from_checkpoint = resume_from_checkpoint
+
+    def fit(self) -> Result:
+        """Train on every rank; return the :class:`Result` (on every rank under a launcher)."""
+        if mainimport.importing_main:
+            raise mainimport.MainImported()
+        current = settings.refresh()
+        job = TrainingJob(self.train_loop_per_worker, self.train_loop_config,
+                          self.scaling_config, self.run_config, self.resume_from_checkpoint,
+                          self._backend())
+        if current.launcher is None and self.scaling_config.num_workers > 1:
+            return spawn(job, current)
+        return run_ranks(job, current)
+
+    def _backend(self) -> Backend:
+        """The framework set up on every rank before the training function: none here."""
+        return Backend()

@@ -1,0 +1,30 @@
+"""Entry point of a rank started by hpckit itself: ``python -m hpckit.launch.worker``."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import sys
+
+from hpckit import settings
+from hpckit.launch.mainimport import import_main
+from hpckit.run.ranks import run_ranks
+
+
+def main() -> None:
+    current = settings.refresh()
+    assert current.worker, "hpckit.launch.worker is started by a trainer's fit(), not by hand"
+    with open(os.path.join(current.worker, "main.json")) as f:
+        spec = json.load(f)
+    sys.path[:] = spec["sys_path"]
+    sys.argv[:] = spec["argv"]
+    os.chdir(spec["cwd"])
+    import_main(spec["main"])
+    with open(os.path.join(current.worker, "job.pkl"), "rb") as f:
+        job = pickle.load(f)
+    run_ranks(job, current)
+
+
+if __name__ == "__main__":
+    main()

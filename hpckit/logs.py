@@ -1,0 +1,47 @@
+"""Rank-aware logging: rank 0 logs at INFO, other ranks at WARNING, unless HPCKIT_LOG_LEVEL says.
+
+Ground layer: imports only :mod:`hpckit.settings`.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from hpckit import settings
+
+log = logging.getLogger("hpckit")
+
+_FORMAT = "%(asctime)s hpckit[rank %(rank)s] %(levelname)s %(message)s"
+
+
+class _RankFilter(logging.Filter):
+    def __init__(self, rank: int) -> None:
+        super().__init__()
+        self.rank = rank
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.rank = self.rank
+        return True
+
+
+class _Handler(logging.StreamHandler):
+    """hpckit's own handler, told apart from handlers a user adds."""
+
+
+def configure(rank: int, level: str | None = None) -> None:
+    """Give the ``hpckit`` logger a rank prefix and this rank's level; safe to call again."""
+    chosen = level or settings.current().log_level or ("INFO" if rank == 0 else "WARNING")
+    handler = next((h for h in log.handlers if isinstance(h, _Handler)), None)
+    if handler is None:
+        handler = _Handler(sys.stderr)
+        handler.setFormatter(logging.Formatter(_FORMAT, "%H:%M:%S"))
+        log.addHandler(handler)
+        log.propagate = False
+    handler.filters = [_RankFilter(rank)]
+    log.setLevel(chosen)
+
+
+def debugging() -> bool:
+    """Whether the user asked for tracebacks (``HPCKIT_LOG_LEVEL=DEBUG``)."""
+    return log.isEnabledFor(logging.DEBUG)

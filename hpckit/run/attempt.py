@@ -1,0 +1,175 @@
+"""One attempt of a run on every rank: open the experiment (rank 0), check the storage is
+shared, set up the back-end, run the training function with a session, and end the attempt."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow.fs
+
+from hpckit.checkpoint import Checkpoint
+from hpckit.errors import StorageError
+from hpckit.experiment import retention
+from hpckit.experiment.artifacts import Artifacts
+from hpckit.experiment.attempts import Attempt, AttemptStatus
+from hpckit.experiment.experiment import Experiment, Opening
+from hpckit.experiment.manifest import Manifest
+from hpckit.logs import log
+from hpckit.result import Result
+from hpckit.run import stop
+from hpckit.run.comm import Topology, everywhere, on_root, raised_together, wait_for_all
+from hpckit.run.commit import CommitProtocol
+from hpckit.run.context import TrainContext
+from hpckit.run.job import TrainingJob, command_record
+from hpckit.run.session import Session, activate
+from hpckit.settings import Settings
+from hpckit.storage import files
+from hpckit.storage.location import Location
+from hpckit.storage.uris import redact
+
+
+@dataclass(frozen=True)
+class Start:
+    """What every rank learns from rank 0 when the experiment is open."""
+
+    latest: str | None
+    next_step: int
+    marker: str
+
+
+class AttemptFailed(Exception):
+    """The training function failed on this rank (or every rank) during an attempt."""
+
+    def __init__(self, cause: BaseException, collective: bool) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.collective = collective
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """The MPI world an attempt runs on."""
+
+    comm: Any
+    local_comm: Any
+    topology: Topology
+
+
+def run_attempt(job: TrainingJob, ranks: Ranks, settings: Settings, number: int) -> Result:
+    comm = ranks.comm
+    root = job.storage_root(settings)
+    location = root.join(job.name)
+    owner, start = on_root(comm, lambda: _open(job, root, comm.size, settings, number),
+                           f"opening experiment {location.display}", StorageError)
+    try:
+        _check_shared(comm, location, start.marker, ranks.topology)
+        started = time.perf_counter()
+        job.backend.setup(comm, ranks.local_comm, ranks.topology, job.scaling_config, settings)
+        session = _session(job, ranks, settings, number, location, start, owner)
+        log.info("%d rank(s) on %d node(s) ready in %.2f s; experiment %s",
+                 ranks.topology.world_size, ranks.topology.num_nodes,
+                 time.perf_counter() - started, location.display)
+        _train(job, session, owner, settings)
+        summary = None
+        if owner is not None:
+            owner.end_attempt(AttemptStatus.FINISHED, None, session.protocol.reports)
+            summary = (owner.manifest.to_json(), owner.history())
+        manifest_json, history = comm.bcast(summary, root=0)
+        return Result._build(location, Manifest.from_json(manifest_json, location.display), history)
+    finally:
+        if owner is not None:
+            owner.close()
+
+
+def _open(job: TrainingJob, root: Location, world_size: int, settings: Settings,
+          number: int) -> tuple[Experiment, Start]:
+    """Rank 0: open the experiment and leave a marker that every rank must see."""
+    config = job.run_config.checkpoint_config
+    attempt = Attempt(number, AttemptStatus.RUNNING, time.time(), world_size,
+                      settings.launcher or "python", socket.gethostname(), os.getpid(),
+                      tuple(redact(a) for a in sys.argv), settings.slurm())
+    opening = Opening(job.name, world_size, command_record(settings), job.config_record(root),
+                      retention.record(config), config.verify_on_resume, attempt)
+    owner = Experiment.open(root, opening, settings, job.run_config.sync_config)
+    try:
+        marker = f".hpckit-visible-{uuid.uuid4().hex}"
+        files.write_bytes(owner.location.join(marker), b"")
+    except BaseException:
+        owner.close()
+        raise
+    latest = owner.manifest.latest
+    return owner, Start(latest.directory if latest else None, owner.manifest.next_step, marker)
+
+
+def _check_shared(comm: Any, location: Location, marker: str, topology: Topology) -> None:
+    def visible() -> None:
+        if files.file_type(location.join(marker)) != pyarrow.fs.FileType.File:
+            raise StorageError(
+                f"rank {topology.world_rank} on {topology.hostname} cannot see "
+                f"{location.display} as rank 0 wrote it: the storage path is not shared by every "
+                "node (a node-local path such as /tmp in a multi-node job?). Use a shared "
+                "filesystem (Lustre, NFS) or S3.")
+
+    everywhere(comm, visible, "checking that every rank sees the storage", StorageError)
+    if comm.rank == 0:
+        files.delete_file(location.join(marker))
+
+
+def _session(job: TrainingJob, ranks: Ranks, settings: Settings, number: int,
+             location: Location, start: Start, owner: Experiment | None) -> Session:
+    rank = ranks.comm.rank
+    sync = job.run_config.sync_config
+    artifacts = Artifacts(location, rank, settings.local_dir,
+                          sync.sync_artifacts and (rank == 0 or sync.sync_artifacts_all_ranks))
+    latest = Checkpoint._at(location.join(start.latest)) if start.latest else None
+    protocol = CommitProtocol(ranks.comm, location, job.run_config.checkpoint_config,
+                              start.next_step, owner, latest)
+    context = TrainContext(ranks.topology, job.name, location, number, settings.launcher,
+                           settings.slurm(), artifact_dir=lambda: artifacts.directory,
+                           stop_requested=lambda: session.stop_requested is not None)
+    session = Session(context, protocol, job.resume_from_checkpoint, artifacts)
+    return session
+
+
+def _train(job: TrainingJob, session: Session, owner: Experiment | None,
+           settings: Settings) -> None:
+    activate(session)
+    try:
+        job.call_train_loop()
+        session.protocol.finish()
+    except stop.StopRequested as requested:
+        _stop_run(session, owner, settings, str(requested))
+    except BaseException as exc:
+        if owner is not None:
+            owner.end_attempt(AttemptStatus.FAILED, f"{type(exc).__name__}: {exc}",
+                              session.protocol.reports)
+        raise AttemptFailed(exc, raised_together(exc)) from exc
+    finally:
+        activate(None)
+        session.artifacts.close()
+
+
+def _stop_run(session: Session, owner: Experiment | None, settings: Settings,
+              signal_name: str) -> None:
+    """After the checkpoint that followed a stop request: requeue under Slurm, then exit."""
+    if owner is not None:
+        reason = f"stop requested by {signal_name}"
+        reports = session.protocol.reports
+        job = settings.job_to_requeue
+        # Recorded before asking: Slurm may end this job as soon as it requeues it.
+        owner.end_attempt(AttemptStatus.REQUEUED if job else AttemptStatus.STOPPED, reason, reports)
+        if not (job and stop.requeue(settings)):
+            if job:
+                owner.end_attempt(AttemptStatus.STOPPED, reason, reports)
+            latest = session.protocol.latest
+            log.warning("stopped after committing %s (%s). To continue, run the same command "
+                        "again, or: hpckit resume %s", latest.uri if latest else "-", reason,
+                        owner.location.display)
+    wait_for_all(session.protocol.comm)
+    raise SystemExit(stop.EXIT_STOPPED)

@@ -1,0 +1,201 @@
+"""MPI: the world, its topology, and collective steps that fail on every rank together.
+
+Every collective hpckit runs goes through :func:`all_reduce`, :func:`on_root` or
+:func:`everywhere`: each wraps every rank's step, gathers the outcomes and raises one error
+on every rank, so no rank raises alone while the others wait.
+"""
+
+from __future__ import annotations
+
+import pickle
+import socket
+import time
+import traceback
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+from hpckit.errors import HpckitError
+
+T = TypeVar("T")
+R = TypeVar("R")
+K = TypeVar("K")
+
+# Errors raised on every rank together by raise_failures: such an error ends the run on each
+# rank as it is, while an error of one rank alone must abort the job (see run.exit).
+_raised_together: weakref.WeakSet[BaseException] = weakref.WeakSet()
+
+
+def world() -> Any:
+    """MPI.COMM_WORLD, importing mpi4py (and so initialising MPI) only when first needed."""
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+@dataclass(frozen=True)
+class Topology:
+    world_rank: int
+    world_size: int
+    local_rank: int
+    local_size: int
+    node_rank: int
+    num_nodes: int
+    hostname: str
+
+
+def discover(comm: Any) -> tuple[Topology, Any]:
+    """This rank's place in the job, and a communicator of the ranks on its node."""
+    from mpi4py import MPI
+
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
+    leaders = comm.Split(0 if local.rank == 0 else MPI.UNDEFINED, comm.rank)
+    node = (leaders.rank, leaders.size) if local.rank == 0 else None
+    if leaders != MPI.COMM_NULL:
+        leaders.Free()
+    node_rank, num_nodes = local.bcast(node, root=0)
+    return Topology(comm.rank, comm.size, local.rank, local.size, node_rank, num_nodes,
+                    socket.gethostname()), local
+
+
+def wait_for_all(comm: Any, first: float = 0.0002, longest: float = 0.005) -> None:
+    """A barrier that sleeps while it waits.
+
+    MPI implementations busy-poll inside blocking collectives; ranks waiting there for rank 0
+    to finish writing a checkpoint would take the CPU that the copy and its hash need.
+    """
+    request = comm.Ibarrier()
+    delay = first
+    while not request.Test():
+        time.sleep(delay)
+        delay = min(delay * 2, longest)
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """One rank's exception, in a form that crosses MPI whatever the exception was."""
+
+    rank: int
+    error: str
+    traceback: str
+    exception: bytes | None
+
+    @classmethod
+    def capture(cls, rank: int, exc: BaseException) -> RankFailure:
+        try:
+            pickled: bytes | None = pickle.dumps(exc)
+        except Exception:
+            pickled = None
+        text = "".join(traceback.format_exception(exc))
+        return cls(rank, f"{type(exc).__name__}: {exc}", text, pickled)
+
+    def original(self) -> BaseException | None:
+        if self.exception is None:
+            return None
+        try:
+            original = pickle.loads(self.exception)
+        except Exception:
+            return None
+        return original if isinstance(original, BaseException) else None
+
+
+def describe(failures: list[RankFailure], what: str) -> str:
+    """One message for failures on several ranks: which ranks, and each traceback once."""
+    ranks = ", ".join(str(f.rank) for f in failures)
+    seen: dict[str, list[int]] = {}
+    for f in failures:
+        seen.setdefault(f.traceback, []).append(f.rank)
+    details = "\n".join(f"--- rank {', '.join(map(str, rs))} ---\n{tb.rstrip()}" for tb, rs in seen.items())
+    return f"{what} failed on rank {ranks}: {failures[0].error}\n{details}"
+
+
+def raise_failures(failures: list[RankFailure], what: str, kind: type[HpckitError]) -> None:
+    """Raise on this rank the one error that every rank raises for these failures.
+
+    When exactly one kind of hpckit error caused it, that error is re-raised as it was, so
+    callers can catch e.g. ConfigError the same on every rank.
+    """
+    if not failures:
+        return
+    error = _failure_error(failures, what, kind)
+    _raised_together.add(error)
+    raise error
+
+
+def raised_together(error: BaseException) -> bool:
+    """Whether every rank raised ``error`` together (through :func:`raise_failures`)."""
+    return error in _raised_together
+
+
+def _failure_error(failures: list[RankFailure], what: str, kind: type[HpckitError]) -> BaseException:
+    originals = [f.original() for f in failures]
+    first = originals[0]
+    if (isinstance(first, HpckitError) and len({f.error for f in failures}) == 1
+            and all(type(o) is type(first) for o in originals)):
+        return first
+    return kind(describe(failures, what))
+
+
+def attempt(rank: int, fn: Callable[[], T]) -> tuple[T | None, RankFailure | None]:
+    try:
+        return fn(), None
+    except Exception as exc:
+        return None, RankFailure.capture(rank, exc)
+
+
+def on_root(comm: Any, fn: Callable[[], tuple[K, T]], what: str,
+            kind: type[HpckitError] = HpckitError) -> tuple[K | None, T]:
+    """Run ``fn`` on rank 0, which keeps the first part of its result; every rank receives
+    the second part, or the error raised on every rank."""
+    kept: K | None = None
+    outcome = None
+    if comm.rank == 0:
+        result, failure = attempt(0, fn)
+        kept, shared = result if result is not None else (None, None)
+        outcome = (shared, failure)
+    value, failure = comm.bcast(outcome, root=0)
+    raise_failures([failure] if failure else [], what, kind)
+    return kept, value
+
+
+def all_reduce(comm: Any, what: str, local: Callable[[], T], reduce: Callable[[list[T]], R],
+               kind: type[HpckitError] = HpckitError, patient: bool = False,
+               undo: Callable[[], None] | None = None) -> R:
+    """One collective step, as torch DCP's ``_DistWrapper.all_reduce``: every rank runs
+    ``local``; rank 0 runs ``reduce`` over every rank's value; every rank receives its result.
+    A failure anywhere is raised on every rank as one error naming the failed ranks.
+
+    ``patient`` ranks sleep in a barrier while the slowest rank (or rank 0's ``reduce``) works,
+    instead of busy-polling inside MPI and taking the CPU that work needs. ``undo`` runs on
+    rank 0 when a rank's ``local`` failed (``reduce`` undoes its own failures).
+    """
+    value, failure = attempt(comm.rank, local)
+    if patient:
+        wait_for_all(comm)
+    gathered = comm.gather((value, failure), root=0)
+    outcome = None
+    if comm.rank == 0:
+        failures = [f for _, f in gathered if f]
+        if failures and undo is not None:
+            undo()
+        outcome = ((None, failures) if failures else
+                   _reduced(lambda: reduce([v for v, _ in gathered])))
+    if patient:
+        wait_for_all(comm)
+    result, failures = comm.bcast(outcome, root=0)
+    raise_failures(failures, what, kind)
+    return cast(R, result)
+
+
+def _reduced(fn: Callable[[], R]) -> tuple[R | None, list[RankFailure]]:
+    result, failure = attempt(0, fn)
+    return result, [failure] if failure else []
+
+
+def everywhere(comm: Any, fn: Callable[[], T], what: str,
+               kind: type[HpckitError] = HpckitError) -> list[T]:
+    """Run ``fn`` on every rank; all results to every rank, or one error raised on every rank."""
+    outcomes = comm.allgather(attempt(comm.rank, fn))
+    raise_failures([f for _, f in outcomes if f], what, kind)
+    return [v for v, _ in outcomes]

@@ -1,0 +1,75 @@
+"""TrainContext: what a rank knows about itself and its run, from ``hpckit.get_context()``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from hpckit.run.comm import Topology
+from hpckit.storage.location import Location
+
+__all__ = ["TrainContext"]
+
+
+@dataclass(frozen=True)
+class TrainContext:
+    """This rank's place in the job and where the experiment is stored."""
+
+    topology: Topology
+    experiment_name: str
+    experiment: Location
+    attempt: int = 0
+    launcher: str | None = None
+    slurm: dict[str, str] = field(default_factory=dict)
+    artifact_dir: Callable[[], str] = field(default=lambda: "", repr=False)
+    stop_requested: Callable[[], bool] = field(default=lambda: False, repr=False)
+
+    def get_world_rank(self) -> int:
+        return self.topology.world_rank
+
+    def get_world_size(self) -> int:
+        return self.topology.world_size
+
+    def get_local_rank(self) -> int:
+        return self.topology.local_rank
+
+    def get_local_world_size(self) -> int:
+        return self.topology.local_size
+
+    def get_node_rank(self) -> int:
+        return self.topology.node_rank
+
+    def get_experiment_name(self) -> str:
+        return self.experiment_name
+
+    def get_experiment_path(self) -> str:
+        """The experiment directory as a path on :meth:`get_storage_filesystem` (as in Ray:
+        no scheme; ``bucket/prefix/name`` on S3)."""
+        return self.experiment.path
+
+    def get_storage_path(self) -> str:
+        """The storage root that holds the experiment directory, on the same filesystem."""
+        return self.experiment.parent.path
+
+    def get_storage_filesystem(self) -> object:
+        """The pyarrow filesystem the experiment is stored on."""
+        return self.experiment.filesystem
+
+    def get_attempt(self) -> int:
+        """0 for the first attempt, then one more for each restart after a failure."""
+        return self.attempt
+
+    def get_slurm_info(self) -> dict[str, str]:
+        """The Slurm job this rank runs in: job_id, array_job_id, array_task_id,
+        restart_count, nodelist, tasks_per_node (those Slurm set; empty outside Slurm)."""
+        return dict(self.slurm)
+
+    def get_artifact_dir(self) -> str:
+        """A local directory for this rank's artifacts (plots, samples, logs). With
+        ``SyncConfig(sync_artifacts=True)`` its files are persisted to
+        ``{experiment}/artifacts/rank-N/`` at every report; it is removed when the run ends."""
+        return self.artifact_dir()
+
+    def should_stop(self) -> bool:
+        """True once the ranks agreed a stop was requested (e.g. Slurm's time-limit warning)."""
+        return self.stop_requested()

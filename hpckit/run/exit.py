@@ -1,0 +1,96 @@
+"""The rank side of a failed run: how a rank ends so that no other rank is left waiting, and
+the error payload it leaves for the process that launched it (see :mod:`hpckit.launch`)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from hpckit.errors import TrainingFailedError
+from hpckit.logs import log
+from hpckit.run.comm import RankFailure, describe, world
+from hpckit.settings import Settings
+
+ABORT_GRACE = 0.5
+ERRORS = "errors"
+
+
+@dataclass(frozen=True)
+class ErrorReport:
+    """One rank's failure as handed to the launching process."""
+
+    failure: RankFailure
+    training: bool
+
+
+def fail(comm: Any, settings: Settings, exc: BaseException, collective: bool,
+         training: bool) -> NoReturn:
+    """End this rank's part in a failed run; the others must not be left waiting.
+
+    An error every rank raised together is raised on each rank. An error of one rank alone
+    is logged with its traceback and the whole MPI job is aborted, since the other ranks may
+    be blocked in a collective that this rank will never join.
+    """
+    error = as_raised(exc, training, collective, comm)
+    if settings.worker:
+        write_error(settings.worker, ErrorReport(RankFailure.capture(comm.rank, error), training))
+    if collective or comm.size == 1:
+        if comm.rank == 0 and not settings.worker and training:
+            log.error("training failed; to resume, run the same command again: the experiment "
+                      "has a manifest, so the run continues from its last committed checkpoint.")
+        raise error from exc
+    hint = ("" if settings.worker else "\nTo resume, run the same command again: the run continues "
+            "from its last committed checkpoint.")
+    log.error("rank %d failed; aborting all %d ranks.\n%s%s", comm.rank, comm.size,
+              RankFailure.capture(comm.rank, exc).traceback.rstrip(), hint)
+    for handler in log.handlers:
+        handler.flush()
+    sys.stderr.flush()
+    # MPI_Abort kills at once; give the launcher a moment to forward this rank's output,
+    # or the one message that says what failed can be lost.
+    time.sleep(ABORT_GRACE)
+    world().Abort(1)
+    raise SystemExit(1)  # not reached: Abort ends the process
+
+
+def as_raised(exc: BaseException, training: bool, collective: bool, comm: Any) -> BaseException:
+    """What fit() raises: setup errors as they are, training errors as TrainingFailedError."""
+    if not training or isinstance(exc, TrainingFailedError):
+        return exc
+    if collective and comm.size > 1:
+        return TrainingFailedError(
+            f"training failed on all {comm.size} ranks: {type(exc).__name__}: {exc}")
+    return TrainingFailedError(describe([RankFailure.capture(comm.rank, exc)], "training"))
+
+
+def write_error(payload: str, report: ErrorReport) -> None:
+    path = os.path.join(payload, ERRORS, f"rank-{report.failure.rank}.pkl")
+    try:
+        with open(path + ".tmp", "wb") as f:
+            pickle.dump(report, f)
+        os.replace(path + ".tmp", path)
+    except OSError as exc:
+        log.error("could not hand the error to the launching process: %s", exc)
+
+
+def read_errors(payload: str) -> list[ErrorReport]:
+    """Every rank's error report in ``payload``, lowest rank first."""
+    folder = os.path.join(payload, ERRORS)
+    reports = []
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".pkl"):
+            with open(os.path.join(folder, name), "rb") as f:
+                reports.append(pickle.load(f))
+    return sorted(reports, key=lambda r: r.failure.rank)
+
+
+def register_pid(settings: Settings) -> None:
+    """Let the process that launched this rank send it the stop signal."""
+    if settings.pid_dir:
+        with contextlib.suppress(OSError):
+            open(os.path.join(settings.pid_dir, str(os.getpid())), "w").close()

@@ -1,0 +1,112 @@
+"""The training job every rank runs: the training function, its configs, and the framework
+back-end that is set up before it. A value, pickled as it is to the ranks hpckit starts."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from hpckit.checkpoint import Checkpoint
+from hpckit.config import RunConfig, ScalingConfig
+from hpckit.run.comm import Topology
+from hpckit.settings import Settings
+from hpckit.storage.location import Location, resolve
+from hpckit.storage.uris import redact
+
+DEFAULT_STORAGE = "~/hpckit_results"
+
+
+class Backend:
+    """Framework set-up on every rank before the training function runs: none here.
+    :class:`hpckit.torch.TorchTrainer`'s back-end joins a torch.distributed process group."""
+
+    def setup(self, comm: Any, local_comm: Any, topology: Topology, scaling: ScalingConfig,
+              settings: Settings) -> None:
+        """Prepare this rank; every rank calls it at the same point."""
+
+
+@dataclass(frozen=True)
+class TrainingJob:
+    train_loop: Callable[..., Any]
+    train_loop_config: dict[str, Any] | None
+    scaling_config: ScalingConfig
+    run_config: RunConfig
+    resume_from_checkpoint: Checkpoint | None
+    backend: Backend
+
+    def storage_root(self, settings: Settings) -> Location:
+        path = self.run_config.storage_path or settings.storage or DEFAULT_STORAGE
+        return resolve(path, self.run_config.storage_filesystem)
+
+    def named(self, settings: Settings, name: str | None = None) -> TrainingJob:
+        """This job with its experiment name fixed, so every rank and attempt agree."""
+        if self.run_config.name:
+            return self
+        return replace(self, run_config=replace(self.run_config,
+                                                name=name or default_name(settings)))
+
+    @property
+    def name(self) -> str:
+        assert self.run_config.name is not None, "named() sets the name before a run"
+        return self.run_config.name
+
+    def call_train_loop(self) -> Any:
+        if inspect.signature(self.train_loop).parameters:
+            return self.train_loop(self.train_loop_config or {})
+        return self.train_loop()
+
+    def config_record(self, root: Location) -> dict[str, Any]:
+        """The run's configuration as the manifest records it (secrets redacted)."""
+        seed = self.resume_from_checkpoint
+        return {
+            "train_loop": _qualified_name(self.train_loop),
+            "train_loop_config": jsonable(self.train_loop_config or {}),
+            "scaling_config": jsonable(asdict(self.scaling_config)),
+            "storage_path": root.display,
+            "failure_config": asdict(self.run_config.failure_config),
+            "resume_from_checkpoint": seed.uri if seed else None,
+        }
+
+
+def command_record(settings: Settings) -> dict[str, Any]:
+    """How this run was started, for ``hpckit resume``."""
+    return {"argv": [redact(a) for a in sys.argv], "executable": sys.executable, "cwd": os.getcwd(),
+            "launcher": settings.launcher or "python"}
+
+
+def default_name(settings: Settings) -> str:
+    """$HPCKIT_NAME, else the script's name plus the Slurm job (so a requeued job resumes),
+    else a timestamp."""
+    if settings.name:
+        return settings.name
+    stem = os.path.splitext(os.path.basename(sys.argv[0] or ""))[0] or "hpckit"
+    if settings.slurm_array_job_id and settings.slurm_array_task_id:
+        return f"{stem}-job{settings.slurm_array_job_id}_{settings.slurm_array_task_id}"
+    if settings.slurm_job_id:
+        return f"{stem}-job{settings.slurm_job_id}"
+    return f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _qualified_name(fn: Callable[..., Any]) -> str:
+    module = getattr(fn, "__module__", None) or "?"
+    return f"{'__main__' if module == '__mp_main__' else module}.{getattr(fn, '__qualname__', fn)}"
+
+
+def jsonable(value: Any) -> Any:
+    """The config as JSON for the manifest: secrets in URIs redacted, other objects repr'd."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, str):
+        return redact(value)
+    if value is None or isinstance(value, (bool, int)):
+        return value
+    if isinstance(value, float):
+        return value if value == value and abs(value) != float("inf") else None
+    return repr(value)

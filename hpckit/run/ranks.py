@@ -1,0 +1,67 @@
+"""Running a job on the ranks of this MPI world: the world is checked, the experiment name
+agreed, and attempts run until one succeeds or the retry policy gives up."""
+
+from __future__ import annotations
+
+from hpckit import logs
+from hpckit.errors import LaunchError
+from hpckit.logs import log
+from hpckit.result import Result
+from hpckit.run import exit as rank_exit
+from hpckit.run import stop
+from hpckit.run.attempt import AttemptFailed, Ranks, run_attempt
+from hpckit.run.comm import discover, raised_together, world
+from hpckit.run.job import TrainingJob
+from hpckit.run.retry import RetryPolicy
+from hpckit.settings import Settings
+
+
+def run_ranks(job: TrainingJob, settings: Settings) -> Result:
+    """Run ``job`` on every rank of this process's MPI world; returns its :class:`Result`."""
+    # Before anything slow: a stop signal during start-up must not kill the rank.
+    with stop.handling(settings.stop_signal):
+        return _run(job, settings)
+
+
+def _run(job: TrainingJob, settings: Settings) -> Result:
+    comm = world().Dup()
+    logs.configure(comm.rank)
+    rank_exit.register_pid(settings)
+    try:
+        check_world(comm.size, job.scaling_config.num_workers, settings)
+    except LaunchError as exc:
+        rank_exit.fail(comm, settings, exc, collective=True, training=False)
+    topology, local_comm = discover(comm)
+    name = comm.bcast(job.named(settings).name if comm.rank == 0 else None, root=0)
+    job = job.named(settings, name)
+    policy = RetryPolicy(job.run_config.failure_config.max_failures)
+    number = settings.attempt
+    while True:
+        try:
+            return run_attempt(job, Ranks(comm, local_comm, topology), settings, number)
+        except SystemExit:
+            raise
+        except AttemptFailed as failure:
+            # Only a single rank that hpckit did not launch restarts itself; launched ranks
+            # are restarted by whoever launched them (hpckit's parent process, or the user).
+            if not (comm.size == 1 and settings.launcher is None and policy.allows(number)):
+                rank_exit.fail(comm, settings, failure.cause, failure.collective, training=True)
+            number += 1
+            log.warning("attempt %d failed (%s); restarting from the last committed "
+                        "checkpoint (%s)", number - 1, failure.cause, policy.describe(number))
+        except BaseException as exc:
+            rank_exit.fail(comm, settings, exc, raised_together(exc), training=False)
+
+
+def check_world(size: int, num_workers: int, settings: Settings) -> None:
+    tasks = settings.launched_tasks
+    if tasks is not None and tasks != size:
+        raise LaunchError(
+            f"the launcher ({settings.launcher}) started {tasks} tasks but MPI sees a world of "
+            f"{size}: the launcher and mpi4py's MPI disagree. With srun use --mpi=pmi2; with "
+            "mpirun use the mpiexec of the MPI that mpi4py was built with.")
+    if size != num_workers:
+        raise LaunchError(
+            f"ScalingConfig(num_workers={num_workers}) but {size} rank(s) were launched; make "
+            f"them agree (mpirun -n {num_workers} ..., srun --ntasks={num_workers}) or set "
+            f"num_workers={size}.")

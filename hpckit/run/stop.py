@@ -1,0 +1,70 @@
+"""Stop requests: a signal (Slurm's time-limit or preemption warning) asks the run to stop.
+
+The handler only sets a flag. The ranks agree on it at the next report() (the flag rides
+on the announcement every rank sends anyway), so they all stop after the same checkpoint.
+After it, rank 0 asks Slurm to requeue the job, and every rank exits with EXIT_STOPPED.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from hpckit.logs import log
+from hpckit.settings import Settings
+
+EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped on request; run again (or requeued) to continue
+
+_received: str | None = None
+
+
+class StopRequested(BaseException):
+    """Raised in every rank after the checkpoint that follows an agreed stop is committed.
+
+    A BaseException, so that a training loop's ``except Exception`` does not swallow it.
+    """
+
+
+def received() -> str | None:
+    """The name of the stop signal this process received, if any."""
+    return _received
+
+
+@contextmanager
+def handling(signum: signal.Signals) -> Iterator[signal.Signals]:
+    """Install the stop-signal handler for the duration of a run (main thread only)."""
+    global _received
+    _received = None
+
+    def handler(number: int, _frame: Any) -> None:
+        global _received
+        _received = signal.Signals(number).name
+
+    try:
+        previous = signal.signal(signum, handler)
+    except ValueError:  # not the main thread: stop requests cannot be handled here
+        yield signum
+        return
+    try:
+        yield signum
+    finally:
+        signal.signal(signum, previous)
+
+
+def requeue(settings: Settings) -> bool:
+    """Ask Slurm to requeue this job; the requeued job resumes from the manifest."""
+    job = settings.job_to_requeue
+    scontrol = shutil.which("scontrol")
+    if not job or not scontrol:
+        return False
+    out = subprocess.run([scontrol, "requeue", job], capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        log.error("scontrol requeue %s failed (%s); the job was submitted without --requeue? "
+                  "Resume it by hand: hpckit resume EXPERIMENT", job, out.stderr.strip())
+        return False
+    log.info("requeued Slurm job %s; it resumes from the last committed checkpoint", job)
+    return True

@@ -1,0 +1,236 @@
+"""Every environment variable hpckit reads, read and converted here, once per entry point.
+
+Ground layer: imports only :mod:`hpckit.errors`. Nothing is read at import time, so importing
+hpckit never fails whatever the environment holds; :func:`current` reads the table on first
+use and raises one :class:`ConfigError` that names each bad variable and what it accepts.
+Entry points (``fit()``, a rank started by hpckit, each ``hpckit`` command) call
+:func:`refresh` so that they see the environment they were started with.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hpckit.errors import ConfigError
+
+# The fault points of the commit protocol, in the order a report meets them (see run.faults).
+FAULT_PHASES = ("writing", "written", "gathered", "committed", "evicting")
+DEFAULT_STOP_SIGNAL = signal.SIGUSR2  # NCCL may use SIGUSR1 itself (submitit made the same choice)
+DEFAULT_LOCK_STALE_SECONDS = 300.0
+_FALSE, _TRUE = ("0", "false", "no", "off"), ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class FaultPoint:
+    """``HPCKIT_FAULT=PHASE:RANK:N[:all]``: the N-th time RANK reaches PHASE it is killed."""
+
+    phase: str
+    rank: int
+    occurrence: int
+    whole_group: bool
+
+
+def _text(raw: str) -> str:
+    return raw
+
+
+def _level(raw: str) -> str:
+    level = raw.strip().upper()
+    if level not in logging.getLevelNamesMapping():
+        raise ValueError("a log level: DEBUG, INFO, WARNING or ERROR")
+    return level
+
+
+def _count(raw: str) -> int:
+    if not raw.strip().isdigit():
+        raise ValueError("a whole number >= 0")
+    return int(raw)
+
+
+def _seconds(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError("a number of seconds > 0, e.g. 300")
+    return value
+
+
+def _switch(raw: str) -> bool:
+    text = raw.strip().lower()
+    if text not in _FALSE + _TRUE:
+        raise ValueError(f"one of {', '.join(_TRUE + _FALSE)}")
+    return text in _TRUE
+
+
+def parse_signal(raw: str) -> signal.Signals:
+    """A signal by name (``USR2``, ``SIGUSR2``) or number."""
+    text = raw.strip().upper()
+    try:
+        if text.isdigit():
+            return signal.Signals(int(text))
+        return signal.Signals[text if text.startswith("SIG") else f"SIG{text}"]
+    except (KeyError, ValueError):
+        raise ValueError("a signal name such as USR2, USR1 or TERM (match it to sbatch "
+                         "--signal=USR2@120)") from None
+
+
+def parse_fault(raw: str) -> FaultPoint:
+    parts = raw.split(":")
+    if (len(parts) not in (3, 4) or parts[0] not in FAULT_PHASES or not parts[1].isdigit()
+            or not parts[2].isdigit() or int(parts[2]) < 1 or parts[3:] not in ([], ["all"])):
+        raise ValueError(f"PHASE:RANK:N[:all] with PHASE one of {', '.join(FAULT_PHASES)}, e.g. "
+                         "'written:1:2'; unset it outside hpckit's tests")
+    return FaultPoint(parts[0], int(parts[1]), int(parts[2]), parts[3:] == ["all"])
+
+
+# field -> (variable, conversion). Launchers: MPICH hydra and Slurm's PMI-2 set PMI_*; Open MPI
+# sets OMPI_*; PMIx launchers set PMIX_RANK; srun sets SLURM_STEP_NUM_TASKS inside a job step.
+TABLE: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "storage": ("HPCKIT_STORAGE", _text),
+    "name": ("HPCKIT_NAME", _text),
+    "log_level": ("HPCKIT_LOG_LEVEL", _level),
+    "local_dir": ("HPCKIT_LOCAL_DIR", _text),
+    "mpiexec": ("HPCKIT_MPIEXEC", _text),
+    "master_addr": ("HPCKIT_MASTER_ADDR", _text),
+    "worker": ("HPCKIT_WORKER", _text),
+    "pid_dir": ("HPCKIT_PID_DIR", _text),
+    "attempt": ("HPCKIT_ATTEMPT", _count),
+    "stop_signal": ("HPCKIT_STOP_SIGNAL", parse_signal),
+    "fault": ("HPCKIT_FAULT", parse_fault),
+    "tensorboard": ("HPCKIT_TENSORBOARD", _switch),
+    "run_id": ("HPCKIT_RUN_ID", _text),
+    "lock_stale_seconds": ("HPCKIT_LOCK_STALE_SECONDS", _seconds),
+    "pmi_size": ("PMI_SIZE", _text),
+    "ompi_size": ("OMPI_COMM_WORLD_SIZE", _text),
+    "pmix_rank": ("PMIX_RANK", _text),
+    "srun_tasks": ("SLURM_STEP_NUM_TASKS", _text),
+    "slurm_job_id": ("SLURM_JOB_ID", _text),
+    "slurm_array_job_id": ("SLURM_ARRAY_JOB_ID", _text),
+    "slurm_array_task_id": ("SLURM_ARRAY_TASK_ID", _text),
+    "slurm_restart_count": ("SLURM_RESTART_COUNT", _text),
+    "slurm_nodelist": ("SLURM_JOB_NODELIST", _text),
+    "slurm_tasks_per_node": ("SLURM_TASKS_PER_NODE", _text),
+    "cuda_visible_devices": ("CUDA_VISIBLE_DEVICES", _text),
+}
+_SLURM_FIELDS = ("slurm_job_id", "slurm_array_job_id", "slurm_array_task_id",
+                 "slurm_restart_count", "slurm_nodelist", "slurm_tasks_per_node")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The environment as hpckit uses it: typed values, defaults filled in."""
+
+    storage: str | None = None
+    name: str | None = None
+    log_level: str | None = None
+    local_dir: str | None = None
+    mpiexec: str | None = None
+    master_addr: str | None = None
+    worker: str | None = None
+    pid_dir: str | None = None
+    attempt: int = 0
+    stop_signal: signal.Signals = DEFAULT_STOP_SIGNAL
+    fault: FaultPoint | None = None
+    tensorboard: bool = True
+    run_id: str | None = None
+    lock_stale_seconds: float = DEFAULT_LOCK_STALE_SECONDS
+    pmi_size: str | None = None
+    ompi_size: str | None = None
+    pmix_rank: str | None = None
+    srun_tasks: str | None = None
+    slurm_job_id: str | None = None
+    slurm_array_job_id: str | None = None
+    slurm_array_task_id: str | None = None
+    slurm_restart_count: str | None = None
+    slurm_nodelist: str | None = None
+    slurm_tasks_per_node: str | None = None
+    cuda_visible_devices: str | None = None
+    raw: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def read(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Convert every variable of :data:`TABLE`; one error lists every bad one."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        problems = []
+        for name, (variable, convert) in TABLE.items():
+            raw = environ.get(variable) or None
+            if raw is None:
+                continue
+            try:
+                values[name] = convert(raw)
+            except ValueError as exc:
+                problems.append(f"{variable}={raw!r} is invalid: use {exc}.")
+        if problems:
+            raise ConfigError(" ".join(problems))
+        raw_values = {variable: environ[variable] for variable, _ in TABLE.values()
+                      if environ.get(variable)}
+        return cls(**values, raw=raw_values)
+
+    @property
+    def launcher(self) -> str | None:
+        """Which external launcher started this process, if any."""
+        if self.worker:
+            return "hpckit"
+        pmi = self.pmi_size or self.ompi_size or self.pmix_rank
+        # mpiexec inside an allocation starts its proxies with srun (one task per node):
+        # then PMI's world, not srun's task count, says who launched the ranks.
+        if self.srun_tasks and (not pmi or self.pmi_size == self.srun_tasks):
+            return "srun"
+        return "mpiexec" if pmi else None
+
+    @property
+    def launched_tasks(self) -> int | None:
+        """The number of ranks the launcher says it started, where it says so."""
+        for value in (self.pmi_size, self.ompi_size, self.srun_tasks):
+            if value and value.isdigit():
+                return int(value)
+        return None
+
+    def slurm(self) -> dict[str, str]:
+        """The Slurm job this process belongs to, for the manifest's attempt history."""
+        return {k.removeprefix("slurm_"): getattr(self, k) for k in _SLURM_FIELDS if getattr(self, k)}
+
+    @property
+    def job_to_requeue(self) -> str | None:
+        """The id ``scontrol requeue`` needs: ``ARRAYJOB_TASK`` for an array task, else the job."""
+        if self.slurm_array_job_id and self.slurm_array_task_id:
+            return f"{self.slurm_array_job_id}_{self.slurm_array_task_id}"
+        return self.slurm_job_id
+
+    @property
+    def lock_run_id(self) -> str | None:
+        """What the attempts of one run share: hpckit's own run id, else the Slurm job."""
+        if self.run_id:
+            return self.run_id
+        return f"slurm-{self.slurm_job_id}" if self.slurm_job_id else None
+
+
+def variable(name: str) -> str:
+    """The environment variable behind a :class:`Settings` field, for messages."""
+    return TABLE[name][0]
+
+
+_current: Settings | None = None
+
+
+def current() -> Settings:
+    """This process's settings, read on first use."""
+    global _current
+    if _current is None:
+        _current = Settings.read()
+    return _current
+
+
+def refresh() -> Settings:
+    """Read the environment again: an entry point's view of the variables it started with."""
+    global _current
+    _current = None
+    return current()

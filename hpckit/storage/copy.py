@@ -1,0 +1,179 @@
+"""One hashed copy of a file between any two locations: persist, upload, download, export,
+mirror and artifacts all go through :func:`copy_file`.
+
+Local to local, the kernel copies (``copy_file_range``) while another thread hashes the
+source through mmap: the bytes never pass through Python. Any other pair streams in chunks,
+hashing each chunk while it is written, and flushes every :data:`UPLOAD_WINDOW` bytes so
+that memory stays bounded (pyarrow's S3 stream otherwise queues every part of a file).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import mmap
+import os
+import posixpath
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import click
+
+from hpckit.storage.files import errors_named, fsync_dir, list_files
+from hpckit.storage.location import Location, local
+
+CHUNK = 8 << 20
+# Flushing every window waits for the parts in flight, so memory stays near one window per
+# stream while parts still upload in parallel within it.
+UPLOAD_WINDOW = 32 << 20
+PROGRESS_FROM = 64 << 20  # a bar only for transfers that take a while, and only on a terminal
+PARALLEL = 8
+
+Advance = Callable[[int], Any]
+
+
+def progress(total: int, label: str) -> Any:
+    """A progress bar for transfers of at least PROGRESS_FROM bytes, drawn on a terminal only
+    (batch logs stay quiet)."""
+    show = total >= PROGRESS_FROM and sys.stderr.isatty()
+    return click.progressbar(length=total, label=label, file=sys.stderr, hidden=not show)
+
+
+def copy_file(source: Location, target: Location, advance: Advance | None = None) -> tuple[int, str]:
+    """Copy one file, creating the target's directory, durably where the target is local.
+    Returns (size, sha256 hex) of what was copied."""
+    with errors_named(target, "write"):
+        parent = posixpath.dirname(target.path)
+        if target.is_local:
+            os.makedirs(parent, exist_ok=True)
+        elif target.filesystem.type_name != "s3":  # S3 has no directories: a marker is a request
+            target.filesystem.create_dir(parent, recursive=True)
+        with errors_named(source, "read"):
+            if source.is_local and target.is_local:
+                size, digest = _copy_local(source.path, target.path)
+                if advance is not None:
+                    advance(size)
+                return size, digest
+            return _copy_streams(source, target, advance)
+
+
+def persist_file(source: str, target: Location) -> tuple[int, str]:
+    """Copy the local file ``source`` to ``target`` durably: (size, sha256 hex)."""
+    return copy_file(local(source), target)
+
+
+def _copy_local(source: str, target: str) -> tuple[int, str]:
+    with open(source, "rb") as src, open(target, "wb") as dst, ThreadPoolExecutor(1) as pool:
+        size = os.fstat(src.fileno()).st_size
+        hashed = pool.submit(_sha256_mapped, src.fileno(), size)
+        _copy_range(src.fileno(), dst.fileno(), size)
+        os.fsync(dst.fileno())
+        return size, hashed.result()
+
+
+def _copy_streams(source: Location, target: Location, advance: Advance | None) -> tuple[int, str]:
+    with source.filesystem.open_input_stream(source.path) as src:
+        if target.is_local:
+            with open(target.path, "wb") as dst:
+                result = _pipe_hashed(src, dst, advance)
+                dst.flush()
+                os.fsync(dst.fileno())
+                return result
+        with target.filesystem.open_output_stream(target.path) as out:
+            return _pipe_hashed(src, out, advance, window=UPLOAD_WINDOW)
+
+
+def _sha256_mapped(fd: int, size: int) -> str:
+    if size == 0:
+        return hashlib.sha256().hexdigest()
+    with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mapped:
+        return hashlib.sha256(mapped).hexdigest()
+
+
+def _copy_range(src: int, dst: int, size: int) -> None:
+    copied = 0
+    try:
+        while copied < size:
+            n = os.copy_file_range(src, dst, size - copied, copied, copied)
+            if n == 0:
+                break
+            copied += n
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+    while copied < size:  # the kernel could not copy between these filesystems
+        chunk = os.pread(src, min(CHUNK, size - copied), copied)
+        if not chunk:
+            break
+        copied += os.pwrite(dst, chunk, copied)
+    if copied != size:
+        raise OSError(errno.EIO, f"copied {copied} of {size} bytes: the source changed while copying")
+
+
+def _pipe_hashed(src: Any, dst: Any | None, advance: Advance | None = None,
+                 window: int | None = None) -> tuple[int, str]:
+    """Copy a stream to another (or nowhere), hashing each chunk while it is written:
+    hashlib releases the GIL, so the hash overlaps the write."""
+    digest = hashlib.sha256()
+    size = unflushed = 0
+    with ThreadPoolExecutor(1) as hasher:
+        while chunk := src.read(CHUNK):
+            hashed = hasher.submit(digest.update, chunk)
+            if dst is not None:
+                dst.write(chunk)
+                unflushed += len(chunk)
+                if window is not None and unflushed >= window:
+                    dst.flush()
+                    unflushed = 0
+            size += len(chunk)
+            hashed.result()
+            if advance is not None:
+                advance(len(chunk))
+    return size, digest.hexdigest()
+
+
+def sha256_stored(location: Location) -> tuple[int, str]:
+    """Size and sha256 of a stored file, read back from storage."""
+    with errors_named(location, "read"):
+        if location.is_local:
+            return sha256_file(location.path)
+        with location.filesystem.open_input_stream(location.path) as stream:
+            return _pipe_hashed(stream, None)
+
+
+def sha256_file(path: str) -> tuple[int, str]:
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        return size, _sha256_mapped(f.fileno(), size)
+
+
+def download_dir(source: Location, target: str) -> None:
+    """Copy every file under ``source`` into the local directory ``target``, in parallel."""
+    files = list_files(source)
+    os.makedirs(target, exist_ok=True)
+    destination = local(target)
+    with progress(sum(size for _, size in files), f"downloading {source.display}") as bar, \
+            ThreadPoolExecutor(max(1, min(PARALLEL, len(files)))) as pool:
+        lock = threading.Lock()
+
+        def advance(n: int) -> None:
+            with lock:
+                bar.update(n)
+
+        for future in [pool.submit(copy_file, source.join(rel), destination.join(rel), advance)
+                       for rel, _ in files]:
+            future.result()
+
+
+def fsync_tree(root: str, files: list[str]) -> None:
+    """fsync the directories that hold ``files`` (relative to ``root``), and root's parent,
+    so that the new names are durable too."""
+    dirs = {root, os.path.dirname(root)}
+    for rel in files:
+        parts = rel.split("/")[:-1]
+        dirs.update(os.path.join(root, *parts[:i]) for i in range(1, len(parts) + 1))
+    for directory in dirs:
+        fsync_dir(directory)

@@ -1,0 +1,162 @@
+"""Reading, writing, listing and deleting through pyarrow.fs, with fsync where the filesystem
+is local. Every function takes a :class:`Location` and raises :class:`StorageError` naming it.
+Copies of whole files are in :mod:`hpckit.storage.copy`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import uuid
+from collections.abc import Callable, Iterator
+
+import pyarrow
+import pyarrow.fs
+
+from hpckit.errors import StorageError
+from hpckit.storage.location import Location
+from hpckit.storage.uris import redact
+
+
+@contextlib.contextmanager
+def errors_named(location: Location, action: str) -> Iterator[None]:
+    """Re-raise storage failures as StorageError naming the location and the likely fix."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except (OSError, pyarrow.ArrowException) as exc:
+        raise StorageError(f"cannot {action} {location.display}: {_explain(exc)}") from exc
+
+
+_MISSING_BUCKET = re.compile(r"Bucket '([^']+)' not found|NoSuchBucket")
+
+
+def _explain(exc: BaseException) -> str:
+    text = str(exc)
+    if "ACCESS_DENIED" in text or "InvalidAccessKeyId" in text or "SignatureDoesNotMatch" in text:
+        return ("the storage refused the credentials (access denied); check the key and secret in "
+                "the URI (s3://KEY:SECRET@bucket/...) or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
+                "and that they may write this bucket")
+    missing = _MISSING_BUCKET.search(text)
+    if missing:
+        bucket = missing.group(1) if missing.lastindex else "the bucket"
+        return (f"bucket {bucket!r} does not exist; create it first (e.g. aws s3 mb s3://{bucket}) "
+                "or fix the name in storage_path")
+    code = getattr(exc, "errno", None)
+    if code == errno.ENOSPC or "No space left" in str(exc):
+        return "the disk is full (No space left on device); free space or point storage_path elsewhere"
+    if code in (errno.EACCES, errno.EPERM, errno.EROFS):
+        reason = getattr(exc, "strerror", None) or exc
+        return f"permission denied ({reason}); choose a storage_path you can write"
+    return redact(str(exc)) or type(exc).__name__
+
+
+def file_type(location: Location) -> pyarrow.fs.FileType:
+    with errors_named(location, "inspect"):
+        return location.filesystem.get_file_info(location.path).type
+
+
+def make_dir(location: Location) -> None:
+    with errors_named(location, "create directory"):
+        location.filesystem.create_dir(location.path, recursive=True)
+
+
+def read_bytes(location: Location) -> bytes:
+    with errors_named(location, "read"):
+        with location.filesystem.open_input_stream(location.path) as stream:
+            data: bytes = stream.read()
+            return data
+
+
+def write_atomic(location: Location, data: bytes) -> None:
+    """Replace the object at ``location`` all at once: temp file + fsync + rename, or one PUT."""
+    if not location.is_local:
+        write_bytes(location, data)  # one PUT: an object is invisible until it is complete
+        return
+    with errors_named(location, "write"):
+        directory = os.path.dirname(location.path)
+        tmp = os.path.join(directory, f".{os.path.basename(location.path)}.tmp-{uuid.uuid4().hex[:8]}")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, location.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        fsync_dir(directory)
+
+
+def write_bytes(location: Location, data: bytes) -> None:
+    with errors_named(location, "write"):
+        with location.filesystem.open_output_stream(location.path) as stream:
+            stream.write(data)
+
+
+def append_text(location: Location, text: str, whole: Callable[[], str]) -> None:
+    """Append ``text``; where the filesystem cannot append (object stores), write ``whole()``."""
+    with errors_named(location, "append to"):
+        try:
+            stream = location.filesystem.open_append_stream(location.path)
+        except (pyarrow.ArrowNotImplementedError, NotImplementedError):
+            write_bytes(location, whole().encode())
+            return
+        with stream:
+            stream.write(text.encode())
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def list_dir(location: Location) -> list[pyarrow.fs.FileInfo]:
+    with errors_named(location, "list"):
+        found: list[pyarrow.fs.FileInfo] = location.filesystem.get_file_info(
+            pyarrow.fs.FileSelector(location.path, allow_not_found=True))
+        return found
+
+
+def list_files(location: Location) -> list[tuple[str, int]]:
+    """Every file under ``location`` as (relative POSIX path, size)."""
+    with errors_named(location, "list"):
+        infos = location.filesystem.get_file_info(
+            pyarrow.fs.FileSelector(location.path, recursive=True))
+    base = location.path.rstrip("/") + "/"
+    return sorted((i.path[len(base):], i.size) for i in infos if i.type == pyarrow.fs.FileType.File)
+
+
+def escapes(location: Location, root: Location) -> bool:
+    """Whether a local path leads out of ``root`` through a symbolic link (object stores have
+    no links: never)."""
+    if not location.is_local:
+        return False
+    inside = os.path.realpath(root.path).rstrip("/") + "/"
+    return not (os.path.realpath(location.path) + "/").startswith(inside)
+
+
+def delete_dir(location: Location) -> None:
+    """Delete a directory and what is in it; a symbolic link is removed, never followed."""
+    with errors_named(location, "delete"):
+        if location.is_local and os.path.islink(location.path):
+            os.unlink(location.path)
+            return
+        if file_type(location) != pyarrow.fs.FileType.NotFound:
+            location.filesystem.delete_dir(location.path)
+
+
+def delete_file(location: Location, missing_ok: bool = False) -> None:
+    with errors_named(location, "delete"):
+        try:
+            location.filesystem.delete_file(location.path)
+        except FileNotFoundError:
+            if not missing_ok:
+                raise

@@ -1,0 +1,109 @@
+"""The structure stays as docs/architecture.md draws it: the import-linter contracts hold, no
+module imports itself through others, modules and functions stay small, and importing hpckit
+never fails whatever the environment holds."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+import pytest
+
+from hpckit.settings import TABLE
+
+ROOT = Path(__file__).parent.parent
+PACKAGE = ROOT / "hpckit"
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 300, 50
+
+
+def test_the_layer_contracts_hold():
+    lint = Path(sys.executable).parent / "lint-imports"
+    out = subprocess.run([str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0 and "0 broken" in out.stdout, out.stdout + out.stderr
+
+
+def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
+    """Strongly connected groups of more than one module (Tarjan), each one import cycle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for imported in graph.find_modules_directly_imported_by(module):
+            if imported not in index:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == module:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for module in sorted(graph.modules):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_no_import_cycles():
+    graph = grimp.build_graph("hpckit")
+    graph.remove_module("hpckit")  # the public face re-exports from every layer
+    assert _cycles(graph) == []
+
+
+def _sources() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_modules_are_small():
+    long = {str(p.relative_to(ROOT)): n for p in _sources()
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {}, f"modules over {MAX_MODULE_LINES} lines: {long}"
+
+
+def test_functions_are_small():
+    long = []
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+    assert long == [], f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_importing_hpckit_never_fails_whatever_the_environment():
+    bad = {variable: "\x01not-valid:" for variable, _ in TABLE.values()}
+    code = "import hpckit, hpckit.torch, hpckit.cli; print('imported')"
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **bad},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "imported" in out.stdout, out.stderr
+
+
+@pytest.mark.parametrize("variable,value,accepted", [
+    ("HPCKIT_FAULT", "written:one:1", "PHASE:RANK:N"),
+    ("HPCKIT_TENSORBOARD", "maybe", "one of 1, true"),
+    ("HPCKIT_LOG_LEVEL", "LOUD", "DEBUG, INFO"),
+])
+def test_a_bad_variable_is_one_line_naming_it_and_what_is_accepted(tmp_path, variable, value,
+                                                                   accepted):
+    hpckit = Path(sys.executable).parent / "hpckit"
+    out = subprocess.run([str(hpckit), "ls", str(tmp_path)], capture_output=True, text=True,
+                         env={**os.environ, variable: value}, timeout=120)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr
+    assert f"{variable}={value!r} is invalid" in lines[0] and accepted in lines[0], lines
+    assert "Traceback" not in out.stderr
