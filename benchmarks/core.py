@@ -117,8 +117,7 @@ def run_all(storage: str, quick: bool) -> None:
 def bench_verify(storage: str, mib: int, files: int = 4) -> None:
     """Verification on resume re-reads and hashes every file of the newest checkpoint."""
     from hpckit.experiment import verify as _verify
-from hpckit.storage import copy as _copy
-from hpckit.storage import files as _storage
+    from hpckit.storage import copy as _copy
     from hpckit.experiment.manifest import CheckpointRecord, FileRecord
     from hpckit.storage.location import resolve
 
@@ -134,11 +133,11 @@ from hpckit.storage import files as _storage
         size, digest = _copy.persist_file(path, experiment.join("checkpoint_000000", f"shard-{i}.bin"))
         persist_s += time.perf_counter() - started
         records.append(FileRecord(f"shard-{i}.bin", size, 0, digest))
-    record = CheckpointRecord(0, "checkpoint_000000", 0, time.time(), {}, records)
+    record = CheckpointRecord(0, "checkpoint_000000", 0, time.time(), {}, tuple(records))
     started = time.perf_counter()
     for f in records:
         with open(os.path.join(experiment.path, "checkpoint_000000", f.path), "rb") as stream:
-            while stream.read(_storage.CHUNK):
+            while stream.read(_copy.CHUNK):
                 pass
     read_s = time.perf_counter() - started
     started = time.perf_counter()

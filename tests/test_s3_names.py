@@ -131,7 +131,7 @@ def test_no_secret_reaches_anything_hpckit_writes_or_prints(s3, tmp_path):
 
 def test_a_session_token_in_the_uri_is_used_and_never_shown():
     from hpckit.storage.location import resolve
-from hpckit.storage.uris import redact
+    from hpckit.storage.uris import redact
 
     uri = "s3://AK:SK@bucket/p?endpoint_override=127.0.0.1:1&scheme=http&session_token=tok-secret-42"
     location = resolve(uri)
