@@ -1,0 +1,72 @@
+"""The pure parts of the commit protocol, without MPI: planning a report from every rank's
+announcement, assigning writers, merging what the ranks wrote, and the retry policy."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpckit.errors import CheckpointError, ReportMismatchError
+from hpckit.experiment.manifest import FileRecord
+from hpckit.run.comm import RankFailure
+from hpckit.run.plan import FINISH, REPORT, Announcement, Plan, make_plan, merge
+from hpckit.run.retry import RetryPolicy
+
+
+def test_a_report_with_files_gets_a_directory_and_one_writer_per_name():
+    plan = make_plan([Announcement(REPORT, 3, [("a.pt", 4), ("shared.json", 2)]),
+                      Announcement(REPORT, 3, None),
+                      Announcement(REPORT, 3, [("b.pt", 4), ("shared.json", 2)], stop="SIGUSR2")],
+                     step=7, next_index=12)
+    assert plan.directory == "checkpoint_000012" and plan.step == 7 and plan.stop == "SIGUSR2"
+    assert plan.writes == {0: ["a.pt", "shared.json"], 2: ["b.pt"]}
+    assert plan.hashes == {2: ["shared.json"]}
+
+
+def test_a_report_without_files_or_the_finish_plans_no_checkpoint():
+    assert make_plan([Announcement(REPORT, 1), Announcement(REPORT, 1)], 4, 0) == Plan(4)
+    assert make_plan([Announcement(FINISH, 2)] * 3, 4, 0).directory is None
+
+
+def test_ranks_at_different_reports_are_named():
+    with pytest.raises(ReportMismatchError) as info:
+        make_plan([Announcement(REPORT, 2), Announcement(FINISH, 1), Announcement(REPORT, 2)], 0, 0)
+    text = str(info.value)
+    assert "rank 0: called report() for the 2nd time" in text
+    assert "rank 1: returned from the training function after 1 report() call(s)" in text
+
+
+def test_a_rank_that_failed_to_prepare_fails_the_plan_with_its_error():
+    failure = RankFailure.capture(1, CheckpointError("rank 1: no such directory"))
+    with pytest.raises(CheckpointError, match="rank 1: no such directory"):
+        make_plan([Announcement(REPORT, 1), Announcement(REPORT, 1, failure=failure)], 0, 0)
+
+
+@pytest.mark.parametrize("files,fragment", [
+    ({0: [("../x", 1)]}, "would leave the checkpoint directory"),
+    ({0: [("m.pt", 1)], 1: [("m.pt", 2)]}, "rank 0: 1 bytes, rank 1: 2 bytes"),
+])
+def test_bad_hand_ins_are_refused_before_anything_is_written(files, fragment):
+    announcements = [Announcement(REPORT, 1, f) for f in files.values()]
+    with pytest.raises(CheckpointError, match=fragment.replace("(", r"\(")):
+        make_plan(announcements, 0, 0)
+
+
+def test_merge_keeps_the_writers_records_and_catches_differing_duplicates():
+    plan = Plan(0, None, "checkpoint_000000", {0: ["a", "s"], 1: ["b"]}, {1: ["s"]})
+    same = [[FileRecord("a", 1, 0, "x"), FileRecord("s", 1, 0, "h")],
+            [FileRecord("b", 1, 1, "y"), FileRecord("s", 1, 1, "h")]]
+    assert [(r.path, r.rank) for r in merge(plan, same)] == [("a", 0), ("b", 1), ("s", 0)]
+    differing = [same[0], [FileRecord("b", 1, 1, "y"), FileRecord("s", 1, 1, "other")]]
+    with pytest.raises(CheckpointError, match="ranks 0, 1 each handed checkpoint file 's'"):
+        merge(plan, differing)
+
+
+@pytest.mark.parametrize("limit,attempts,allowed", [
+    (0, [0, 1], [False, False]),
+    (2, [0, 1, 2, 3], [True, True, False, False]),
+    (-1, [0, 1, 50, 10_000], [True, True, True, True]),
+])
+def test_the_retry_policy(limit, attempts, allowed):
+    policy = RetryPolicy(limit)
+    assert [policy.allows(a) for a in attempts] == allowed
+    assert policy.describe(1) == f"restart 1 of {'unlimited' if limit == -1 else limit}"
