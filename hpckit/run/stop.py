@@ -52,7 +52,10 @@ def handling(signum: signal.Signals) -> Iterator[signal.Signals]:
     try:
         yield signum
     finally:
-        signal.signal(signum, previous)
+        # Slurm may send its warning up to a minute early, or twice (once per incarnation of
+        # a requeued job): one that comes after the run has ended must not kill the process
+        # while it exits, as the default action would.
+        signal.signal(signum, signal.SIG_IGN if previous == signal.SIG_DFL else previous)
 
 
 def requeue(settings: Settings) -> bool:

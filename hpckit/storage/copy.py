@@ -44,20 +44,23 @@ def progress(total: int, label: str) -> Any:
 
 def copy_file(source: Location, target: Location, advance: Advance | None = None) -> tuple[int, str]:
     """Copy one file, creating the target's directory, durably where the target is local.
-    Returns (size, sha256 hex) of what was copied."""
-    with errors_named(target, "write"):
+    Returns (size, sha256 hex) of what was copied. Errors name the source when it cannot be
+    opened, and the target for everything after (a full disk, a refused upload)."""
+    with errors_named(source, "read"):
+        src = (open(source.path, "rb") if source.is_local
+               else source.filesystem.open_input_stream(source.path))
+    with src, errors_named(target, "write"):
         parent = posixpath.dirname(target.path)
         if target.is_local:
             os.makedirs(parent, exist_ok=True)
         elif target.filesystem.type_name != "s3":  # S3 has no directories: a marker is a request
             target.filesystem.create_dir(parent, recursive=True)
-        with errors_named(source, "read"):
-            if source.is_local and target.is_local:
-                size, digest = _copy_local(source.path, target.path)
-                if advance is not None:
-                    advance(size)
-                return size, digest
-            return _copy_streams(source, target, advance)
+        if source.is_local and target.is_local:
+            size, digest = _copy_local(src, target.path)
+            if advance is not None:
+                advance(size)
+            return size, digest
+        return _copy_streams(src, target, advance)
 
 
 def persist_file(source: str, target: Location) -> tuple[int, str]:
@@ -65,8 +68,8 @@ def persist_file(source: str, target: Location) -> tuple[int, str]:
     return copy_file(local(source), target)
 
 
-def _copy_local(source: str, target: str) -> tuple[int, str]:
-    with open(source, "rb") as src, open(target, "wb") as dst, ThreadPoolExecutor(1) as pool:
+def _copy_local(src: Any, target: str) -> tuple[int, str]:
+    with open(target, "wb") as dst, ThreadPoolExecutor(1) as pool:
         size = os.fstat(src.fileno()).st_size
         hashed = pool.submit(_sha256_mapped, src.fileno(), size)
         _copy_range(src.fileno(), dst.fileno(), size)
@@ -74,16 +77,15 @@ def _copy_local(source: str, target: str) -> tuple[int, str]:
         return size, hashed.result()
 
 
-def _copy_streams(source: Location, target: Location, advance: Advance | None) -> tuple[int, str]:
-    with source.filesystem.open_input_stream(source.path) as src:
-        if target.is_local:
-            with open(target.path, "wb") as dst:
-                result = _pipe_hashed(src, dst, advance)
-                dst.flush()
-                os.fsync(dst.fileno())
-                return result
-        with target.filesystem.open_output_stream(target.path) as out:
-            return _pipe_hashed(src, out, advance, window=UPLOAD_WINDOW)
+def _copy_streams(src: Any, target: Location, advance: Advance | None) -> tuple[int, str]:
+    if target.is_local:
+        with open(target.path, "wb") as dst:
+            result = _pipe_hashed(src, dst, advance)
+            dst.flush()
+            os.fsync(dst.fileno())
+            return result
+    with target.filesystem.open_output_stream(target.path) as out:
+        return _pipe_hashed(src, out, advance, window=UPLOAD_WINDOW)
 
 
 def _sha256_mapped(fd: int, size: int) -> str:
