@@ -75,6 +75,7 @@ def test_export_of_a_one_gib_file_to_s3_keeps_memory_bounded(s3, tmp_path):
     assert "exported checkpoint_000000 (1 file(s), 1073741824 B, verified)" in out.output
     listed = s3.filesystem().get_file_info(f"{BUCKET}/export-{tmp_path.name}/big.bin")
     assert listed.size == size
+    print(f"hpckit export: peak RSS {peak_mib:.0f} MiB for a 1 GiB file to S3")
     assert peak_mib < 300, f"hpckit export held {peak_mib:.0f} MiB for a 1 GiB file"
 
 
