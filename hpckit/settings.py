@@ -118,6 +118,9 @@ TABLE: dict[str, tuple[str, Callable[[str], Any]]] = {
     "slurm_nodelist": ("SLURM_JOB_NODELIST", _text),
     "slurm_tasks_per_node": ("SLURM_TASKS_PER_NODE", _text),
     "cuda_visible_devices": ("CUDA_VISIBLE_DEVICES", _text),
+    # read by the AWS SDK itself; hpckit only needs to know that an endpoint is named
+    "aws_endpoint": ("AWS_ENDPOINT_URL", _text),
+    "aws_endpoint_s3": ("AWS_ENDPOINT_URL_S3", _text),
 }
 _SLURM_FIELDS = ("slurm_job_id", "slurm_array_job_id", "slurm_array_task_id",
                  "slurm_restart_count", "slurm_nodelist", "slurm_tasks_per_node")
@@ -152,6 +155,8 @@ class Settings:
     slurm_nodelist: str | None = None
     slurm_tasks_per_node: str | None = None
     cuda_visible_devices: str | None = None
+    aws_endpoint: str | None = None
+    aws_endpoint_s3: str | None = None
     raw: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod

@@ -13,7 +13,7 @@ from hpckit.settings import Settings
 from hpckit.experiment.values import to_json_metrics
 from hpckit.storage.location import resolve
 from hpckit.storage.uris import parent, redact, restore_credentials
-from hpckit.errors import LaunchError, MetricsError, StorageError
+from hpckit.errors import ConfigError, LaunchError, MetricsError, StorageError
 
 
 def test_metrics_conversion():
@@ -102,3 +102,24 @@ def test_cpu_threads():
 def test_launcher_detection(environ, launcher, tasks):
     env = Settings.read(environ)
     assert env.launcher == launcher and env.launched_tasks == tasks
+
+
+@pytest.mark.parametrize("uri,error,fragment", [
+    ("s3://k:s@b/x?endpoint_override=h:1&retries=0", ConfigError, "retries='0'"),
+    ("s3://k:s@b/x?endpoint_override=h:1&connect_timeout=soon", ConfigError, "connect_timeout='soon'"),
+    ("file:///tmp/x?retries=3", ConfigError, "apply to s3:// only"),
+    ("s3:///runs", ConfigError, "names no bucket"),
+    ("s3://b/x?endpoint_override=h:1&session_token=t", ConfigError, "no key and secret"),
+    ("s3://k:s@b/x?endpoint_override=h:1&colour=blue", ConfigError, "unknown option(s) colour"),
+])
+def test_bad_storage_options_are_config_errors_naming_them(uri, error, fragment):
+    with pytest.raises(error) as info:
+        resolve(uri)
+    assert fragment in str(info.value) and ":s@" not in str(info.value)
+
+
+def test_s3_uris_decode_their_keys_and_keep_tls_options():
+    location = resolve("s3://k:s@b/my%20runs?endpoint_override=h:1&scheme=http"
+                       "&tls_ca_file_path=/etc/ca.pem")
+    assert location.path == "b/my runs" and location.display.startswith("s3://***@b/my runs?")
+    assert location.join("exp").path == "b/my runs/exp"

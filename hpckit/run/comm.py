@@ -110,15 +110,17 @@ def describe(failures: list[RankFailure], what: str) -> str:
     return f"{what} failed on rank {ranks}: {failures[0].error}\n{details}"
 
 
-def raise_failures(failures: list[RankFailure], what: str, kind: type[HpckitError]) -> None:
+def raise_failures(failures: list[RankFailure], what: str, kind: type[HpckitError],
+                   wrap: bool = False) -> None:
     """Raise on this rank the one error that every rank raises for these failures.
 
     When exactly one kind of hpckit error caused it, that error is re-raised as it was, so
-    callers can catch e.g. ConfigError the same on every rank.
+    callers can catch e.g. ConfigError the same on every rank; with ``wrap`` it is always a
+    ``kind`` that names the failed ranks.
     """
     if not failures:
         return
-    error = _failure_error(failures, what, kind)
+    error = kind(describe(failures, what)) if wrap else _failure_error(failures, what, kind)
     _raised_together.add(error)
     raise error
 
@@ -168,7 +170,8 @@ def all_reduce(comm: Any, what: str, local: Callable[[], T], reduce: Callable[[l
 
     ``patient`` ranks sleep in a barrier while the slowest rank (or rank 0's ``reduce``) works,
     instead of busy-polling inside MPI and taking the CPU that work needs. ``undo`` runs on
-    rank 0 when a rank's ``local`` failed (``reduce`` undoes its own failures).
+    rank 0 when a rank's ``local`` failed, and the error is then always a ``kind`` naming the
+    failed ranks (``reduce`` raises and undoes its own failures).
     """
     value, failure = attempt(comm.rank, local)
     if patient:
@@ -179,18 +182,18 @@ def all_reduce(comm: Any, what: str, local: Callable[[], T], reduce: Callable[[l
         failures = [f for _, f in gathered if f]
         if failures and undo is not None:
             undo()
-        outcome = ((None, failures) if failures else
+        outcome = ((None, failures, undo is not None) if failures else
                    _reduced(lambda: reduce([v for v, _ in gathered])))
     if patient:
         wait_for_all(comm)
-    result, failures = comm.bcast(outcome, root=0)
-    raise_failures(failures, what, kind)
+    result, failures, wrap = comm.bcast(outcome, root=0)
+    raise_failures(failures, what, kind, wrap)
     return cast(R, result)
 
 
-def _reduced(fn: Callable[[], R]) -> tuple[R | None, list[RankFailure]]:
+def _reduced(fn: Callable[[], R]) -> tuple[R | None, list[RankFailure], bool]:
     result, failure = attempt(0, fn)
-    return result, [failure] if failure else []
+    return result, [failure] if failure else [], False
 
 
 def everywhere(comm: Any, fn: Callable[[], T], what: str,

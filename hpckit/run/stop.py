@@ -53,9 +53,10 @@ def handling(signum: signal.Signals) -> Iterator[signal.Signals]:
         yield signum
     finally:
         # Slurm may send its warning up to a minute early, or twice (once per incarnation of
-        # a requeued job): one that comes after the run has ended must not kill the process
-        # while it exits, as the default action would.
-        signal.signal(signum, signal.SIG_IGN if previous == signal.SIG_DFL else previous)
+        # a requeued job): a USR1/USR2 warning that comes after the run has ended must not
+        # kill the process while it exits. SIGTERM and others keep their default.
+        warning = signum in (signal.SIGUSR1, signal.SIGUSR2) and previous == signal.SIG_DFL
+        signal.signal(signum, signal.SIG_IGN if warning else previous)
 
 
 def requeue(settings: Settings) -> bool:

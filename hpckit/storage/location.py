@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import posixpath
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 import pyarrow
 import pyarrow.fs
@@ -63,9 +64,12 @@ def resolve(path: str | os.PathLike[str], filesystem: pyarrow.fs.FileSystem | No
         return _on_filesystem(text, filesystem)
     if "://" not in text:
         return local(text)
+    s3.without_own_options(text)  # hpckit's S3 options on another scheme are an error
     try:
-        fs, inner = (s3.filesystem(text) if text.startswith("s3://")
+        fs, inner = (s3.filesystem(text) if text.lower().startswith("s3://")
                      else pyarrow.fs.FileSystem.from_uri(text))
+    except ConfigError:
+        raise
     except (pyarrow.ArrowInvalid, pyarrow.ArrowNotImplementedError, ValueError, OSError) as exc:
         raise StorageError(
             f"cannot open storage {redact(text)!r}: {redact(str(exc))}. Use a local path, file://, "
@@ -78,7 +82,7 @@ def resolve(path: str | os.PathLike[str], filesystem: pyarrow.fs.FileSystem | No
         raise ConfigError(f"storage {redact(text)!r} names no bucket or directory; use e.g. "
                           "s3://bucket/prefix?endpoint_override=host:port&scheme=http.")
     base, _, query = redact_uri(s3.without_own_options(text)).partition("?")
-    base = base.rstrip("/")
+    base = unquote(base.rstrip("/"))
     prefix = base[: -len(inner)] if base.endswith(inner) else f"{base.split('://', 1)[0]}://"
     return Location(fs, inner, prefix, query)
 

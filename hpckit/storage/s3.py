@@ -12,6 +12,7 @@ from urllib.parse import unquote, urlsplit
 
 import pyarrow.fs
 
+from hpckit import settings
 from hpckit.errors import ConfigError
 from hpckit.storage.uris import redact, split_query, with_query
 
@@ -20,7 +21,7 @@ from hpckit.storage.uris import redact, split_query, with_query
 DEFAULTS: dict[str, float] = {"connect_timeout": 10.0, "request_timeout": 60.0, "retries": 5}
 _OWN = (*DEFAULTS, "session_token")
 _PYARROW = ("region", "scheme", "endpoint_override", "allow_bucket_creation",
-            "allow_bucket_deletion")
+            "allow_bucket_deletion", "tls_ca_file_path")
 _BOOLEAN = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
@@ -28,7 +29,7 @@ def without_own_options(uri: str) -> str:
     """The URI less hpckit's own query options (they are not part of where the data is)."""
     bare, pairs = split_query(uri)
     own = [(k, v) for k, v in pairs if k in _OWN]
-    if own and not uri.startswith("s3://"):
+    if own and not uri.lower().startswith("s3://"):
         raise ConfigError(f"storage {redact(uri)!r}: {', '.join(k for k, _ in own)} apply to "
                           "s3:// only.")
     return with_query(uri, [(k, v) for k, v in pairs if k not in _OWN]) if own else uri
@@ -44,9 +45,15 @@ def filesystem(uri: str) -> tuple[pyarrow.fs.S3FileSystem, str]:
     if unknown:
         raise ConfigError(f"storage {redact(uri)!r} has unknown option(s) {', '.join(unknown)}; "
                           f"accepted: {', '.join(_PYARROW + _OWN)}.")
+    if not bucket:
+        raise ConfigError(f"storage {redact(uri)!r} names no bucket; use e.g. "
+                          "s3://bucket/prefix?endpoint_override=host:port&scheme=http.")
+    if options.get("session_token") and not userinfo:
+        raise ConfigError(f"storage {redact(uri)!r} has a session_token but no key and secret; "
+                          "give them too: s3://KEY:SECRET@bucket/...&session_token=...")
     kwargs = _credentials(userinfo, options.get("session_token"))
     kwargs.update(_connection(options, bucket, uri))
-    return pyarrow.fs.S3FileSystem(**kwargs), f"{bucket}{parts.path}"
+    return pyarrow.fs.S3FileSystem(**kwargs), unquote(f"{bucket}{parts.path}")
 
 
 def _credentials(userinfo: str, session_token: str | None) -> dict[str, Any]:
@@ -60,15 +67,18 @@ def _credentials(userinfo: str, session_token: str | None) -> dict[str, Any]:
 
 
 def _connection(options: dict[str, str], bucket: str, uri: str) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {k: options[k] for k in ("region", "scheme", "endpoint_override")
-                              if k in options}
+    kwargs: dict[str, Any] = {k: options[k] for k in ("region", "scheme", "endpoint_override",
+                                                      "tls_ca_file_path") if k in options}
     for key in ("allow_bucket_creation", "allow_bucket_deletion"):
         if key in options:
             if options[key].lower() not in _BOOLEAN:
                 raise ConfigError(f"storage option {key}={options[key]!r} in {redact(uri)!r} must "
                                   "be true or false.")
             kwargs[key] = _BOOLEAN[options[key].lower()]
-    if "region" not in kwargs and "endpoint_override" not in kwargs and bucket:
+    # As pyarrow's URI parser does: ask AWS for the bucket's region only when no other
+    # endpoint is named, in the URI or in AWS's own variables.
+    if "region" not in kwargs and "endpoint_override" not in kwargs \
+            and not (settings.current().aws_endpoint or settings.current().aws_endpoint_s3):
         kwargs["region"] = pyarrow.fs.resolve_s3_region(bucket)
     numbers = {key: _number(key, options[key], uri) if key in options else default
                for key, default in DEFAULTS.items()}
