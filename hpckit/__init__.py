@@ -21,6 +21,9 @@ from hpckit.launch.trainer import DataParallelTrainer
 from hpckit.result import Result
 from hpckit.run.context import TrainContext
 from hpckit.run.session import get_checkpoint, get_context, report
+from hpckit.run.startup import early as _early
+
+_early()
 
 __version__ = "0.1.0"
 

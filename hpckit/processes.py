@@ -1,8 +1,9 @@
-"""Whether a process of this host is alive: for locks and shared downloads (ground layer)."""
+"""Processes of this host, read from /proc: liveness, parents, siblings (ground layer)."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 
 def alive(pid: int) -> bool:
@@ -13,8 +14,66 @@ def alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    try:  # a killed rank whose parent died first stays a zombie until something reaps it
+    stat = _stat(pid)  # a killed rank whose parent died first stays a zombie until reaped
+    return stat is None or stat.state != "Z"
+
+
+@dataclass(frozen=True)
+class Stat:
+    pid: int
+    name: str
+    state: str
+    parent: int
+    started: int  # clock ticks after boot: with the pid, it names one process for good
+
+
+def _stat(pid: int) -> Stat | None:
+    try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
+            text = f.read()
+    except OSError:
+        return None
+    name = text[text.index("(") + 1:text.rindex(")")]
+    fields = text[text.rindex(")") + 2:].split()
+    return Stat(pid, name, fields[0], int(fields[1]), int(fields[19]))
+
+
+def stat(pid: int) -> Stat | None:
+    """The process's name, state, parent and start time; None when it is gone."""
+    return _stat(pid)
+
+
+def ancestor(name: str, most: int = 12) -> Stat | None:
+    """The nearest ancestor of this process called ``name`` (e.g. slurmstepd)."""
+    current = _stat(os.getpid())
+    for _ in range(most):
+        if current is None or current.parent <= 1:
+            return None
+        current = _stat(current.parent)
+        if current is not None and current.name == name:
+            return current
+    return None
+
+
+def children(parent: int) -> list[Stat]:
+    """The live (not zombie) children of ``parent``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            child = _stat(int(entry))
+            if child is not None and child.parent == parent and child.state != "Z":
+                found.append(child)
+    return found
+
+
+def environment_value(pid: int, names: tuple[str, ...]) -> str | None:
+    """The first of ``names`` set in another process's environment (our own user's only)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            entries = dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
+    except OSError:
+        return None
+    for name in names:
+        if name.encode() in entries:
+            return entries[name.encode()].decode(errors="replace")
+    return None

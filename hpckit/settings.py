@@ -22,6 +22,9 @@ from hpckit.errors import ConfigError
 FAULT_PHASES = ("writing", "written", "gathered", "committed", "evicting")
 DEFAULT_STOP_SIGNAL = signal.SIGUSR2  # NCCL may use SIGUSR1 itself (submitit made the same choice)
 DEFAULT_LOCK_STALE_SECONDS = 300.0
+# Peers that are merely slow (importing torch from a loaded shared filesystem) must not be
+# taken for dead ones: a dead local peer is noticed within seconds, a silent one only then.
+DEFAULT_STARTUP_TIMEOUT = 600.0
 _FALSE, _TRUE = ("0", "false", "no", "off"), ("1", "true", "yes", "on")
 
 
@@ -107,11 +110,17 @@ TABLE: dict[str, tuple[str, Callable[[str], Any]]] = {
     "tensorboard": ("HPCKIT_TENSORBOARD", _switch),
     "run_id": ("HPCKIT_RUN_ID", _text),
     "lock_stale_seconds": ("HPCKIT_LOCK_STALE_SECONDS", _seconds),
+    "startup_timeout": ("HPCKIT_STARTUP_TIMEOUT", _seconds),
     "pmi_size": ("PMI_SIZE", _text),
     "ompi_size": ("OMPI_COMM_WORLD_SIZE", _text),
     "pmix_rank": ("PMIX_RANK", _text),
+    "pmi_rank": ("PMI_RANK", _text),
+    "local_ranks": ("MPI_LOCALNRANKS", _text),
     "srun_tasks": ("SLURM_STEP_NUM_TASKS", _text),
     "slurm_job_id": ("SLURM_JOB_ID", _text),
+    "slurm_step_id": ("SLURM_STEP_ID", _text),
+    "slurm_procid": ("SLURM_PROCID", _text),
+    "slurm_gtids": ("SLURM_GTIDS", _text),
     "slurm_array_job_id": ("SLURM_ARRAY_JOB_ID", _text),
     "slurm_array_task_id": ("SLURM_ARRAY_TASK_ID", _text),
     "slurm_restart_count": ("SLURM_RESTART_COUNT", _text),
@@ -144,11 +153,17 @@ class Settings:
     tensorboard: bool = True
     run_id: str | None = None
     lock_stale_seconds: float = DEFAULT_LOCK_STALE_SECONDS
+    startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
     pmi_size: str | None = None
     ompi_size: str | None = None
     pmix_rank: str | None = None
+    pmi_rank: str | None = None
+    local_ranks: str | None = None
     srun_tasks: str | None = None
     slurm_job_id: str | None = None
+    slurm_step_id: str | None = None
+    slurm_procid: str | None = None
+    slurm_gtids: str | None = None
     slurm_array_job_id: str | None = None
     slurm_array_task_id: str | None = None
     slurm_restart_count: str | None = None
@@ -209,6 +224,11 @@ class Settings:
         if self.slurm_array_job_id and self.slurm_array_task_id:
             return f"{self.slurm_array_job_id}_{self.slurm_array_task_id}"
         return self.slurm_job_id
+
+    @property
+    def launched_rank(self) -> str:
+        """This process's rank as its launcher numbered it, before MPI is up ("?" if unknown)."""
+        return self.pmi_rank or self.pmix_rank or self.slurm_procid or "?"
 
     @property
     def lock_run_id(self) -> str | None:

@@ -4,7 +4,6 @@ directory, on free loopback ports, each stopped by its PID. Nothing is installed
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import signal
 import socket
@@ -36,9 +35,10 @@ class Slurm:
     env: dict[str, str]
     processes: list[subprocess.Popen] = field(default_factory=list)
 
-    def run(self, *command: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run(command, env=self.env, capture_output=True, text=True,
-                              timeout=timeout, check=check)
+    def run(self, *command: str, timeout: float = 60, check: bool = True,
+            env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run(command, env={**self.env, **(env_extra or {})}, capture_output=True,
+                              text=True, timeout=timeout, check=check)
 
     def logs(self) -> str:
         parts = []
@@ -129,7 +129,7 @@ def _config(root: Path, host: str, munge_socket: Path) -> str:
     return f"""\
 ClusterName=hpckit-test
 # Job ids never repeat on a real cluster; MPICH names node-local shared memory after them.
-FirstJobId={random.randrange(10_000, 1_000_000)}
+FirstJobId=1
 SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={_free_port()}
 SlurmdPort={_free_port()}

@@ -22,7 +22,5 @@ def render_sbatch(argv: list[str], ntasks: int, cwd: str, job_name: str, python:
 # Written by `hpckit resume --sbatch`: it continues the experiment from its manifest.
 # USR2 two minutes before the time limit makes hpckit commit a checkpoint and requeue.
 cd {shlex.quote(cwd)}
-{exports}# A requeued job reuses its step ids, and MPICH its shared memory names: skip used ones.
-for _ in $(seq "${{SLURM_RESTART_COUNT:-0}}"); do srun --ntasks=1 true; done
-srun --mpi=pmi2 {command}
+{exports}srun --mpi=pmi2 --kill-on-bad-exit=1 {command}
 """

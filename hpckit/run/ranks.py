@@ -8,11 +8,12 @@ from hpckit.errors import LaunchError
 from hpckit.logs import log
 from hpckit.result import Result
 from hpckit.run import exit as rank_exit
-from hpckit.run import stop
+from hpckit.run import shm, stop
 from hpckit.run.attempt import AttemptFailed, Ranks, run_attempt
 from hpckit.run.comm import discover, raised_together, world
 from hpckit.run.job import TrainingJob
 from hpckit.run.retry import RetryPolicy
+from hpckit.run.watchdog import StartupWatchdog
 from hpckit.settings import Settings
 
 
@@ -24,15 +25,19 @@ def run_ranks(job: TrainingJob, settings: Settings) -> Result:
 
 
 def _run(job: TrainingJob, settings: Settings) -> Result:
-    comm = world().Dup()
-    logs.configure(comm.rank)
+    rank = settings.launched_rank
+    logs.configure(int(rank) if rank.isdigit() else 0)
     rank_exit.register_pid(settings)
-    try:
-        check_world(comm.size, job.scaling_config.num_workers, settings)
-    except LaunchError as exc:
-        rank_exit.fail(comm, settings, exc, collective=True, training=False)
-    topology, local_comm = discover(comm)
-    name = comm.bcast(job.named(settings).name if comm.rank == 0 else None, root=0)
+    shm.clear_stale_segments(settings)
+    with StartupWatchdog(settings):
+        comm = world().Dup()
+        logs.configure(comm.rank)
+        try:
+            check_world(comm.size, job.scaling_config.num_workers, settings)
+        except LaunchError as exc:
+            rank_exit.fail(comm, settings, exc, collective=True, training=False)
+        topology, local_comm = discover(comm)
+        name = comm.bcast(job.named(settings).name if comm.rank == 0 else None, root=0)
     job = job.named(settings, name)
     policy = RetryPolicy(job.run_config.failure_config.max_failures)
     number = settings.attempt

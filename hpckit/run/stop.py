@@ -3,6 +3,11 @@
 The handler only sets a flag. The ranks agree on it at the next report() (the flag rides
 on the announcement every rank sends anyway), so they all stop after the same checkpoint.
 After it, rank 0 asks Slurm to requeue the job, and every rank exits with EXIT_STOPPED.
+
+The handler is installed as early as any hpckit code runs in a launched rank (at ``import
+hpckit``, see :func:`catch_early`), so a warning that comes while the script still imports
+torch or builds its model is kept for the run instead of killing the rank (Python's default
+for SIGUSR1/SIGUSR2 is to terminate). Import hpckit before torch to be covered earliest.
 """
 
 from __future__ import annotations
@@ -34,16 +39,28 @@ def received() -> str | None:
     return _received
 
 
+def _record(number: int, _frame: Any) -> None:
+    global _received
+    _received = signal.Signals(number).name
+
+
+def catch_early(signum: signal.Signals) -> bool:
+    """Record the stop signal from now on, where nothing else handles it yet (main thread)."""
+    try:
+        if signal.getsignal(signum) != signal.SIG_DFL:
+            return False
+        signal.signal(signum, _record)
+    except ValueError:  # not the main thread
+        return False
+    return True
+
+
 @contextmanager
 def handling(signum: signal.Signals) -> Iterator[signal.Signals]:
-    """Install the stop-signal handler for the duration of a run (main thread only)."""
+    """Install the stop-signal handler for the duration of a run (main thread only). A
+    signal caught earlier in this process (:func:`catch_early`) counts for this run."""
     global _received
-    _received = None
-
-    def handler(number: int, _frame: Any) -> None:
-        global _received
-        _received = signal.Signals(number).name
-
+    handler = _record
     try:
         previous = signal.signal(signum, handler)
     except ValueError:  # not the main thread: stop requests cannot be handled here
@@ -52,6 +69,7 @@ def handling(signum: signal.Signals) -> Iterator[signal.Signals]:
     try:
         yield signum
     finally:
+        _received = None
         # Slurm may send its warning up to a minute early, or twice (once per incarnation of
         # a requeued job): a USR1/USR2 warning that comes after the run has ended must not
         # kill the process while it exits. SIGTERM and others keep their default.

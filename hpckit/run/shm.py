@@ -1,0 +1,106 @@
+"""Shared memory that a requeued Slurm job's killed incarnation left behind.
+
+MPICH names its node-local segment ``mpich_shm_{FNV-1a(PMI jobid):x}_{node}`` (and
+``mpich_vci_...``); under ``srun --mpi=pmi2`` the PMI jobid is ``JOBID.STEPID``. A requeued
+job keeps its job id and counts its steps from 0 again, so its first ``srun`` finds the
+segments of the killed incarnation under the very same names, attaches to them as if a
+peer had made them, and fails in ``MPI_Init`` ("Message truncated") or hangs.
+
+Before MPI starts, the first rank of each incarnation on a node (incarnations are told
+apart by their slurmstepd: pid and start time) removes the segments of *this* job step,
+owned by this user, that no live process maps: those provably belong to dead processes.
+A file lock makes every other rank of the incarnation wait until that is done, so no
+rank ever removes a segment that a peer of its own incarnation has just made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import glob
+import os
+from collections.abc import Iterator
+
+from hpckit.logs import log
+from hpckit.processes import ancestor
+from hpckit.settings import Settings
+
+SHM_DIR = "/dev/shm"
+
+
+def fnv1a(text: str) -> int:
+    """32-bit FNV-1a, the hash MPICH applies to the PMI jobid (uthash's HASH_FNV)."""
+    value = 2166136261
+    for byte in text.encode():
+        value = ((value ^ byte) * 16777619) & 0xFFFFFFFF
+    return value
+
+
+def segment_patterns(job_step: str, shm_dir: str = SHM_DIR) -> list[str]:
+    world = f"{fnv1a(job_step):x}"
+    return [os.path.join(shm_dir, f"mpich_{kind}_{world}_*") for kind in ("shm", "vci")]
+
+
+def clear_stale_segments(settings: Settings, shm_dir: str = SHM_DIR) -> list[str]:
+    """Remove this job step's segments left by a dead incarnation; returns their names."""
+    if settings.launcher != "srun" or not (settings.slurm_job_id and settings.slurm_step_id):
+        return []
+    stepd = ancestor("slurmstepd")
+    if stepd is None or not os.path.isdir(shm_dir):
+        return []
+    job_step = f"{settings.slurm_job_id}.{settings.slurm_step_id}"
+    prefix = os.path.join(shm_dir, f"hpckit-{os.getuid()}-{job_step}")
+    marker = f"{prefix}-incarnation-{stepd.pid}-{stepd.started}"
+    with _locked(f"{prefix}.lock"):
+        if os.path.exists(marker):
+            return []
+        removed = _remove_unmapped(segment_patterns(job_step, shm_dir))
+        for earlier in glob.glob(f"{prefix}-incarnation-*"):
+            with contextlib.suppress(OSError):
+                os.unlink(earlier)
+        open(marker, "w").close()
+    if removed:
+        log.warning("removed MPICH shared memory that a killed run of Slurm job step %s left on "
+                    "this node (it would break MPI start-up): %s", job_step, ", ".join(removed))
+    return removed
+
+
+def _remove_unmapped(patterns: list[str]) -> list[str]:
+    candidates = [p for pattern in patterns for p in glob.glob(pattern)
+                  if os.stat(p).st_uid == os.getuid()]
+    if not candidates:
+        return []
+    mapped = _mapped_paths()
+    removed = []
+    for path in candidates:
+        if path not in mapped:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+                removed.append(os.path.basename(path))
+    return sorted(removed)
+
+
+def _mapped_paths() -> set[str]:
+    """Files under /dev/shm that some process of this user maps."""
+    mapped = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/maps") as f:
+                for line in f:
+                    if SHM_DIR in line:
+                        mapped.add(line.split(None, 5)[-1].strip().removesuffix(" (deleted)"))
+        except OSError:
+            continue
+    return mapped
+
+
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[None]:
+    with open(path, "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)

@@ -1,0 +1,107 @@
+"""Requeue, time limits and start-up with the sbatch scripts users write themselves, not
+hpckit's templates: a minimal script (ntasks, --requeue, a plain srun), requeued mid-run on a
+test cluster whose job ids start at 1; the stop signal sent while the ranks are still
+starting; a rank that dies during start-up. Both cores are kept busy by a CPU burner."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import HERE, STEADY, final_params, manifest, metrics_lines, mpiexec
+from test_slurm_jobs import output_of, wait
+
+SLOW_START = HERE / "ranks" / "slow_start.py"
+
+
+@pytest.fixture
+def cpu_burner():
+    """One busy process per core, started in its own session and stopped by its PID."""
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+               for _ in range(os.cpu_count() or 2)]
+    yield burners
+    for burner in burners:
+        os.kill(burner.pid, signal.SIGKILL)
+        burner.wait()
+
+
+def minimal_script(tmp_path: Path, ntasks: int, command: str) -> Path:
+    """The sbatch script a user writes: no hpckit template, no step-id tricks."""
+    script = tmp_path / "train.sbatch"
+    script.write_text(f"#!/bin/bash\n#SBATCH --ntasks={ntasks}\n#SBATCH --requeue\n"
+                      f"srun {command}\n")
+    return script
+
+
+def sbatch(slurm, tmp_path: Path, script: Path, *options: str, **env: str) -> str:
+    out = subprocess.run(["sbatch", "--parsable", f"--chdir={tmp_path}",
+                          f"--output={tmp_path}/job-%j.out", "--open-mode=append",
+                          "--cpus-per-task=1", *options, str(script)],
+                         env={**slurm.env, **env}, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def three_rank_reference(tmp_path_factory) -> list[float]:
+    storage = tmp_path_factory.mktemp("reference3")
+    return final_params(mpiexec(3, "--storage", str(storage), "--name", "ref", script=STEADY,
+                                timeout=120).output)
+
+
+@pytest.mark.parametrize("ntasks", [2, 3])
+def test_a_plain_user_script_requeued_mid_run_ends_as_an_uninterrupted_run(
+        tmp_path, slurm, cpu_burner, ntasks, request):
+    reference = request.getfixturevalue("steady_reference" if ntasks == 2 else "three_rank_reference")
+    command = f"{sys.executable} {STEADY} --storage {tmp_path} --name plain --epoch-seconds 1"
+    job = sbatch(slurm, tmp_path, minimal_script(tmp_path, ntasks, command), "--time=10")
+    experiment = tmp_path / "plain"
+    deadline = time.monotonic() + 180
+    while not (experiment / "metrics.jsonl").exists() or len(metrics_lines(experiment)) < 3:
+        assert time.monotonic() < deadline, output_of(tmp_path) + slurm.logs()
+        time.sleep(0.5)
+    slurm.run("scontrol", "requeue", job)
+    assert wait(slurm, tmp_path, job, 300) == {job: "COMPLETED"}, output_of(tmp_path)
+    output = output_of(tmp_path)
+    # The killed incarnation's MPICH segments were found under the requeued job's names.
+    assert "removed MPICH shared memory that a killed run of Slurm job step" in output, output
+    assert final_params(output) == reference
+    assert [line["metrics"]["epoch"] for line in metrics_lines(experiment)] == list(range(8))
+    assert [a["status"] for a in manifest(experiment)["attempts"]][-1] == "finished"
+
+
+def test_the_stop_signal_during_start_up_is_kept_and_the_job_requeues_and_completes(
+        tmp_path, slurm, cpu_burner, steady_reference):
+    marker = tmp_path / "starting"
+    command = f"{sys.executable} {SLOW_START} --storage {tmp_path} --name early"
+    job = sbatch(slurm, tmp_path, minimal_script(tmp_path, 2, command), "--time=10",
+                 SLOW_START_MARKER=str(marker))
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("starting.*"))) < 2:
+        assert time.monotonic() < deadline, output_of(tmp_path) + slurm.logs()
+        time.sleep(0.2)
+    slurm.run("scancel", "--signal=USR2", job)  # to the ranks, which are still starting
+    assert wait(slurm, tmp_path, job, 300) == {job: "COMPLETED"}, output_of(tmp_path)
+    statuses = [(a["status"], a.get("error")) for a in manifest(tmp_path / "early")["attempts"]]
+    assert statuses == [("requeued", "stop requested by SIGUSR2"), ("finished", None)], statuses
+    assert final_params(output_of(tmp_path)) == steady_reference
+
+
+def test_a_rank_that_dies_during_start_up_ends_the_others_within_a_minute(
+        tmp_path, slurm, cpu_burner):
+    started = time.monotonic()
+    out = slurm.run("srun", "--ntasks=3", "--cpus-per-task=1", sys.executable, str(SLOW_START),
+                    "--storage", str(tmp_path), "--name", "dies", timeout=120, check=False,
+                    env_extra={"DIE_RANK": "1"})
+    elapsed = time.monotonic() - started
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and elapsed < 60, f"{elapsed:.0f} s:\n{text}"
+    assert "rank died during start-up (injected by the test)" in text
+    assert re.search(r"rank 1( \(pid \d+\))? .*exited before MPI start-up completed", text), text
+    assert "rank 0] ERROR" in text and "rank 2] ERROR" in text, text
