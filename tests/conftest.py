@@ -91,6 +91,17 @@ def world(request: pytest.FixtureRequest) -> int:
     return request.param
 
 
+@pytest.fixture
+def cpu_burner():
+    """Both cores busy: one spinning process per core, in its own session, stopped by PID."""
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+               for _ in range(os.cpu_count() or 2)]
+    yield burners
+    for burner in burners:
+        os.kill(burner.pid, signal.SIGKILL)
+        burner.wait()
+
+
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory: pytest.TempPathFactory):
     """A real one-node Slurm, started once for the session and stopped by PID afterwards."""

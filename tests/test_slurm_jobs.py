@@ -92,7 +92,8 @@ def test_requeued_job_resumes_and_ends_as_an_uninterrupted_run(tmp_path, slurm, 
     assert [l["metrics"]["epoch"] for l in metrics_lines(experiment)] == list(range(8))
 
 
-def test_time_limit_warning_checkpoints_requeues_and_finishes(tmp_path, slurm, steady_reference):
+def test_time_limit_warning_checkpoints_requeues_and_finishes(tmp_path, slurm, steady_reference,
+                                                              cpu_burner):
     job = submit(slurm, tmp_path, "requeue.sbatch", "--ntasks=2", "--cpus-per-task=1", "--time=1",
                  "--signal=USR2@30", args=f"--storage {tmp_path} --name tl --epoch-seconds 4")
     assert wait(slurm, tmp_path, job, 400) == {job: "COMPLETED"}, output_of(tmp_path)

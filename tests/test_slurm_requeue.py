@@ -5,9 +5,7 @@ starting; a rank that dies during start-up. Both cores are kept busy by a CPU bu
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -18,17 +16,6 @@ from conftest import HERE, STEADY, final_params, manifest, metrics_lines, mpiexe
 from test_slurm_jobs import output_of, wait
 
 SLOW_START = HERE / "ranks" / "slow_start.py"
-
-
-@pytest.fixture
-def cpu_burner():
-    """One busy process per core, started in its own session and stopped by its PID."""
-    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
-               for _ in range(os.cpu_count() or 2)]
-    yield burners
-    for burner in burners:
-        os.kill(burner.pid, signal.SIGKILL)
-        burner.wait()
 
 
 def minimal_script(tmp_path: Path, ntasks: int, command: str) -> Path:
