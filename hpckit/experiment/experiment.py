@@ -25,7 +25,7 @@ from hpckit.experiment.lock import read as read_lock
 from hpckit.experiment.manifest import MANIFEST_NAME, CheckpointRecord, Manifest, is_checkpoint_dirname
 from hpckit.experiment.metrics import MetricsLog
 from hpckit.experiment.mirror import Mirror
-from hpckit.experiment.purge import Purge, evict
+from hpckit.experiment.purge import Purge
 from hpckit.experiment.reading import check_root, read_manifest, require_manifest
 from hpckit.experiment.retention import recorded_config, select_evictions
 from hpckit.logs import log
@@ -188,9 +188,8 @@ class Experiment:
         if evicted:
             self._manifest = manifest.without(evicted)
             _write(self.location, self._manifest)
-        evict(self.location, evicted)
-        for name in garbage.leftovers:
-            files.delete_dir(self.location.join(name))
+        for name in [r.directory for r in evicted] + list(garbage.leftovers):
+            files.delete_dir(self.location.join(name))  # a command: a failure is its error
         return garbage
 
     def close(self) -> None:
