@@ -121,9 +121,10 @@ def slurm(tmp_path_factory: pytest.TempPathFactory):
 
 def final_params(output: str) -> list[float]:
     """The parameters steady.py's rank 0 printed when training finished."""
-    line = next((l for l in output.splitlines() if "FINAL " in l), None)
-    assert line is not None, f"training did not finish:\n{output}"
-    return json.loads(line.split("FINAL ", 1)[1])["params"]
+    # mpiexec -prepend-rank may glue another rank's prefix onto the line: take the object only.
+    found = re.search(r"FINAL (\{[^{}]*\})", output)
+    assert found is not None, f"training did not finish:\n{output}"
+    return json.loads(found.group(1))["params"]
 
 
 @pytest.fixture(scope="session")
