@@ -195,7 +195,8 @@ def test_ls_of_a_storage_root_lists_experiments(experiment):
     rows = json.loads(invoke("ls", "--json", root).output)
     assert [(r["experiment"], r["status"], r["checkpoints"]) for r in rows] == [("e", "finished", 3)]
     assert rows[0]["last_metrics"]["epoch"] == 2
-    assert invoke("ls", root).output.startswith("e ")
+    header, row = invoke("ls", root).output.splitlines()
+    assert header.startswith("EXPERIMENT ") and row.startswith("e ")
 
 
 def test_metrics_dataframe(experiment):

@@ -11,27 +11,33 @@ from typing import Any
 
 import click
 
+from hpckit import settings
 from hpckit.cli import plot as _plot
 from hpckit.cli.app import main
 from hpckit.cli.common import find_record, open_experiment, require
 from hpckit.experiment import retention as _retention
 from hpckit.experiment import verify as _verify
 from hpckit.experiment.reading import list_experiments, read_metrics
-from hpckit.storage.location import Location
+from hpckit.run.job import DEFAULT_STORAGE
+from hpckit.storage.location import Location, resolve
 
 
 @main.command("ls")
-@click.argument("experiment")
+@click.argument("experiment", required=False)
 @click.option("--metric", "metrics", multiple=True, help="Metric columns to show (default: all).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def ls(experiment: str, metrics: tuple[str, ...], as_json: bool) -> None:
-    """List the committed checkpoints of EXPERIMENT (a path or URI), or, given a storage root,
-    its experiments with their status (running, finished, failed, requeued, stopped).
+def ls(experiment: str | None, metrics: tuple[str, ...], as_json: bool) -> None:
+    """List the committed checkpoints of EXPERIMENT (a path or URI), or, given a storage root
+    or nothing ($HPCKIT_STORAGE, else ~/hpckit_results), its experiments, newest first, with
+    their status (running, finished, failed, interrupted, requeued, stopped).
 
     Markers: * latest, + best by the experiment's retention score.
 
     Example: hpckit ls ~/hpckit_results/resnet-fmnist --metric loss
     """
+    if experiment is None:
+        _list_experiments(resolve(settings.current().storage or DEFAULT_STORAGE), as_json)
+        return
     location, manifest = open_experiment(experiment, allow_root=True)
     if manifest is None:
         _list_experiments(location, as_json)
@@ -170,17 +176,25 @@ def _list_experiments(root: Location, as_json: bool) -> None:
     rows: list[dict[str, Any]] = []
     for name, manifest in list_experiments(root):
         if manifest is None:
-            rows.append({"experiment": name, "status": "unreadable manifest"})
+            rows.append({"experiment": name, "status": "unreadable manifest", "updated": 0.0})
             continue
-        history = read_metrics(root.join(name))
         last = manifest.last_attempt
+        history = read_metrics(root.join(name))
         rows.append({"experiment": name, "status": last.status.value if last else "?",
-                     "checkpoints": len(manifest.checkpoints),
+                     "attempts": len(manifest.attempts), "checkpoints": len(manifest.checkpoints),
                      "latest": manifest.latest.directory if manifest.latest else None,
+                     "updated": (last.ended_at or last.started_at) if last else manifest.created_at,
                      "last_metrics": history[-1]["metrics"] if history else None})
+    rows.sort(key=lambda r: r["updated"], reverse=True)
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
+    if not rows:
+        click.echo(f"no experiments under {root.display} yet")
+        return
+    click.echo(f"{'EXPERIMENT':30s} {'STATUS':12s} {'ATTEMPTS':>8} {'CHECKPOINTS':>11}  "
+               f"{'LATEST':17s}  UPDATED")
     for row in rows:
-        click.echo(f"{row['experiment']:30s} {row['status']:12s} {row.get('checkpoints', '-'):>4} "
-                   f"checkpoint(s)  latest {row.get('latest')}  {json.dumps(row.get('last_metrics'))}")
+        updated = time.strftime("%Y-%m-%d %H:%M", time.localtime(row["updated"]))
+        click.echo(f"{row['experiment']:30s} {row['status']:12s} {row.get('attempts', '-'):>8} "
+                   f"{row.get('checkpoints', '-'):>11}  {row.get('latest') or '-':17s}  {updated}")

@@ -102,7 +102,9 @@ class Experiment:
                                     opening.config, opening.retention, time.time())
             else:
                 manifest = _resumable(location, found, opening)
-            manifest = manifest.with_attempt(opening.attempt)
+            # Attempts are numbered across every run of the experiment, not per run.
+            manifest = manifest.with_attempt(replace(opening.attempt,
+                                                     attempt=len(manifest.attempts)))
             _write(location, manifest)
             if found is not None:
                 remove_leftovers(location, manifest)

@@ -31,7 +31,7 @@ from hpckit.settings import Settings
 LAUNCHERS = ("slurmstepd", "hydra_pmi_proxy")
 KILL_AFTER = 5.0
 POLL = 0.5
-GRACE = 3.0  # seconds for a launcher to start the last of a node's ranks
+GRACE = 10.0  # seconds for a loaded node's launcher to start the last of its ranks
 
 
 class StartupWatchdog:
