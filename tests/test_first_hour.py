@@ -42,3 +42,32 @@ def test_ls_without_an_argument_lists_the_default_storage_newest_first(tmp_path)
                            env={**os.environ, "HOME": str(home), "HPCKIT_STORAGE": ""})
     assert empty.returncode == 0 and empty.stdout.strip() == \
         f"no experiments under {home / 'hpckit_results'} yet"
+
+
+def _history(values: list[float]) -> list[dict]:
+    return [{"step": i, "metrics": {"loss": v, "epoch": i}} for i, v in enumerate(values)]
+
+
+def test_plots_have_a_title_labels_a_legend_whole_epochs_and_a_log_scale_where_needed():
+    import matplotlib.pyplot as plt
+
+    from hpckit.cli.plot import figure
+
+    falling = _history([100 * 0.3 ** i for i in range(12)])  # over six decades
+    narrow = _history([0.5, 0.4, 0.45])
+    fig = figure([("run-a", falling)], ["loss"], "epoch")
+    try:
+        ax = fig.axes[0]
+        assert fig._suptitle.get_text() == "loss by epoch: run-a"
+        assert ax.get_yscale() == "log" and ax.get_ylabel() == "loss" and ax.get_xlabel() == "epoch"
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == ["run-a"]
+        fig.canvas.draw()
+        assert all(float(t).is_integer() for t in ax.get_xticks())
+    finally:
+        plt.close(fig)
+    for data, log, scale in ((narrow, None, "linear"), (narrow, True, "log"), (falling, False, "linear")):
+        fig = figure([("run-b", data)], ["loss"], "step", log)
+        try:
+            assert fig.axes[0].get_yscale() == scale
+        finally:
+            plt.close(fig)

@@ -158,8 +158,10 @@ def metrics(experiment: str, fmt: str) -> None:
               help="The image to write (.png, .pdf or .svg).")
 @click.option("--x", "x_axis", default="step", show_default=True,
               help="The x axis: step, or a reported metric such as epoch.")
+@click.option("--log/--linear", "log", default=None,
+              help="The y scale (default: log where a metric spans more than two decades).")
 def plot(experiments: tuple[str, ...], metric_names: tuple[str, ...], output: str,
-         x_axis: str) -> None:
+         x_axis: str, log: bool | None) -> None:
     """Plot metrics of one or several EXPERIMENTS (overlaid), one panel per metric.
 
     Example: hpckit plot runs/lr0.1 runs/lr0.01 --metric loss --metric accuracy -o curves.png
@@ -168,7 +170,7 @@ def plot(experiments: tuple[str, ...], metric_names: tuple[str, ...], output: st
     for experiment in experiments:
         location, manifest = require(experiment)
         series.append((manifest.experiment, read_metrics(location)))
-    _plot.curves(series, list(metric_names), x_axis, output)
+    _plot.curves(series, list(metric_names), x_axis, output, log)
     click.echo(f"wrote {output}")
 
 
