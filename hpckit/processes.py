@@ -14,8 +14,8 @@ def alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    stat = _stat(pid)  # a killed rank whose parent died first stays a zombie until reaped
-    return stat is None or stat.state != "Z"
+    found = stat(pid)  # a killed rank whose parent died first stays a zombie until reaped
+    return found is None or found.state != "Z"
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,8 @@ class Stat:
     started: int  # clock ticks after boot: with the pid, it names one process for good
 
 
-def _stat(pid: int) -> Stat | None:
+def stat(pid: int) -> Stat | None:
+    """The process's name, state, parent and start time; None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             text = f.read()
@@ -38,18 +39,13 @@ def _stat(pid: int) -> Stat | None:
     return Stat(pid, name, fields[0], int(fields[1]), int(fields[19]))
 
 
-def stat(pid: int) -> Stat | None:
-    """The process's name, state, parent and start time; None when it is gone."""
-    return _stat(pid)
-
-
 def ancestor(name: str, most: int = 12) -> Stat | None:
     """The nearest ancestor of this process called ``name`` (e.g. slurmstepd)."""
-    current = _stat(os.getpid())
+    current = stat(os.getpid())
     for _ in range(most):
         if current is None or current.parent <= 1:
             return None
-        current = _stat(current.parent)
+        current = stat(current.parent)
         if current is not None and current.name == name:
             return current
     return None
@@ -60,7 +56,7 @@ def children(parent: int) -> list[Stat]:
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            child = _stat(int(entry))
+            child = stat(int(entry))
             if child is not None and child.parent == parent and child.state != "Z":
                 found.append(child)
     return found

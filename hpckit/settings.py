@@ -13,7 +13,7 @@ import logging
 import os
 import signal
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from hpckit.errors import ConfigError
@@ -172,7 +172,6 @@ class Settings:
     cuda_visible_devices: str | None = None
     aws_endpoint: str | None = None
     aws_endpoint_s3: str | None = None
-    raw: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def read(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -190,9 +189,7 @@ class Settings:
                 problems.append(f"{variable}={raw!r} is invalid: use {exc}.")
         if problems:
             raise ConfigError(" ".join(problems))
-        raw_values = {variable: environ[variable] for variable, _ in TABLE.values()
-                      if environ.get(variable)}
-        return cls(**values, raw=raw_values)
+        return cls(**values)
 
     @property
     def launcher(self) -> str | None:

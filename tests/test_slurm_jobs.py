@@ -54,6 +54,14 @@ def wait(slurm, tmp_path: Path, job: str, timeout: float) -> dict[str, str]:
         time.sleep(1)
 
 
+def wait_for_reports(slurm, tmp_path: Path, experiment: Path, count: int, timeout: float) -> None:
+    """Until the running job has logged ``count`` reports (then it is mid-run)."""
+    deadline = time.monotonic() + timeout
+    while not (experiment / "metrics.jsonl").exists() or len(metrics_lines(experiment)) < count:
+        assert time.monotonic() < deadline, output_of(tmp_path) + slurm.logs()
+        time.sleep(0.5)
+
+
 def output_of(tmp_path: Path) -> str:
     return "\n".join(p.read_text() for p in sorted(tmp_path.glob("*.out")))
 
@@ -79,10 +87,7 @@ def test_requeued_job_resumes_and_ends_as_an_uninterrupted_run(tmp_path, slurm, 
     job = submit(slurm, tmp_path, "requeue.sbatch", "--ntasks=2", "--cpus-per-task=1", "--time=10",
                  args=f"--storage {tmp_path} --epoch-seconds 1")
     experiment = tmp_path / f"steady-job{job}"  # the default name: requeued, it resumes
-    deadline = time.monotonic() + 120
-    while not (experiment / "metrics.jsonl").exists() or len(metrics_lines(experiment)) < 3:
-        assert time.monotonic() < deadline, output_of(tmp_path) + slurm.logs()
-        time.sleep(0.5)
+    wait_for_reports(slurm, tmp_path, experiment, 3, 120)
     slurm.run("scontrol", "requeue", job)
     assert wait(slurm, tmp_path, job, 240) == {job: "COMPLETED"}, output_of(tmp_path)
     m = manifest(experiment)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import HERE, STEADY, final_params, manifest, metrics_lines, mpiexec
-from test_slurm_jobs import output_of, wait
+from test_slurm_jobs import output_of, wait, wait_for_reports
 
 SLOW_START = HERE / "ranks" / "slow_start.py"
 
@@ -49,10 +49,7 @@ def test_a_plain_user_script_requeued_mid_run_ends_as_an_uninterrupted_run(
     command = f"{sys.executable} {STEADY} --storage {tmp_path} --name plain --epoch-seconds 1"
     job = sbatch(slurm, tmp_path, minimal_script(tmp_path, ntasks, command), "--time=10")
     experiment = tmp_path / "plain"
-    deadline = time.monotonic() + 180
-    while not (experiment / "metrics.jsonl").exists() or len(metrics_lines(experiment)) < 3:
-        assert time.monotonic() < deadline, output_of(tmp_path) + slurm.logs()
-        time.sleep(0.5)
+    wait_for_reports(slurm, tmp_path, experiment, 3, 180)
     slurm.run("scontrol", "requeue", job)
     assert wait(slurm, tmp_path, job, 300) == {job: "COMPLETED"}, output_of(tmp_path)
     output = output_of(tmp_path)

@@ -6,7 +6,6 @@ with a documented status; tracebacks only with ``--debug`` or ``HPCKIT_LOG_LEVEL
 
 from __future__ import annotations
 
-import sys
 from typing import IO, Any
 
 import click
@@ -85,5 +84,3 @@ def main(ctx: click.Context, debug: bool) -> None:
     ctx.meta["hpckit.debug"] = debug
     settings.refresh()
     logs.configure(0, "DEBUG" if debug else None)
-    if debug:
-        sys.tracebacklimit = 1000

@@ -77,8 +77,9 @@ def _connection(options: dict[str, str], bucket: str, uri: str) -> dict[str, Any
             kwargs[key] = _BOOLEAN[options[key].lower()]
     # As pyarrow's URI parser does: ask AWS for the bucket's region only when no other
     # endpoint is named, in the URI or in AWS's own variables.
+    current = settings.current()
     if "region" not in kwargs and "endpoint_override" not in kwargs \
-            and not (settings.current().aws_endpoint or settings.current().aws_endpoint_s3):
+            and not (current.aws_endpoint or current.aws_endpoint_s3):
         kwargs["region"] = pyarrow.fs.resolve_s3_region(bucket)
     numbers = {key: _number(key, options[key], uri) if key in options else default
                for key, default in DEFAULTS.items()}
