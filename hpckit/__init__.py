@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from hpckit.checkpoint import Checkpoint
-from hpckit.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig, SyncConfig
+from hpckit.config import (
+    CheckpointConfig,
+    CheckpointUploadMode,
+    FailureConfig,
+    RunConfig,
+    ScalingConfig,
+    SyncConfig,
+)
 from hpckit.errors import (
     CheckpointError,
     CommitError,
@@ -31,6 +38,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointConfig",
     "CheckpointError",
+    "CheckpointUploadMode",
     "CommitError",
     "ConfigError",
     "DataParallelTrainer",

@@ -7,7 +7,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow.fs
@@ -132,6 +132,18 @@ class Checkpoint:
     def update_metadata(self, metadata: dict[str, Any]) -> None:
         """Merge ``metadata`` into the existing metadata."""
         self.set_metadata({**self.get_metadata(), **metadata})
+
+    def _written_when(self, wait: Callable[[], Any]) -> Checkpoint:
+        """This checkpoint, whose files are complete once ``wait()`` returns (a save still
+        running, e.g. torch DCP's ``async_save``): ``report()`` waits for it before it reads
+        them, in the background when the upload is asynchronous."""
+        self._wait = wait
+        return self
+
+    def _wait_until_written(self) -> None:
+        wait = getattr(self, "_wait", None)
+        if wait is not None:
+            wait()
 
     def _require_dir(self) -> None:
         kind = files.file_type(self._location)

@@ -13,6 +13,12 @@ report meets them:
 ``committed``  rank 0 has replaced the manifest and not yet applied retention
 ``evicting``   rank 0 has deleted part of a checkpoint that retention evicts
 
+and those of an asynchronous checkpoint (``report(checkpoint_upload_mode=ASYNC)``):
+
+``handed``     a rank has handed its files over to staging; report() has not returned
+``background`` a rank's background thread has persisted the first of its files
+``persisted``  a rank's background thread has persisted all of them; nothing is committed
+
 Random-time kills need no hook: the tests send SIGKILL from outside. Ground layer.
 """
 

@@ -8,7 +8,7 @@ import pytest
 from hpckit.errors import CheckpointError, ReportMismatchError
 from hpckit.experiment.manifest import FileRecord
 from hpckit.run.comm import RankFailure
-from hpckit.run.plan import FINISH, REPORT, Announcement, Plan, make_plan, merge
+from hpckit.run.plan import FINISH, REPORT, Announcement, Persisted, Plan, make_plan, merge
 from hpckit.run.retry import RetryPolicy
 
 
@@ -55,10 +55,10 @@ def test_merge_keeps_the_writers_records_and_catches_differing_duplicates():
     plan = Plan(0, None, "checkpoint_000000", {0: ["a", "s"], 1: ["b"]}, {1: ["s"]})
     same = [[FileRecord("a", 1, 0, "x"), FileRecord("s", 1, 0, "h")],
             [FileRecord("b", 1, 1, "y"), FileRecord("s", 1, 1, "h")]]
-    assert [(r.path, r.rank) for r in merge(plan, same)] == [("a", 0), ("b", 1), ("s", 0)]
+    assert [(r.path, r.rank) for r in merge(plan, [Persisted(r) for r in same])] == [("a", 0), ("b", 1), ("s", 0)]
     differing = [same[0], [FileRecord("b", 1, 1, "y"), FileRecord("s", 1, 1, "other")]]
     with pytest.raises(CheckpointError, match="ranks 0, 1 each handed checkpoint file 's'"):
-        merge(plan, differing)
+        merge(plan, [Persisted(r) for r in differing])
 
 
 @pytest.mark.parametrize("limit,attempts,allowed", [

@@ -22,7 +22,13 @@ from hpckit.experiment import verify
 from hpckit.experiment.attempts import Attempt, AttemptStatus
 from hpckit.experiment.lock import LOCK_NAME, Lock
 from hpckit.experiment.lock import read as read_lock
-from hpckit.experiment.manifest import MANIFEST_NAME, CheckpointRecord, Manifest, is_checkpoint_dirname
+from hpckit.experiment.manifest import (
+    MANIFEST_NAME,
+    STAGING_NAME,
+    CheckpointRecord,
+    Manifest,
+    is_checkpoint_dirname,
+)
 from hpckit.experiment.metrics import MetricsLog
 from hpckit.experiment.mirror import Mirror
 from hpckit.experiment.purge import Purge
@@ -142,7 +148,7 @@ class Experiment:
         _write(self.location, updated)
         faults.reached("committed", 0)
         self._manifest = updated
-        self._evicted = evicted
+        self._evicted += evicted
         if self._metrics is not None:
             self._metrics.append(record.step, record.metrics, record.directory)
 
@@ -243,7 +249,8 @@ def _write(location: Location, manifest: Manifest) -> None:
 def _leftovers(location: Location, manifest: Manifest) -> list[str]:
     named = {r.directory for r in manifest.checkpoints}
     return [i.base_name for i in files.list_dir(location) if i.type == _FT.Directory
-            and is_checkpoint_dirname(i.base_name) and i.base_name not in named]
+            and (is_checkpoint_dirname(i.base_name) or i.base_name == STAGING_NAME)
+            and i.base_name not in named]
 
 
 def _size(location: Location) -> int:
@@ -251,7 +258,8 @@ def _size(location: Location) -> int:
 
 
 def remove_leftovers(location: Location, manifest: Manifest) -> list[str]:
-    """Delete checkpoint directories and temp files that no manifest names (a crashed commit's)."""
+    """Delete checkpoint directories, staged files and temp files that no manifest names (a
+    crashed commit's)."""
     removed = []
     temp = [i.base_name for i in files.list_dir(location) if i.type == _FT.File
             and i.base_name.startswith(f".{MANIFEST_NAME}.tmp-")]

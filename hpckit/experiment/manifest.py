@@ -19,6 +19,7 @@ from hpckit.experiment.attempts import Attempt, AttemptStatus
 FORMAT = "hpckit.manifest"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+STAGING_NAME = ".staging"  # asynchronous checkpoints' files, waiting for the background
 METRICS_NAME = "metrics.jsonl"
 _DIRECTORY = re.compile(r"checkpoint_\d{6,}")
 

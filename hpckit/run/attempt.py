@@ -26,6 +26,7 @@ from hpckit.run import stop
 from hpckit.run.comm import Topology, everywhere, on_root, raised_together, wait_for_all
 from hpckit.run.commit import CommitProtocol
 from hpckit.run.context import TrainContext
+from hpckit.run.handover import Staging
 from hpckit.run.job import TrainingJob, command_record
 from hpckit.run.session import Session, activate
 from hpckit.settings import Settings
@@ -40,6 +41,7 @@ class Start:
 
     latest: str | None
     next_step: int
+    next_index: int
     marker: str
 
 
@@ -104,7 +106,8 @@ def _open(job: TrainingJob, root: Location, world_size: int, settings: Settings,
         owner.close()
         raise
     latest = owner.manifest.latest
-    return owner, Start(latest.directory if latest else None, owner.manifest.next_step, marker)
+    return owner, Start(latest.directory if latest else None, owner.manifest.next_step,
+                        owner.manifest.next_checkpoint_index, marker)
 
 
 def _check_shared(comm: Any, location: Location, marker: str, topology: Topology) -> None:
@@ -128,11 +131,14 @@ def _session(job: TrainingJob, ranks: Ranks, settings: Settings, number: int,
     artifacts = Artifacts(location, rank, settings.local_dir,
                           sync.sync_artifacts and (rank == 0 or sync.sync_artifacts_all_ranks))
     latest = Checkpoint._at(location.join(start.latest)) if start.latest else None
+    staging = Staging(location, rank, settings.local_dir)
+    staging.remove()  # what an earlier attempt of this rank left
     protocol = CommitProtocol(ranks.comm, location, job.run_config.checkpoint_config,
-                              start.next_step, owner, latest)
+                              (start.next_step, start.next_index), owner, latest, staging)
     context = TrainContext(ranks.topology, job.name, location, number, settings.launcher,
                            settings.slurm(), artifact_dir=lambda: artifacts.directory,
-                           stop_requested=lambda: session.stop_requested is not None)
+                           stop_requested=lambda: session.stop_requested is not None,
+                           checkpoint_dir=protocol.checkpoint_dir)
     session = Session(context, protocol, job.resume_from_checkpoint, artifacts)
     return session
 
@@ -152,6 +158,7 @@ def _train(job: TrainingJob, session: Session, owner: Experiment | None,
         raise AttemptFailed(exc, raised_together(exc)) from exc
     finally:
         activate(None)
+        session.protocol.close()
         session.artifacts.close()
 
 

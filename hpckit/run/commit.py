@@ -1,154 +1,275 @@
-"""The commit protocol behind ``report()``: two collective steps, each one :func:`all_reduce`.
+"""The commit protocol behind ``report()``: collective steps, each one :func:`all_reduce`.
 
-1. Announce and plan. Every rank lists the files it hands in; rank 0 checks that all ranks
-   are at the same report, assigns each file name to one writer, and sends the plan.
-2. Persist and commit. Writers persist their files (hashing as they write); ranks holding a
-   duplicate name only hash theirs. Rank 0 gathers every outcome; only if all succeeded does
-   its :class:`~hpckit.experiment.Experiment` replace the manifest (the commit) and append
-   the metrics line. Every rank then learns the outcome, or one error raised everywhere.
+1. Announce and plan. Every rank lists the files it hands in (or says it wrote them in place)
+   and which of its background checkpoints have finished; rank 0 checks that all ranks are at
+   the same report, commits the background checkpoints every rank has finished, assigns each
+   new file name to one writer, and sends the plan.
+2. Synchronous: persist and commit. Writers persist their files (hashing as they write); ranks
+   holding a duplicate name only hash theirs. Rank 0 gathers every outcome; only if all
+   succeeded does its :class:`~hpckit.experiment.Experiment` replace the manifest (the commit).
+   Asynchronous: each rank hands its files over (a rename into staging where it can) and a
+   background thread persists them; a later announcement (or a drain, when the in-flight limit
+   is reached, a stop is agreed or the training function returns) commits them.
 
-Deleting what retention evicts happens after step 2, in the background (see
+Deleting what retention evicts happens after the commit, in the background (see
 ``experiment.purge``): no rank waits on it inside ``report()``.
 """
 
 from __future__ import annotations
 
-import logging
+import os
+import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hpckit import faults
 from hpckit.checkpoint import Checkpoint
-from hpckit.config import CheckpointConfig
-from hpckit.errors import CommitError, HpckitError
+from hpckit.config import CheckpointConfig, CheckpointUploadMode
+from hpckit.errors import CheckpointError, CommitError
 from hpckit.experiment.experiment import Experiment
-from hpckit.experiment.manifest import CheckpointRecord, FileRecord
+from hpckit.experiment.manifest import checkpoint_dirname
 from hpckit.experiment.values import to_json_metrics
 from hpckit.logs import log
 from hpckit.run import stop
+from hpckit.run.background import Background
 from hpckit.run.comm import all_reduce, attempt
-from hpckit.run.persist import list_source, local_source, persist
-from hpckit.run.plan import FINISH, REPORT, Announcement, Plan, make_plan, merge
+from hpckit.run.handover import Staging, hand_over, same_filesystem
+from hpckit.run.ledger import Ledger, discard
+from hpckit.run.persist import list_source, local_source, persist, persist_in_place
+from hpckit.run.plan import DRAIN, FINISH, REPORT, Announcement, Persisted, Plan, make_plan
 from hpckit.storage import files
 from hpckit.storage.location import Location
 
 
 @dataclass(frozen=True)
+class Upload:
+    """How one ``report()`` hands its checkpoint over."""
+
+    mode: CheckpointUploadMode = CheckpointUploadMode.SYNC
+    delete_local: bool = False
+
+
+@dataclass(frozen=True)
 class Outcome:
-    """What a report did: the stop the ranks agreed on (if any), the checkpoint it committed."""
+    """What a report did: the stop the ranks agreed on (if any), the newest checkpoint it
+    committed (its own, or a background one that finished)."""
 
     stop: str | None
     committed: Checkpoint | None
 
 
+@dataclass(frozen=True)
+class Handed:
+    """What this rank hands in at one report."""
+
+    checkpoint: Checkpoint | None = None
+    source: str | None = None
+    files: list[tuple[str, int]] | None = None
+    in_place: bool = False
+
+
 class CommitProtocol:
     """One rank's side of the protocol for one attempt; ``owner`` is rank 0's experiment."""
 
-    def __init__(self, comm: Any, experiment: Location, config: CheckpointConfig, next_step: int,
-                 owner: Experiment | None, latest: Checkpoint | None) -> None:
+    def __init__(self, comm: Any, experiment: Location, config: CheckpointConfig,
+                 progress: tuple[int, int], owner: Experiment | None, latest: Checkpoint | None,
+                 staging: Staging) -> None:
         self.comm = comm
         self.experiment = experiment
         self.config = config
-        self.next_step = next_step
+        self.next_step, self.next_index = progress
         self.owner = owner
+        self.ledger = Ledger(owner, config) if owner is not None else None
         self.latest = latest
+        self.staging = staging
+        self.background = Background(comm.rank)
         self.reports = 0
-        self.last_metrics: dict[str, Any] | None = None
+        self.last_metrics: dict[str, Any] = {}
+        self._told_of_wait = False
 
-    def report(self, metrics: Any, checkpoint: Checkpoint | None) -> Outcome:
-        rank = self.comm.rank
+    def checkpoint_dir(self) -> str:
+        """Where this rank writes the next checkpoint in place."""
+        return self.staging.in_place(checkpoint_dirname(self.next_index))
+
+    def report(self, metrics: Any, checkpoint: Checkpoint | None, upload: Upload) -> Outcome:
+        rank, before = self.comm.rank, self.latest
         self.reports += 1
-        prepared, failure = attempt(rank, lambda: _prepare(metrics, checkpoint, rank))
-        converted, source, listed = prepared or (None, None, None)
-        if rank == 0:
-            self.last_metrics = converted
-        announcement = Announcement(REPORT, self.reports, listed, failure, stop.received())
-        plan = all_reduce(self.comm, "report()", lambda: announcement, self._plan, CommitError)
+        handed, failure = attempt(rank, lambda: self._prepare(metrics, checkpoint, upload))
+        handed = handed or Handed()
+        plan = self._announce(Announcement(
+            REPORT, self.reports, handed.files, failure, stop.received(), handed.in_place,
+            self.background.finished(), upload.mode is CheckpointUploadMode.ASYNC))
         if plan.directory is None:
-            self.next_step = plan.step + 1
-            return Outcome(plan.stop, None)
-        started = time.perf_counter()
-        target = self.experiment.join(plan.directory)
-
-        def write() -> list[FileRecord]:
-            records = persist(plan, target, source, rank)
-            faults.reached("written", rank)
-            return records
-
-        all_reduce(self.comm, f"persisting {plan.directory}", write,
-                   lambda per_rank: self._commit(plan, target, per_rank, started), CommitError,
-                   patient=True, undo=lambda: _discard(target))
-        self.latest = Checkpoint._at(target)
-        self.next_step = plan.step + 1
-        if self.owner is not None:
-            self.owner.purge_evicted()
-        return Outcome(plan.stop, self.latest)
+            if plan.stop:
+                self._drain()
+        elif plan.asynchronous:
+            self._make_room()
+            self._start_background(plan, handed, upload)
+        else:
+            self._drain()
+            self._persist_now(plan, handed)
+            _release(handed, upload, self.experiment.is_local)
+        return Outcome(plan.stop, self.latest if self.latest is not before else None)
 
     def finish(self) -> None:
-        """Collective end of the training function: catches ranks that reported fewer times."""
-        all_reduce(self.comm, "report()", lambda: Announcement(FINISH, self.reports),
-                   lambda announced: make_plan(announced, self.next_step, 0), CommitError)
+        """Collective end of the training function: commits what is still in the background,
+        and catches ranks that reported fewer times."""
+        self.background.wait()
+        self._announce(Announcement(FINISH, self.reports, finished=self.background.finished()))
 
-    def _plan(self, announcements: list[Announcement]) -> Plan:
-        owner = self._owner()
-        plan = make_plan(announcements, self.next_step, owner.manifest.next_checkpoint_index)
-        if plan.directory is not None:
-            owner.wait_for_purge()
-            return plan
-        owner.log_report(plan.step, self.last_metrics or {})
-        if log.isEnabledFor(logging.INFO):
-            log.info("step %d: %s", plan.step, summary(self.last_metrics or {}))
+    def close(self) -> None:
+        self.background.close()
+        self.staging.remove()
+
+    def _prepare(self, metrics: Any, checkpoint: Checkpoint | None, upload: Upload) -> Handed:
+        converted = to_json_metrics(metrics)
+        if self.comm.rank == 0:
+            self.last_metrics = converted
+        if checkpoint is None:
+            return Handed()
+        source = local_source(checkpoint, self.comm.rank)
+        pending = self.staging.in_place_path(checkpoint_dirname(self.next_index))
+        in_place = os.path.realpath(source) == os.path.realpath(pending)
+        if upload.mode is CheckpointUploadMode.NO_UPLOAD and not in_place:
+            raise CheckpointError(
+                f"rank {self.comm.rank}: report(checkpoint_upload_mode=NO_UPLOAD) takes the files "
+                f"already in get_context().get_checkpoint_dir() ({pending}), not "
+                f"{source}; write them there, or use SYNC or ASYNC to have {source} persisted.")
+        if in_place:
+            if upload.mode is not CheckpointUploadMode.ASYNC:
+                checkpoint._wait_until_written()
+            return Handed(checkpoint, source, None, True)
+        checkpoint._wait_until_written()
+        return Handed(checkpoint, source, list_source(source, self.comm.rank))
+
+    def _announce(self, announcement: Announcement) -> Plan:
+        plan = all_reduce(self.comm, "report()", lambda: announcement, self._plan, CommitError)
+        for directory in plan.committed:
+            self.latest = Checkpoint._at(self.experiment.join(directory))
+        self.background.forget(plan.committed)
+        if plan.committed and self.owner is not None:
+            self.owner.purge_evicted()
+        if announcement.kind == REPORT:
+            self.next_step = plan.step + 1
+        if plan.index is not None:
+            self.next_index = plan.index + 1
         return plan
 
-    def _commit(self, plan: Plan, target: Location, per_rank: list[list[FileRecord]],
-                started: float) -> None:
-        owner = self._owner()
-        try:
-            written = merge(plan, per_rank)
-        except HpckitError:
-            _discard(target)
-            raise
-        record = CheckpointRecord(owner.manifest.next_checkpoint_index, target.name, plan.step,
-                                  time.time(), self.last_metrics or {}, tuple(written))
-        owner.commit(record, self.config)
-        log.info("step %d: %s; committed %s (%s in %d file(s)) in %.0f ms", plan.step,
-                 summary(record.metrics), target.name, human_size(record.size), len(written),
-                 (time.perf_counter() - started) * 1000)
+    def _plan(self, announcements: list[Announcement]) -> Plan:
+        ledger = self._ledger()
+        plan = make_plan(announcements, self.next_step, self.next_index)
+        plan = replace(plan, committed=ledger.commit_finished(announcements))
+        if announcements[0].kind != REPORT:
+            return plan
+        if plan.directory is None:
+            ledger.log(plan.step, self.last_metrics)
+            return plan
+        ledger.owner.wait_for_purge()
+        target = self.experiment.join(plan.directory)
+        if not plan.in_place and target.is_local and os.path.isdir(target.path):
+            files.delete_dir(target)  # files written in place, then another directory handed
+        if plan.asynchronous:
+            ledger.expect(plan, self.last_metrics)
+        return plan
 
-    def _owner(self) -> Experiment:
-        if self.owner is None:
+    def _drain(self, keep: int = 0) -> None:
+        """Wait until at most ``keep`` background checkpoints run, and commit the others."""
+        if len(self.background) <= keep:
+            return
+        self.background.wait(keep)
+        self._announce(Announcement(DRAIN, self.reports, finished=self.background.finished()))
+
+    def _make_room(self) -> None:
+        limit = self.config.max_checkpoints_in_flight
+        if len(self.background) < limit:
+            return
+        if not self._told_of_wait and self.comm.rank == 0:
+            log.info("report() waits for the previous checkpoint to be persisted (%d in flight, "
+                     "CheckpointConfig(max_checkpoints_in_flight=%d)); said once", limit, limit)
+            self._told_of_wait = True
+        self._drain(keep=limit - 1)
+
+    def _start_background(self, plan: Plan, handed: Handed, upload: Upload) -> None:
+        assert plan.directory is not None
+        rank, target = self.comm.rank, self.experiment.join(plan.directory)
+        if plan.in_place:
+            checkpoint, source = handed.checkpoint, self._in_place_source(plan, handed)
+
+            def in_place() -> Persisted:
+                if checkpoint is not None:
+                    checkpoint._wait_until_written()
+                persisted = persist_in_place(source, target, rank, self.comm.size, "background")
+                if not target.is_local:
+                    shutil.rmtree(source, ignore_errors=True)
+                faults.reached("persisted", rank)
+                return persisted
+
+            self.background.start(plan.directory, in_place)
+            return
+        staged, failure = attempt(rank, lambda: self._hand_over(plan, handed, upload))
+
+        def staged_files() -> Persisted:
+            if failure is not None:
+                raise CheckpointError(f"rank {rank}: handing over {handed.source}: {failure.error}")
+            records = (persist(plan, target, staged, rank, phase="background",
+                               move=same_filesystem(staged, target)) if staged else [])
+            if staged:
+                shutil.rmtree(staged, ignore_errors=True)
+            faults.reached("persisted", rank)
+            return Persisted(records)
+
+        self.background.start(plan.directory, staged_files)
+
+    def _hand_over(self, plan: Plan, handed: Handed, upload: Upload) -> str | None:
+        assert plan.directory is not None
+        if handed.source is None:
+            return None
+        staged = self.staging.for_files(handed.source, plan.directory)
+        names = plan.writes.get(self.comm.rank, []) + plan.hashes.get(self.comm.rank, [])
+        hand_over(handed.source, names, staged, upload.delete_local)
+        faults.reached("handed", self.comm.rank)
+        return staged
+
+    def _persist_now(self, plan: Plan, handed: Handed) -> None:
+        assert plan.directory is not None
+        rank, started = self.comm.rank, time.perf_counter()
+        target = self.experiment.join(plan.directory)
+
+        def write() -> Persisted:
+            if plan.in_place:
+                source = self._in_place_source(plan, handed)
+                persisted = persist_in_place(source, target, rank, self.comm.size)
+            else:
+                persisted = Persisted(persist(plan, target, handed.source, rank))
+            faults.reached("written", rank)
+            return persisted
+
+        def commit(per_rank: list[Persisted]) -> None:
+            self._ledger().commit(plan, per_rank, self.last_metrics, started)
+
+        all_reduce(self.comm, f"persisting {plan.directory}", write, commit, CommitError,
+                   patient=True, undo=lambda: discard(target))
+        self.latest = Checkpoint._at(target)
+        if self.owner is not None:
+            self.owner.purge_evicted()
+
+    def _in_place_source(self, plan: Plan, handed: Handed) -> str:
+        """Every rank takes part in an in-place checkpoint: on POSIX storage each hashes a share
+        of the shared directory, on object storage each uploads what it wrote there."""
+        assert plan.directory is not None
+        return handed.source or self.staging.in_place(plan.directory)
+
+    def _ledger(self) -> Ledger:
+        if self.ledger is None:
             raise RuntimeError(f"rank {self.comm.rank} asked for rank 0's experiment")
-        return self.owner
+        return self.ledger
 
 
-def _prepare(metrics: Any, checkpoint: Checkpoint | None, rank: int
-             ) -> tuple[dict[str, Any], str | None, list[tuple[str, int]] | None]:
-    converted = to_json_metrics(metrics)
-    if checkpoint is None:
-        return converted, None, None
-    source = local_source(checkpoint, rank)
-    return converted, source, list_source(source, rank)
-
-
-def _discard(target: Location) -> None:
-    try:
-        files.delete_dir(target)
-    except HpckitError as exc:
-        log.warning("could not remove failed checkpoint %s (resume removes it): %s", target.name, exc)
-
-
-def summary(metrics: dict[str, Any], most: int = 6) -> str:
-    """The first few scalar metrics, compactly: ``loss=0.1234 acc=0.91``."""
-    shown = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-             for k, v in metrics.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)]
-    return " ".join(shown[:most]) + (" ..." if len(shown) > most else "") or "(no metrics)"
-
-
-def human_size(size: int) -> str:
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{size} B"
+def _release(handed: Handed, upload: Upload, shared_in_place: bool) -> None:
+    """After a synchronous commit: remove the handed directory when it is hpckit's to remove
+    (a local staging directory written in place, or as ``delete_local`` says)."""
+    if handed.source is None or (handed.in_place and shared_in_place):
+        return
+    if upload.delete_local or handed.in_place:
+        shutil.rmtree(handed.source, ignore_errors=True)

@@ -23,6 +23,7 @@ class TrainContext:
     slurm: dict[str, str] = field(default_factory=dict)
     artifact_dir: Callable[[], str] = field(default=lambda: "", repr=False)
     stop_requested: Callable[[], bool] = field(default=lambda: False, repr=False)
+    checkpoint_dir: Callable[[], str] = field(default=lambda: "", repr=False)
 
     def get_world_rank(self) -> int:
         return self.topology.world_rank
@@ -69,6 +70,15 @@ class TrainContext:
         ``SyncConfig(sync_artifacts=True)`` its files are persisted to
         ``{experiment}/artifacts/rank-N/`` at every report; it is removed when the run ends."""
         return self.artifact_dir()
+
+    def get_checkpoint_dir(self) -> str:
+        """A local directory for this rank to write the next checkpoint into, in place: on
+        POSIX storage it is the pending ``checkpoint_NNNNNN`` itself (the same for every rank,
+        so give each rank's files their own names), on object storage a staging directory of
+        this rank's. Hand it to ``report(checkpoint=Checkpoint.from_directory(...))``: its
+        files are then committed without a copy (only hashed and synced; uploaded on object
+        storage). Files written there belong to the next checkpoint reported."""
+        return self.checkpoint_dir()
 
     def should_stop(self) -> bool:
         """True once the ranks agreed a stop was requested (e.g. Slurm's time-limit warning)."""

@@ -1,9 +1,11 @@
 """One rank's part of a checkpoint: the files it hands in, and persisting those the plan
-assigns to it (hashing the others it holds, so that duplicates can be compared)."""
+assigns to it (hashing the others it holds, so that duplicates can be compared); or, for a
+checkpoint written in place, hashing and syncing its share of what is already there."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -11,7 +13,7 @@ from hpckit import faults
 from hpckit.checkpoint import Checkpoint
 from hpckit.errors import CheckpointError
 from hpckit.experiment.manifest import FileRecord, is_safe_relpath
-from hpckit.run.plan import Plan
+from hpckit.run.plan import Persisted, Plan, share_hashing
 from hpckit.storage.copy import fsync_tree, persist_file, progress, sha256_file
 from hpckit.storage.location import Location
 
@@ -49,8 +51,11 @@ def list_source(source: str, rank: int) -> list[tuple[str, int]]:
     return sorted(found)
 
 
-def persist(plan: Plan, target: Location, source: str | None, rank: int) -> list[FileRecord]:
-    """Write this rank's assigned files into ``target`` durably, hash its duplicates."""
+def persist(plan: Plan, target: Location, source: str | None, rank: int, *, move: bool = False,
+            phase: str = "writing") -> list[FileRecord]:
+    """Write this rank's assigned files into ``target`` durably, hash its duplicates. With
+    ``move`` (a staging directory on the target's filesystem) the files are renamed into place
+    and synced instead of copied. ``phase`` is the fault point met after the first file."""
     writes, hashes = plan.writes.get(rank, []), plan.hashes.get(rank, [])
     if not writes and not hashes:
         return []
@@ -61,17 +66,59 @@ def persist(plan: Plan, target: Location, source: str | None, rank: int) -> list
         if rel not in writes:
             size, digest = sha256_file(src)
             return FileRecord(rel, size, rank, digest)
-        size, digest = persist_file(src, target.join(rel))
-        faults.reached("writing", rank)
+        if move:
+            size, digest = _move(src, target.join(rel).path)
+        else:
+            size, digest = persist_file(src, target.join(rel))
+        faults.reached(phase, rank)
         return FileRecord(rel, size, rank, digest)
 
     sizes = {rel: os.path.getsize(os.path.join(source, rel)) for rel in writes}
-    with progress(sum(sizes.values()), f"rank {rank}: writing {target.name}") as bar, \
-            ThreadPoolExecutor(max(1, min(PARALLEL_FILES, len(writes) + len(hashes)))) as pool:
-        records = []
-        for record in pool.map(one, writes + hashes):
-            records.append(record)
-            bar.update(sizes.get(record.path, 0))
+    records = _each(one, writes + hashes, sizes, f"rank {rank}: writing {target.name}")
     if writes and target.is_local:
         fsync_tree(target.path, writes)
+    return records
+
+
+def persist_in_place(directory: str, target: Location, rank: int, ranks: int,
+                     phase: str = "writing") -> Persisted:
+    """A checkpoint written in place. On POSIX storage ``directory`` is the shared pending
+    checkpoint: this rank hashes and syncs its share of the files every rank wrote there. On
+    object storage it is this rank's own staging directory, whose files it uploads."""
+    listing = list_source(directory, rank)
+    shared = target.is_local and os.path.realpath(directory) == os.path.realpath(target.path)
+    mine = share_hashing(listing, ranks, rank) if shared else [name for name, _ in listing]
+
+    def one(rel: str) -> FileRecord:
+        if shared:
+            size, digest = sha256_file(os.path.join(directory, rel), sync=True)
+        else:
+            size, digest = persist_file(os.path.join(directory, rel), target.join(rel))
+        faults.reached(phase, rank)
+        return FileRecord(rel, size, rank, digest)
+
+    sizes = dict(listing)
+    records = _each(one, mine, sizes, f"rank {rank}: persisting {target.name}")
+    if shared:
+        fsync_tree(target.path, [name for name, _ in listing])
+    return Persisted(records, tuple(name for name, _ in listing) if shared else ())
+
+
+def _move(source: str, target: str) -> tuple[int, str]:
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    os.replace(source, target)
+    return sha256_file(target, sync=True)
+
+
+def _each(one: Callable[[str], FileRecord], names: list[str], sizes: dict[str, int],
+          label: str) -> list[FileRecord]:
+    """``one`` over ``names`` on a few threads, with a progress bar for the large ones."""
+    if not names:
+        return []
+    with progress(sum(sizes.get(n, 0) for n in names), label) as bar, \
+            ThreadPoolExecutor(max(1, min(PARALLEL_FILES, len(names)))) as pool:
+        records = []
+        for record in pool.map(one, names):
+            records.append(record)
+            bar.update(sizes.get(record.path, 0))
     return records

@@ -1,6 +1,7 @@
 """The pure parts of the commit protocol, tested without MPI: what each rank announces, the
 plan rank 0 makes from every announcement (are all ranks at the same report? which rank writes
-which file?), and the merge of what the ranks wrote."""
+which file? which background checkpoints has every rank finished?), and the merge of what the
+ranks wrote."""
 
 from __future__ import annotations
 
@@ -10,7 +11,27 @@ from hpckit.errors import CheckpointError, CommitError, ReportMismatchError
 from hpckit.experiment.manifest import FileRecord, checkpoint_dirname, is_safe_relpath
 from hpckit.run.comm import RankFailure, raise_failures
 
-REPORT, FINISH = "report", "finish"
+# REPORT: a report() call; FINISH: the training function returned; DRAIN: every rank waited for
+# its background checkpoints (the in-flight limit was reached, or a stop was agreed).
+REPORT, FINISH, DRAIN = "report", "finish", "drain"
+
+
+@dataclass(frozen=True)
+class Persisted:
+    """What one rank persisted of one checkpoint: its file records and, for a checkpoint
+    written in place, the names it found in the directory."""
+
+    records: list[FileRecord]
+    listed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Finished:
+    """One background checkpoint that this rank has finished persisting, or failed to."""
+
+    directory: str
+    persisted: Persisted | None = None
+    failure: RankFailure | None = None
 
 
 @dataclass(frozen=True)
@@ -22,17 +43,25 @@ class Announcement:
     files: list[tuple[str, int]] | None = None
     failure: RankFailure | None = None
     stop: str | None = None
+    in_place: bool = False
+    finished: tuple[Finished, ...] = ()
+    asynchronous: bool = False
 
 
 @dataclass(frozen=True)
 class Plan:
-    """Rank 0's decision for one report, sent to every rank."""
+    """Rank 0's decision for one report, sent to every rank: the checkpoint to write (if any),
+    and the background checkpoints committed on the way."""
 
     step: int
     stop: str | None = None
     directory: str | None = None
     writes: dict[int, list[str]] = field(default_factory=dict)
     hashes: dict[int, list[str]] = field(default_factory=dict)
+    in_place: bool = False
+    asynchronous: bool = False
+    index: int | None = None
+    committed: tuple[str, ...] = ()
 
 
 def make_plan(announcements: list[Announcement], step: int, next_index: int) -> Plan:
@@ -44,10 +73,37 @@ def make_plan(announcements: list[Announcement], step: int, next_index: int) -> 
         raise_failures(failures, "report()", CommitError)
     stop = next((a.stop for a in announcements if a.stop), None)
     handed = {rank: a.files for rank, a in enumerate(announcements) if a.files is not None}
-    if announcements[0].kind == FINISH or not handed:
+    in_place = [rank for rank, a in enumerate(announcements) if a.in_place]
+    if announcements[0].kind != REPORT or not (handed or in_place):
         return Plan(step, stop)
+    if in_place and handed:
+        raise CheckpointError(
+            f"rank {in_place[0]} wrote its checkpoint in place (get_checkpoint_dir()) while rank "
+            f"{min(handed)} handed a directory of its own; in one report every rank either writes "
+            "into get_checkpoint_dir() or hands its own directory. Write the extra files into "
+            "get_checkpoint_dir() too.")
     writes, hashes = assign_writers(handed)
-    return Plan(step, stop, checkpoint_dirname(next_index), writes, hashes)
+    asynchronous = stop is None and all(a.asynchronous for a in announcements)
+    return Plan(step, stop, checkpoint_dirname(next_index), writes, hashes, bool(in_place),
+                asynchronous, next_index)
+
+
+def finished_everywhere(announcements: list[Announcement], pending: list[str]
+                        ) -> list[tuple[str, list[Persisted]]]:
+    """The oldest of the ``pending`` checkpoints that every rank has finished, in order, with
+    what each rank persisted; raises every rank's failure on the first one that failed."""
+    done = [{f.directory: f for f in a.finished} for a in announcements]
+    ready = []
+    for directory in pending:
+        outcomes = [d.get(directory) for d in done]
+        failures = [o.failure for o in outcomes if o is not None and o.failure is not None]
+        if failures:
+            raise_failures(failures, f"persisting {directory} in the background", CommitError,
+                           wrap=True)
+        if any(o is None for o in outcomes):
+            break
+        ready.append((directory, [o.persisted or Persisted([]) for o in outcomes if o]))
+    return ready
 
 
 def check_counts(announcements: list[Announcement]) -> None:
@@ -96,18 +152,38 @@ def collision(path: str, ranks: list[int], detail: str) -> str:
             f"'model-rank={ranks[-1]}.pt') or hand the file from one rank only.")
 
 
-def merge(plan: Plan, per_rank: list[list[FileRecord]]) -> list[FileRecord]:
-    """Written records, after checking each duplicate's hash against its writer's."""
-    written: dict[str, FileRecord] = {}
-    for records in per_rank:
-        for r in records:
-            if r.path in plan.writes.get(r.rank, []):
-                written[r.path] = r
-    for records in per_rank:
-        for r in records:
-            kept = written[r.path]
-            if r.sha256 != kept.sha256:
-                raise CheckpointError(collision(
-                    r.path, [kept.rank, r.rank],
-                    f"(sha256 {kept.sha256[:12]}... vs {r.sha256[:12]}...)"))
-    return sorted(written.values(), key=lambda r: r.path)
+def merge(plan: Plan, per_rank: list[Persisted]) -> list[FileRecord]:
+    """One record per written name, after checking every duplicate's hash against it: the
+    writer's record, or for a checkpoint written in place whichever rank hashed the name."""
+    records = [r for persisted in per_rank for r in persisted.records]
+    kept: dict[str, FileRecord] = {}
+    for r in records:
+        if plan.in_place or r.path in plan.writes.get(r.rank, []):
+            kept.setdefault(r.path, r)
+    for r in records:
+        first = kept[r.path]
+        if r.sha256 != first.sha256:
+            raise CheckpointError(collision(
+                r.path, [first.rank, r.rank],
+                f"(sha256 {first.sha256[:12]}... vs {r.sha256[:12]}...)"))
+    return sorted(kept.values(), key=lambda r: r.path)
+
+
+def unrecorded(per_rank: list[Persisted]) -> list[str]:
+    """Names some rank listed in an in-place checkpoint that no rank hashed (a rank whose view
+    of a shared directory lagged): rank 0 hashes them before the commit."""
+    recorded = {r.path for p in per_rank for r in p.records}
+    return sorted({name for p in per_rank for name in p.listed} - recorded)
+
+
+def share_hashing(listing: list[tuple[str, int]], ranks: int, rank: int) -> list[str]:
+    """This rank's share of an in-place checkpoint's files: largest first to the least
+    loaded rank, so every rank reading the same listing makes the same split."""
+    loads = [0] * ranks
+    mine = []
+    for name, size in sorted(listing, key=lambda f: (-f[1], f[0])):
+        least = loads.index(min(loads))
+        loads[least] += size
+        if least == rank:
+            mine.append(name)
+    return mine

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpckit.checkpoint import Checkpoint
-from hpckit.errors import HpckitError
+from hpckit.config import CheckpointUploadMode
+from hpckit.errors import ConfigError, HpckitError
 from hpckit.experiment.artifacts import Artifacts
 from hpckit.logs import log
-from hpckit.run.commit import CommitProtocol
+from hpckit.run.commit import CommitProtocol, Upload
 from hpckit.run.context import TrainContext
 from hpckit.run.stop import StopRequested
 
@@ -25,8 +26,10 @@ class Session:
     artifacts: Artifacts
     stop_requested: str | None = None
 
-    def report(self, metrics: Any, checkpoint: Checkpoint | None) -> None:
-        outcome = self.protocol.report(metrics, checkpoint)
+    def report(self, metrics: Any, checkpoint: Checkpoint | None, upload: Upload) -> None:
+        if self.stop_requested and upload.mode is CheckpointUploadMode.ASYNC:
+            upload = Upload(CheckpointUploadMode.SYNC, upload.delete_local)
+        outcome = self.protocol.report(metrics, checkpoint, upload)
         self.artifacts.sync()
         if outcome.stop and not self.stop_requested:
             self.stop_requested = outcome.stop
@@ -65,10 +68,33 @@ def get_checkpoint() -> Checkpoint | None:
     return session.protocol.latest or session.seed
 
 
-def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> None:
+def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None, *,
+           checkpoint_dir_name: str | None = None,
+           checkpoint_upload_mode: CheckpointUploadMode | str = CheckpointUploadMode.SYNC,
+           delete_local_checkpoint_after_upload: bool | None = None) -> None:
     """Record rank 0's metrics and persist every rank's checkpoint files as one checkpoint.
 
-    Collective: every rank calls it the same number of times. Returns once the checkpoint is
-    committed in the manifest; raises the same error on every rank when it could not be.
+    Collective: every rank calls it the same number of times. With ``SYNC`` it returns once
+    the checkpoint is committed in the manifest, and raises the same error on every rank when
+    it could not be. With ``ASYNC`` it returns once the files are handed over (the directory
+    may then be deleted); they are persisted in the background and committed at a later
+    report, when the training function returns, or when a stop is agreed; a failure is raised
+    on every rank there. ``NO_UPLOAD`` commits the files already written in place into
+    ``get_context().get_checkpoint_dir()``. ``delete_local_checkpoint_after_upload`` (default:
+    True for ``ASYNC`` only, as in Ray) lets hpckit move the handed files instead of copying
+    them, and remove the handed directory.
     """
-    current("report").report(metrics, checkpoint)
+    session = current("report")
+    mode = CheckpointUploadMode.parse(checkpoint_upload_mode)
+    delete = delete_local_checkpoint_after_upload
+    if delete is None:
+        delete = mode.default_delete_local_checkpoint_after_upload()
+    elif not isinstance(delete, bool):
+        raise ConfigError(f"report(delete_local_checkpoint_after_upload={delete!r}) must be True, "
+                          "False or None (Ray's default: True for ASYNC, else False).")
+    if checkpoint_dir_name is not None:
+        raise ConfigError(
+            f"report(checkpoint_dir_name={checkpoint_dir_name!r}): hpckit names checkpoint "
+            "directories checkpoint_NNNNNN itself (the manifest and resume rely on it); drop the "
+            "argument, and put a name in the checkpoint's metadata or metrics instead.")
+    session.report(metrics, checkpoint, Upload(mode, delete))

@@ -146,10 +146,15 @@ def sha256_stored(location: Location) -> tuple[int, str]:
             return _pipe_hashed(stream, None)
 
 
-def sha256_file(path: str) -> tuple[int, str]:
+def sha256_file(path: str, sync: bool = False) -> tuple[int, str]:
+    """Size and sha256 of a local file; with ``sync`` its data is made durable too (for a
+    file that is already where it is committed: written in place, or moved there)."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        return size, _sha256_mapped(f.fileno(), size)
+        digest = _sha256_mapped(f.fileno(), size)
+        if sync:
+            os.fsync(f.fileno())
+        return size, digest
 
 
 def download_dir(source: Location, target: str) -> None:

@@ -43,13 +43,11 @@ def train_loop(config: dict) -> None:
         if epoch == start:
             with open(os.path.join(artifacts, "fixed.txt"), "w") as f:
                 f.write(f"written once by rank {rank}\n")
-        with tempfile.TemporaryDirectory() as d:
-            np.save(os.path.join(d, f"state-rank{rank}.npy"), state)
-            np.save(os.path.join(d, f"momentum-rank{rank}.npy"), momentum)
-            if rank == 0:
-                with open(os.path.join(d, "meta.json"), "w") as f:
-                    json.dump({"epoch": epoch}, f)
-            hpckit.report({"epoch": epoch, "loss": loss}, checkpoint=Checkpoint.from_directory(d))
+        if (epoch + 1) % config["every"]:
+            hpckit.report({"epoch": epoch, "loss": loss})
+        else:
+            save_and_report(config["mode"], rank, epoch, {"epoch": epoch, "loss": loss},
+                            state, momentum)
         if rank == 0 and config["artifacts"] != "off":
             print("ARTIFACT_DIR " + artifacts, flush=True)
             stored = os.path.join(ctx.get_experiment_path(), "artifacts", "rank-0", "fixed.txt")
@@ -58,6 +56,29 @@ def train_loop(config: dict) -> None:
     digests = MPI.COMM_WORLD.gather(hashlib.sha256(state.tobytes() + momentum.tobytes()).hexdigest())
     if rank == 0:
         print("FINAL " + json.dumps({"shards": digests}), flush=True)
+
+
+def save_and_report(mode: str, rank: int, epoch: int, metrics: dict, state, momentum) -> None:
+    """One checkpoint: into a temporary directory handed to report() (sync or async), or
+    written in place into get_checkpoint_dir() (in-place, in-place-async)."""
+    if mode.startswith("in-place"):
+        d = hpckit.get_context().get_checkpoint_dir()
+        save(d, rank, epoch, state, momentum)
+        hpckit.report(metrics, checkpoint=Checkpoint.from_directory(d),
+                      checkpoint_upload_mode="async" if mode.endswith("async") else "sync")
+        return
+    with tempfile.TemporaryDirectory() as d:
+        save(d, rank, epoch, state, momentum)
+        hpckit.report(metrics, checkpoint=Checkpoint.from_directory(d),
+                      checkpoint_upload_mode=mode)
+
+
+def save(d: str, rank: int, epoch: int, state, momentum) -> None:
+    np.save(os.path.join(d, f"state-rank{rank}.npy"), state)
+    np.save(os.path.join(d, f"momentum-rank{rank}.npy"), momentum)
+    if rank == 0:
+        with open(os.path.join(d, "meta.json"), "w") as f:
+            json.dump({"epoch": epoch}, f)
 
 
 def main() -> None:
@@ -73,11 +94,15 @@ def main() -> None:
     p.add_argument("--mirror-command", default=None)
     p.add_argument("--sync-period", type=float, default=300.0)
     p.add_argument("--artifacts", choices=["off", "rank0", "all"], default="off")
+    p.add_argument("--mode", choices=["sync", "async", "in-place", "in-place-async"], default="sync")
+    p.add_argument("--every", type=int, default=1, help="checkpoint every N epochs")
+    p.add_argument("--in-flight", type=int, default=1)
     args = p.parse_args()
     DataParallelTrainer(
         train_loop,
         train_loop_config={"epochs": args.epochs, "epoch_seconds": args.epoch_seconds,
-                           "shard_floats": args.shard_floats, "artifacts": args.artifacts},
+                           "shard_floats": args.shard_floats, "artifacts": args.artifacts,
+                           "mode": args.mode, "every": args.every},
         scaling_config=ScalingConfig(num_workers=MPI.COMM_WORLD.size),
         run_config=RunConfig(name=args.name, storage_path=args.storage,
                              sync_config=SyncConfig(
@@ -86,7 +111,8 @@ def main() -> None:
                                  mirror=args.mirror, mirror_command=args.mirror_command,
                                  sync_period=args.sync_period),
                              checkpoint_config=CheckpointConfig(
-                                 num_to_keep=args.keep, verify_on_resume=not args.no_verify))).fit()
+                                 num_to_keep=args.keep, verify_on_resume=not args.no_verify,
+                                 max_checkpoints_in_flight=args.in_flight))).fit()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,74 @@
+"""This rank's asynchronous checkpoints: persisted one after another on a background thread,
+oldest first, until the training thread learns at a collective point that every rank has
+finished one and rank 0 committed it. The background thread never touches MPI."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
+from dataclasses import dataclass
+
+from hpckit.run.comm import RankFailure
+from hpckit.run.plan import Finished, Persisted
+
+
+@dataclass(frozen=True)
+class InFlight:
+    directory: str
+    future: Future[Persisted]
+
+
+class Background:
+    """The persists this rank has started and not yet seen committed."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self._pool: ThreadPoolExecutor | None = None
+        self._in_flight: deque[InFlight] = deque()
+
+    def __len__(self) -> int:
+        return len(self._in_flight)
+
+    @property
+    def directories(self) -> list[str]:
+        return [f.directory for f in self._in_flight]
+
+    def start(self, directory: str, persist: Callable[[], Persisted]) -> None:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"hpckit-persist-{self.rank}")
+        self._in_flight.append(InFlight(directory, self._pool.submit(persist)))
+
+    def finished(self) -> tuple[Finished, ...]:
+        """The in-flight checkpoints already finished, oldest first, up to the first that
+        is still running (commits happen in order)."""
+        done = []
+        for flight in self._in_flight:
+            if not flight.future.done():
+                break
+            error = flight.future.exception()
+            done.append(Finished(flight.directory, None, RankFailure.capture(self.rank, error))
+                        if error is not None else Finished(flight.directory, flight.future.result()))
+        return tuple(done)
+
+    def wait(self, keep: int = 0) -> None:
+        """Until at most ``keep`` of them are still running."""
+        running = [f.future for f in self._in_flight]
+        wait_for(running[:max(0, len(running) - keep)])
+
+    def forget(self, committed: tuple[str, ...]) -> None:
+        """Drop the checkpoints the ranks just committed (always the oldest)."""
+        for directory in committed:
+            oldest = self._in_flight.popleft()
+            assert oldest.directory == directory, (oldest.directory, directory)
+
+    def close(self) -> None:
+        """At the end of the attempt: what was not committed is abandoned, after any file
+        operation under way ends (the next attempt removes what it left)."""
+        for flight in self._in_flight:
+            flight.future.cancel()
+        self._in_flight.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None

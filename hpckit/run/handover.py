@@ -1,0 +1,117 @@
+"""Where a rank's checkpoint files wait for the background, and where a checkpoint is written
+in place.
+
+An asynchronous ``report()`` returns as soon as the handed files are out of the user's way:
+moved (a rename, when hpckit may take them) or copied into a staging directory, on the handed
+directory's filesystem when one of the staging directories is there, so that the user may
+delete or rewrite the handed directory at once. Staging directories belong to this rank:
+``{experiment}/.staging/rank-N`` on POSIX storage (a later rename into the checkpoint then
+costs nothing) and ``{local dir}/hpckit-staging/{experiment key}/rank-N``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+
+from hpckit.experiment.manifest import STAGING_NAME
+from hpckit.storage.location import Location
+
+
+@dataclass(frozen=True)
+class Staging:
+    """This rank's staging directories for one experiment, best first."""
+
+    experiment: Location
+    rank: int
+    local_dir: str | None
+
+    @property
+    def shared(self) -> str | None:
+        """The staging directory inside the experiment (POSIX storage only)."""
+        if not self.experiment.is_local:
+            return None
+        return os.path.join(self.experiment.path, STAGING_NAME, f"rank-{self.rank}")
+
+    @property
+    def local(self) -> str:
+        key = hashlib.sha256(self.experiment.display.encode()).hexdigest()[:12]
+        root = self.local_dir or tempfile.gettempdir()
+        return os.path.join(root, "hpckit-staging", f"{self.experiment.name}-{key}",
+                            f"rank-{self.rank}")
+
+    def in_place_path(self, directory: str) -> str:
+        """Where this rank writes checkpoint ``directory`` in place: the pending checkpoint
+        itself on POSIX storage (shared by every rank), else a local directory of its own."""
+        if self.experiment.is_local:
+            return self.experiment.join(directory).path
+        return os.path.join(self.local, "in-place", directory)
+
+    def in_place(self, directory: str) -> str:
+        """:meth:`in_place_path`, created."""
+        path = self.in_place_path(directory)
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    def for_files(self, source: str, directory: str) -> str:
+        """A fresh staging directory for ``directory``'s files, on ``source``'s filesystem
+        where a staging directory can be, else the first that can be made."""
+        device = os.stat(source).st_dev
+        made = []
+        for root in (self.shared, self.local):
+            if root is None:
+                continue
+            try:
+                os.makedirs(root, exist_ok=True)
+            except OSError:
+                continue
+            made.append(root)
+            if os.stat(root).st_dev == device:
+                break
+        if not made:
+            raise OSError(errno.EACCES, f"no staging directory could be made for {source}")
+        staged = os.path.join(made[-1], directory)
+        shutil.rmtree(staged, ignore_errors=True)
+        os.makedirs(staged)
+        return staged
+
+    def remove(self) -> None:
+        """Everything this rank staged (at the end of its attempt)."""
+        for root in (self.shared, self.local):
+            if root is not None:
+                shutil.rmtree(root, ignore_errors=True)
+                with contextlib.suppress(OSError):  # the last rank out removes the parent
+                    os.rmdir(os.path.dirname(root))
+
+
+def hand_over(source: str, names: list[str], staged: str, owned: bool) -> None:
+    """Put ``names`` (relative to ``source``) into ``staged``: renamed when hpckit owns them
+    and the filesystems agree, copied otherwise. An owned source is removed afterwards."""
+    for rel in names:
+        src, dst = os.path.join(source, rel), os.path.join(staged, rel)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        if owned:
+            try:
+                os.rename(src, dst)
+                continue
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise
+        shutil.copyfile(src, dst)
+    if owned:
+        shutil.rmtree(source, ignore_errors=True)
+
+
+def same_filesystem(path: str, target: Location) -> bool:
+    """Whether files at ``path`` can be renamed into ``target`` (local storage, one device)."""
+    if not target.is_local:
+        return False
+    parent = target.path
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    return os.stat(path).st_dev == os.stat(parent).st_dev

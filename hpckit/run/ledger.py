@@ -1,0 +1,134 @@
+"""Rank 0's side of the commit protocol: the reports in the order they were made, leaving it
+as metrics lines and checkpoint commits in that same order, however late the background
+checkpoints before them finish. Everything here runs inside a collective step's reduce."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from hpckit.config import CheckpointConfig
+from hpckit.errors import HpckitError
+from hpckit.experiment.experiment import Experiment
+from hpckit.experiment.manifest import CheckpointRecord, FileRecord
+from hpckit.logs import log
+from hpckit.run.plan import Announcement, Persisted, Plan, finished_everywhere, merge, unrecorded
+from hpckit.storage import files
+from hpckit.storage.copy import sha256_file
+from hpckit.storage.location import Location
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One report not yet written to the experiment: a metrics line waiting behind a
+    background checkpoint, or that checkpoint itself."""
+
+    step: int
+    metrics: dict[str, Any]
+    plan: Plan | None
+    started: float
+
+
+class Ledger:
+    """The queue of reports that rank 0 has planned and not yet written."""
+
+    def __init__(self, owner: Experiment, config: CheckpointConfig) -> None:
+        self.owner = owner
+        self.config = config
+        self._queue: deque[Entry] = deque()
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        """A report without a checkpoint: logged now, or after the checkpoints before it."""
+        if log.isEnabledFor(logging.INFO):
+            log.info("step %d: %s", step, summary(metrics))
+        if self._queue:
+            self._queue.append(Entry(step, metrics, None, time.perf_counter()))
+        else:
+            self.owner.log_report(step, metrics)
+
+    def expect(self, plan: Plan, metrics: dict[str, Any]) -> None:
+        """A checkpoint now persisted in the background, committed by :meth:`commit_finished`."""
+        log.info("step %d: %s; persisting %s in the background", plan.step, summary(metrics),
+                 plan.directory)
+        self._queue.append(Entry(plan.step, metrics, plan, time.perf_counter()))
+
+    def commit_finished(self, announcements: list[Announcement]) -> tuple[str, ...]:
+        """Commit, in order, the background checkpoints every rank has finished, with the
+        metrics lines queued behind them; raise (after discarding them) if one failed."""
+        pending = [e.plan.directory for e in self._queue if e.plan and e.plan.directory]
+        try:
+            ready = dict(finished_everywhere(announcements, pending))
+        except HpckitError:
+            for directory in pending:
+                discard(self.owner.location.join(directory))
+            raise
+        committed = []
+        while self._queue:
+            entry = self._queue[0]
+            if entry.plan is None:
+                self.owner.log_report(entry.step, entry.metrics)
+            elif entry.plan.directory in ready:
+                self.commit(entry.plan, ready[entry.plan.directory], entry.metrics, entry.started)
+                committed.append(entry.plan.directory)
+            else:
+                break
+            self._queue.popleft()
+        return tuple(committed)
+
+    def commit(self, plan: Plan, per_rank: list[Persisted], metrics: dict[str, Any],
+               started: float) -> None:
+        """Merge what the ranks persisted and commit it in the manifest."""
+        assert plan.directory is not None
+        target = self.owner.location.join(plan.directory)
+        try:
+            written = merge(plan, per_rank)
+            written += [_hash_late(target, name) for name in unrecorded(per_rank)]
+        except (HpckitError, OSError):
+            discard(target)
+            raise
+        assert plan.index is not None
+        record = CheckpointRecord(plan.index, plan.directory,
+                                  plan.step, time.time(), metrics,
+                                  tuple(sorted(written, key=lambda r: r.path)))
+        self.owner.commit(record, self.config)
+        if plan.asynchronous:
+            log.info("step %d: committed %s (%s in %d file(s)), %.0f ms after its report",
+                     plan.step, plan.directory, human_size(record.size), len(written),
+                     (time.perf_counter() - started) * 1000)
+        else:
+            log.info("step %d: %s; committed %s (%s in %d file(s)) in %.0f ms", plan.step,
+                     summary(record.metrics), plan.directory, human_size(record.size),
+                     len(written), (time.perf_counter() - started) * 1000)
+
+
+def _hash_late(target: Location, name: str) -> FileRecord:
+    log.debug("hashing %s on rank 0: no rank's listing of %s held it", name, target.name)
+    size, digest = sha256_file(os.path.join(target.path, name), sync=True)
+    return FileRecord(name, size, 0, digest)
+
+
+def discard(target: Location) -> None:
+    try:
+        files.delete_dir(target)
+    except HpckitError as exc:
+        log.warning("could not remove failed checkpoint %s (resume removes it): %s", target.name, exc)
+
+
+def summary(metrics: dict[str, Any], most: int = 6) -> str:
+    """The first few scalar metrics, compactly: ``loss=0.1234 acc=0.91``."""
+    shown = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+             for k, v in metrics.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)]
+    return " ".join(shown[:most]) + (" ..." if len(shown) > most else "") or "(no metrics)"
+
+
+def human_size(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"
