@@ -1,0 +1,57 @@
+"""Sharded state saved with torch DCP into the pending checkpoint and committed by report():
+a DTensor sharded over every rank plus a replicated step counter. A run resumed with another
+world size loads it resharded. Rank 0 prints ``FINAL {json}`` with the full tensor's sum."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
+
+import hpckit
+from hpckit import CheckpointConfig, RunConfig, ScalingConfig
+from hpckit.torch import TorchTrainer, load_state_dcp, save_state_dcp
+
+ROWS, COLS = 12, 4096
+
+
+def train_loop(config: dict) -> None:
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    weights = distribute_tensor(torch.zeros(ROWS, COLS), mesh, [Shard(0)])
+    state = {"weights": weights, "epoch": torch.tensor(-1)}
+    if hpckit.get_checkpoint():
+        load_state_dcp(state)
+        print(f"RESUMED epoch={int(state['epoch'])} world={dist.get_world_size()}", flush=True)
+    for epoch in range(int(state["epoch"]) + 1, config["epochs"]):
+        with torch.no_grad():
+            weights.add_(float(epoch + 1))
+        state["epoch"] = torch.tensor(epoch)
+        checkpoint = save_state_dcp(state, async_=config["async"])
+        hpckit.report({"epoch": epoch, "sum": float(weights.full_tensor().sum())},
+                      checkpoint=checkpoint,
+                      checkpoint_upload_mode="async" if config["async"] else "sync")
+    total = float(weights.full_tensor().sum())
+    if dist.get_rank() == 0:
+        print("FINAL " + json.dumps({"sum": total, "epoch": int(state["epoch"])}), flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--storage", required=True)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--async", dest="async_", action="store_true")
+    args = p.parse_args()
+    from mpi4py import MPI
+
+    TorchTrainer(train_loop, train_loop_config={"epochs": args.epochs, "async": args.async_},
+                 scaling_config=ScalingConfig(num_workers=MPI.COMM_WORLD.size),
+                 run_config=RunConfig(name="dcp", storage_path=args.storage,
+                                      checkpoint_config=CheckpointConfig(num_to_keep=2))).fit()
+
+
+if __name__ == "__main__":
+    main()

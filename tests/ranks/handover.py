@@ -1,0 +1,120 @@
+"""What report() does with the directory it is handed, in each upload mode, on real ranks.
+Each scenario prints ``SEEN <name> <json>`` lines on rank 0 for the test to check."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+import hpckit
+from hpckit import Checkpoint, CheckpointUploadMode, DataParallelTrainer, RunConfig, ScalingConfig
+
+
+def seen(name: str, value: object) -> None:
+    if hpckit.get_context().get_world_rank() == 0:
+        print(f"SEEN {name} {json.dumps(value)}", flush=True)
+
+
+def handed_dir(rank: int, content: bytes, parent: str) -> tuple[str, str]:
+    d = tempfile.mkdtemp(dir=parent)
+    path = os.path.join(d, f"part-{rank}.bin")
+    with open(path, "wb") as f:
+        f.write(content)
+    return d, path
+
+
+def modes(parent: str) -> None:
+    """ASYNC moves what it may take, copies what it may not, and commits in order."""
+    rank = hpckit.get_context().get_world_rank()
+    d, path = handed_dir(rank, b"first" * 1000, parent)
+    inode = os.stat(path).st_ino
+    hpckit.report({"n": 0}, Checkpoint.from_directory(d), checkpoint_upload_mode="async")
+    seen("moved_away", not os.path.exists(d))
+    seen("latest_while_in_flight", hpckit.get_checkpoint() is None)
+    d, path = handed_dir(rank, b"second" * 1000, parent)
+    hpckit.report({"n": 1}, Checkpoint.from_directory(d),
+                  checkpoint_upload_mode=CheckpointUploadMode.ASYNC,
+                  delete_local_checkpoint_after_upload=False)
+    kept = os.path.exists(path)
+    with open(path, "wb") as f:  # rewritten at once, as torch.save to the same path does
+        f.write(b"changed")
+    seen("kept_and_rewritten", kept)
+    latest = hpckit.get_checkpoint()
+    seen("first_committed", latest is not None and latest.path.endswith("checkpoint_000000"))
+    committed = os.path.join(latest.path, f"part-{rank}.bin") if latest else ""
+    seen("first_not_copied", bool(committed) and os.stat(committed).st_ino == inode)
+    hpckit.report({"n": 2})  # checkpoint_000001 is committed by now, or at the end
+
+
+def in_place(parent: str) -> None:
+    """Files written into get_checkpoint_dir() are committed where they are."""
+    rank = hpckit.get_context().get_world_rank()
+    d = hpckit.get_context().get_checkpoint_dir()
+    seen("inside_experiment", os.path.dirname(d) == hpckit.get_context().get_experiment_path())
+    path = os.path.join(d, f"part-{rank}.bin")
+    with open(path, "wb") as f:
+        f.write(bytes([rank]) * 5000)
+    inode = os.stat(path).st_ino
+    hpckit.report({"n": 0}, Checkpoint.from_directory(d),
+                  checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
+    latest = hpckit.get_checkpoint()
+    seen("committed_in_place", latest is not None and os.stat(
+        os.path.join(latest.path, f"part-{rank}.bin")).st_ino == inode)
+    seen("next_dir", os.path.basename(hpckit.get_context().get_checkpoint_dir()))
+    try:
+        hpckit.report({"n": 1}, Checkpoint.from_directory(parent), checkpoint_upload_mode="no_upload")
+    except hpckit.HpckitError as exc:
+        seen("no_upload_elsewhere", str(exc).splitlines()[0])
+
+
+def failing(parent: str) -> None:
+    """A background persist that fails on one rank fails the next report on every rank."""
+    ctx = hpckit.get_context()
+    d = ctx.get_checkpoint_dir()
+    with open(os.path.join(d, f"part-{ctx.get_world_rank()}.bin"), "wb") as f:
+        f.write(b"x" * 100)
+
+    def broken() -> None:
+        if ctx.get_world_rank() == ctx.get_world_size() - 1:
+            raise OSError(28, "No space left on device")
+
+    checkpoint = Checkpoint.from_directory(d)._written_when(broken)
+    hpckit.report({"n": 0}, checkpoint, checkpoint_upload_mode="async")
+    time.sleep(0.5)  # an epoch of training: the background has failed by the next report
+    try:
+        hpckit.report({"n": 1})
+    except hpckit.CommitError as exc:
+        print(f"RAISED rank={ctx.get_world_rank()} {str(exc).splitlines()[0]}", flush=True)
+        raise
+
+
+def slow(parent: str) -> None:
+    """Checkpoints slower to persist than the loop is to train: report() waits, said once."""
+    ctx = hpckit.get_context()
+    for n in range(4):
+        d = ctx.get_checkpoint_dir()
+        with open(os.path.join(d, f"part-{ctx.get_world_rank()}.bin"), "wb") as f:
+            f.write(bytes([n]) * 100)
+        checkpoint = Checkpoint.from_directory(d)._written_when(lambda: time.sleep(0.3))
+        hpckit.report({"n": n}, checkpoint, checkpoint_upload_mode="async")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("scenario", choices=["modes", "in_place", "failing", "slow"])
+    p.add_argument("--storage", required=True)
+    p.add_argument("--handed", required=True, help="where the handed directories are made")
+    args = p.parse_args()
+    from mpi4py import MPI
+
+    scenario = {"modes": modes, "in_place": in_place, "failing": failing, "slow": slow}[args.scenario]
+    DataParallelTrainer(lambda: scenario(args.handed),
+                        scaling_config=ScalingConfig(num_workers=MPI.COMM_WORLD.size),
+                        run_config=RunConfig(name=args.scenario, storage_path=args.storage)).fit()
+
+
+if __name__ == "__main__":
+    main()

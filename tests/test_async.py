@@ -1,0 +1,179 @@
+"""Asynchronous checkpoints, checkpoints written in place, and torch DCP through report(), on
+real ranks, locally and on the S3 server. Kills in their phases are in test_kill.py."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import reliability
+from conftest import HERE, mpiexec
+
+from hpckit import CheckpointConfig, CheckpointUploadMode, ConfigError
+from hpckit.errors import CommitError
+from hpckit.experiment.manifest import FileRecord
+from hpckit.run.comm import RankFailure
+from hpckit.run.plan import (
+    Announcement,
+    Finished,
+    Persisted,
+    Plan,
+    finished_everywhere,
+    merge,
+    share_hashing,
+    unrecorded,
+)
+from hpckit.storage import files
+from hpckit.storage.location import resolve
+
+SHARDED = HERE / "ranks" / "sharded.py"
+HANDOVER = HERE / "ranks" / "handover.py"
+DCP = HERE / "ranks" / "dcp.py"
+QUICK = {"HPCKIT_TENSORBOARD": "0"}
+EPOCHS = 9
+
+
+def sharded(ranks: int, storage: str, mode: str, **env: str):
+    return mpiexec(ranks, "--storage", storage, "--epochs", str(EPOCHS), "--every", "2",
+                   "--mode", mode, script=SHARDED, env={**QUICK, **env}, timeout=120)
+
+
+def outcome(run, experiment: str) -> tuple[str, list[tuple[int, str | None]]]:
+    """FINAL's digests, and metrics.jsonl's (step, checkpoint) in file order."""
+    location = resolve(experiment)
+    lines = files.read_bytes(location.join("metrics.jsonl")).decode().splitlines()
+    state = reliability.check_experiment(experiment, None)
+    assert not state.leftovers and not state.temp_files, state
+    assert ".staging" not in [i.base_name for i in files.list_dir(location)]
+    return run.line("FINAL"), [(m["step"], m["checkpoint"]) for m in map(json.loads, lines)]
+
+
+@pytest.fixture(scope="module")
+def synchronous(tmp_path_factory):
+    storage = tmp_path_factory.mktemp("sync")
+    return outcome(sharded(3, str(storage), "sync"), str(storage / "exp"))
+
+
+@pytest.mark.parametrize("mode", ["async", "in-place", "in-place-async"])
+def test_every_mode_commits_what_sync_commits_in_report_order(mode, tmp_path, synchronous):
+    final, lines = outcome(sharded(3, str(tmp_path), mode), str(tmp_path / "exp"))
+    assert final == synchronous[0]
+    assert lines == synchronous[1] == [
+        (s, f"checkpoint_{s // 2:06d}" if s % 2 else None) for s in range(EPOCHS)]
+
+
+@pytest.mark.parametrize("mode", ["async", "in-place-async"])
+def test_asynchronous_checkpoints_on_s3(mode, s3, tmp_path, synchronous):
+    storage = s3.uri(f"async-{mode}-{tmp_path.name}")
+    assert outcome(sharded(3, storage, mode), storage.replace("?", "/exp?", 1)) == synchronous
+
+
+def scenario(name: str, tmp_path, expect: int | None = 0):
+    handed = tmp_path / "handed"
+    handed.mkdir()
+    run = mpiexec(3, name, "--storage", str(tmp_path), "--handed", str(handed), script=HANDOVER,
+                  env=QUICK, expect=expect, timeout=90)
+    found = re.findall(r'SEEN (\S+) (true|false|"(?:[^"\\]|\\.)*")', run.output)
+    return run, {name: json.loads(value) for name, value in found}
+
+
+def test_async_takes_or_copies_the_handed_directory_and_commits_in_order(tmp_path):
+    _, seen = scenario("modes", tmp_path)
+    assert seen == {"moved_away": True, "latest_while_in_flight": True,
+                    "kept_and_rewritten": True, "first_committed": True,
+                    "first_not_copied": True}
+    second = tmp_path / "modes" / "checkpoint_000001"
+    assert all((second / f"part-{r}.bin").read_bytes() == b"second" * 1000 for r in range(3))
+    assert reliability.check_experiment(tmp_path / "modes", None).latest == "checkpoint_000001"
+
+
+def test_files_written_in_place_are_committed_where_they_are(tmp_path):
+    _, seen = scenario("in_place", tmp_path, expect=None)
+    assert seen["inside_experiment"] and seen["committed_in_place"]
+    assert seen["next_dir"] == "checkpoint_000001"
+    assert "takes the files already in get_context().get_checkpoint_dir()" in \
+        seen["no_upload_elsewhere"]
+
+
+def test_a_failed_background_persist_fails_the_next_report_on_every_rank(tmp_path):
+    run, _ = scenario("failing", tmp_path, expect=None)
+    assert run.returncode != 0
+    raised = re.findall(r"RAISED rank=(\d) (persisting \S+ in the background failed on rank \d)",
+                        run.output)
+    assert sorted(raised) == [(str(r), "persisting checkpoint_000000 in the background failed "
+                               "on rank 2") for r in range(3)], run.output
+    manifest = json.loads((tmp_path / "failing" / "manifest.json").read_text())
+    assert manifest["checkpoints"] == [] and manifest["attempts"][-1]["status"] == "failed"
+
+
+def test_the_in_flight_wait_is_logged_once(tmp_path):
+    run, _ = scenario("slow", tmp_path)
+    assert run.output.count("report() waits for the previous checkpoint") == 1
+    assert reliability.check_experiment(tmp_path / "slow", None).committed == [
+        f"checkpoint_{i:06d}" for i in range(4)]
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_dcp_state_is_saved_in_place_and_resumed_resharded(flavour, tmp_path):
+    extra = ["--async"] if flavour == "async" else []
+    first = mpiexec(2, "--storage", str(tmp_path), "--epochs", "3", *extra, script=DCP,
+                    env=QUICK, timeout=180)
+    assert json.loads(first.line("FINAL")) == {"sum": 6 * 12 * 4096, "epoch": 2}
+    record = json.loads((tmp_path / "dcp" / "manifest.json").read_text())["checkpoints"][-1]
+    assert {f["path"] for f in record["files"]} == {".metadata", "__0_0.distcp", "__1_0.distcp"}
+    resumed = mpiexec(3, "--storage", str(tmp_path), "--epochs", "5", *extra, script=DCP,
+                      env=QUICK, timeout=180)
+    assert "RESUMED epoch=2 world=3" in resumed.output
+    assert json.loads(resumed.line("FINAL")) == {"sum": 15 * 12 * 4096, "epoch": 4}
+
+
+def test_dcp_state_on_s3(s3, tmp_path):
+    storage = s3.uri(f"dcp-{tmp_path.name}")
+    run = mpiexec(2, "--storage", storage, "--epochs", "2", "--async", script=DCP, env=QUICK,
+                  timeout=180)
+    assert json.loads(run.line("FINAL"))["sum"] == 3 * 12 * 4096
+    resumed = mpiexec(3, "--storage", storage, "--epochs", "3", script=DCP, env=QUICK,
+                      timeout=180)
+    assert json.loads(resumed.line("FINAL")) == {"sum": 6 * 12 * 4096, "epoch": 2}
+
+
+def test_upload_modes_parse_as_ray_names_them():
+    assert CheckpointUploadMode.parse("async") is CheckpointUploadMode.ASYNC
+    assert CheckpointUploadMode.parse(CheckpointUploadMode.NO_UPLOAD).value == "NO_UPLOAD"
+    assert CheckpointUploadMode.ASYNC.default_delete_local_checkpoint_after_upload()
+    assert not CheckpointUploadMode.SYNC.default_delete_local_checkpoint_after_upload()
+    with pytest.raises(ConfigError, match="use hpckit.CheckpointUploadMode.SYNC, ASYNC"):
+        CheckpointUploadMode.parse("later")
+    with pytest.raises(ConfigError, match="max_checkpoints_in_flight=0"):
+        CheckpointConfig(max_checkpoints_in_flight=0)
+
+
+def test_in_place_files_are_split_by_size_the_same_way_on_every_rank():
+    listing = [("big", 100), ("a", 10), ("b", 10), ("c", 60), ("d", 40)]
+    shares = [share_hashing(listing, 3, rank) for rank in range(3)]
+    assert shares == [["big"], ["c"], ["d", "a", "b"]]
+    assert sorted(sum(shares, [])) == sorted(name for name, _ in listing)
+    assert share_hashing(list(reversed(listing)), 3, 1) == shares[1]
+
+
+def test_background_checkpoints_commit_in_order_and_fail_together():
+    done = Persisted([FileRecord("x", 1, 0, "h")])
+    ahead = [Announcement("report", 1, finished=(Finished("c0", done), Finished("c1", done))),
+             Announcement("report", 1, finished=(Finished("c0", done),))]
+    assert [d for d, _ in finished_everywhere(ahead, ["c0", "c1"])] == ["c0"]
+    failure = RankFailure(1, "OSError: disk full", "", None)
+    failed = [ahead[0], Announcement("report", 1, finished=(Finished("c0", None, failure),))]
+    with pytest.raises(CommitError, match="persisting c0 in the background failed on rank 1"):
+        finished_everywhere(failed, ["c0", "c1"])
+
+
+def test_in_place_records_merge_by_name_and_late_names_are_found():
+    plan = Plan(0, directory="checkpoint_000000", in_place=True)
+    per_rank = [Persisted([FileRecord("a", 1, 0, "h1")], ("a", "b", "late")),
+                Persisted([FileRecord("b", 2, 1, "h2"), FileRecord("a", 1, 1, "h1")], ("a", "b"))]
+    assert [(r.path, r.rank) for r in merge(plan, per_rank)] == [("a", 0), ("b", 1)]
+    assert unrecorded(per_rank) == ["late"]
+    per_rank[1].records.append(FileRecord("a", 1, 1, "other"))
+    with pytest.raises(Exception, match="different contents"):
+        merge(plan, per_rank)
