@@ -69,11 +69,11 @@ def test_asynchronous_checkpoints_on_s3(mode, s3, tmp_path, synchronous):
     assert outcome(sharded(3, storage, mode), storage.replace("?", "/exp?", 1)) == synchronous
 
 
-def scenario(name: str, tmp_path, expect: int | None = 0):
+def scenario(name: str, tmp_path, expect: int | None = 0, **env: str):
     handed = tmp_path / "handed"
-    handed.mkdir()
+    handed.mkdir(exist_ok=True)
     run = mpiexec(3, name, "--storage", str(tmp_path), "--handed", str(handed), script=HANDOVER,
-                  env=QUICK, expect=expect, timeout=90)
+                  env={**QUICK, **env}, expect=expect, timeout=90)
     found = re.findall(r'SEEN (\S+) (true|false|"(?:[^"\\]|\\.)*")', run.output)
     return run, {name: json.loads(value) for name, value in found}
 
@@ -86,6 +86,20 @@ def test_async_takes_or_copies_the_handed_directory_and_commits_in_order(tmp_pat
     second = tmp_path / "modes" / "checkpoint_000001"
     assert all((second / f"part-{r}.bin").read_bytes() == b"second" * 1000 for r in range(3))
     assert reliability.check_experiment(tmp_path / "modes", None).latest == "checkpoint_000001"
+
+
+def test_checkpoint_dir_name_names_the_directory_and_a_killed_one_is_removed(tmp_path):
+    killed, _ = scenario("named", tmp_path, expect=None, HPCKIT_FAULT="gathered:0:2")
+    assert killed.returncode != 0
+    experiment = tmp_path / "named"
+    assert (experiment / "a0-epoch_1" / ".hpckit-pending").exists()
+    run, seen = scenario("named", tmp_path)
+    assert "removed leftovers" in run.output and "a0-epoch_1" in run.output
+    assert seen == {"latest": "a1-epoch_2", "taken": True}
+    state = reliability.check_experiment(experiment, None)
+    assert state.committed == ["a0-epoch_0", "a1-epoch_0", "a1-epoch_1", "a1-epoch_2"]
+    assert not (experiment / "a0-epoch_1").exists()
+    assert not list(experiment.glob("*/.hpckit-pending"))
 
 
 def test_files_written_in_place_are_committed_where_they_are(tmp_path):

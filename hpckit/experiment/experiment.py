@@ -24,6 +24,8 @@ from hpckit.experiment.lock import LOCK_NAME, Lock
 from hpckit.experiment.lock import read as read_lock
 from hpckit.experiment.manifest import (
     MANIFEST_NAME,
+    PENDING_MARKER,
+    RESERVED_NAMES,
     STAGING_NAME,
     CheckpointRecord,
     Manifest,
@@ -247,10 +249,14 @@ def _write(location: Location, manifest: Manifest) -> None:
 
 
 def _leftovers(location: Location, manifest: Manifest) -> list[str]:
+    """Directories no manifest names that a run made: numbered or staging ones, and those a
+    custom-named checkpoint left before its commit (they hold the pending marker)."""
     named = {r.directory for r in manifest.checkpoints}
-    return [i.base_name for i in files.list_dir(location) if i.type == _FT.Directory
-            and (is_checkpoint_dirname(i.base_name) or i.base_name == STAGING_NAME)
-            and i.base_name not in named]
+    found = [i.base_name for i in files.list_dir(location)
+             if i.type == _FT.Directory and i.base_name not in named]
+    return [name for name in found if is_checkpoint_dirname(name) or name == STAGING_NAME
+            or (name not in RESERVED_NAMES
+                and files.file_type(location.join(name, PENDING_MARKER)) == _FT.File)]
 
 
 def _size(location: Location) -> int:

@@ -22,6 +22,12 @@ MANIFEST_NAME = "manifest.json"
 STAGING_NAME = ".staging"  # asynchronous checkpoints' files, waiting for the background
 METRICS_NAME = "metrics.jsonl"
 _DIRECTORY = re.compile(r"checkpoint_\d{6,}")
+_CUSTOM = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]{0,199}")
+# Directories of the experiment that are never checkpoints (artifacts/, tensorboard/ and the
+# staging area), and the marker that makes a custom-named checkpoint directory a leftover
+# until its commit.
+RESERVED_NAMES = frozenset({"artifacts", "tensorboard", STAGING_NAME, MANIFEST_NAME, METRICS_NAME})
+PENDING_MARKER = ".hpckit-pending"
 
 
 def checkpoint_dirname(index: int) -> str:
@@ -30,6 +36,18 @@ def checkpoint_dirname(index: int) -> str:
 
 def is_checkpoint_dirname(name: str) -> bool:
     return bool(_DIRECTORY.fullmatch(name))
+
+
+def custom_dirname_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a checkpoint directory (``report(checkpoint_dir_name=...)``),
+    or None when it can."""
+    if not isinstance(name, str) or not _CUSTOM.fullmatch(name):
+        return ("use one directory name of letters, digits and . _ = + - (not starting with a "
+                "dot or a dash, at most 200 characters), e.g. 'checkpoint_epoch_3'")
+    if name in RESERVED_NAMES or is_checkpoint_dirname(name):
+        return (f"{name!r} is hpckit's own (its numbered checkpoints, artifacts, tensorboard); "
+                "choose another name, e.g. 'epoch_3'")
+    return None
 
 
 def is_safe_relpath(path: str) -> bool:
@@ -161,8 +179,10 @@ def _parse_checkpoint(raw: Any, check: _Checker, name: str) -> CheckpointRecord:
     check.type(raw, dict, name)
     directory = check.field(raw, "directory", str, name)
     index = check.field(raw, "index", int, name)
-    if not is_checkpoint_dirname(directory) or int(directory.split("_")[1]) != index:
-        check.fail(f"{name}.directory", f"{directory!r} is not checkpoint_{index:06d}")
+    numbered = is_checkpoint_dirname(directory) and int(directory.split("_")[1]) == index
+    if not numbered and custom_dirname_problem(directory) is not None:
+        check.fail(f"{name}.directory", f"{directory!r} is neither checkpoint_{index:06d} nor a "
+                   "plain directory name")
     files = []
     for i, f in enumerate(check.field(raw, "files", list, name)):
         where = f"{name}.files[{i}]"

@@ -48,6 +48,7 @@ class Upload:
 
     mode: CheckpointUploadMode = CheckpointUploadMode.SYNC
     delete_local: bool = False
+    dir_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ class CommitProtocol:
         handed = handed or Handed()
         plan = self._announce(Announcement(
             REPORT, self.reports, handed.files, failure, stop.received(), handed.in_place,
-            self.background.finished(), upload.mode is CheckpointUploadMode.ASYNC))
+            self.background.finished(), upload.mode is CheckpointUploadMode.ASYNC, upload.dir_name))
         if plan.directory is None:
             if plan.stop:
                 self._drain()
@@ -167,7 +168,9 @@ class CommitProtocol:
             return plan
         ledger.owner.wait_for_purge()
         target = self.experiment.join(plan.directory)
-        if not plan.in_place and target.is_local and os.path.isdir(target.path):
+        if plan.directory != checkpoint_dirname(self.next_index):
+            ledger.reserve(plan.directory)
+        elif not plan.in_place and target.is_local and os.path.isdir(target.path):
             files.delete_dir(target)  # files written in place, then another directory handed
         if plan.asynchronous:
             ledger.expect(plan, self.last_metrics)

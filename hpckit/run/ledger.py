@@ -11,10 +11,17 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow.fs
+
 from hpckit.config import CheckpointConfig
-from hpckit.errors import HpckitError
+from hpckit.errors import CheckpointError, HpckitError
 from hpckit.experiment.experiment import Experiment
-from hpckit.experiment.manifest import CheckpointRecord, FileRecord
+from hpckit.experiment.manifest import (
+    PENDING_MARKER,
+    CheckpointRecord,
+    FileRecord,
+    is_checkpoint_dirname,
+)
 from hpckit.logs import log
 from hpckit.run.plan import Announcement, Persisted, Plan, finished_everywhere, merge, unrecorded
 from hpckit.storage import files
@@ -49,6 +56,19 @@ class Ledger:
             self._queue.append(Entry(step, metrics, None, time.perf_counter()))
         else:
             self.owner.log_report(step, metrics)
+
+    def reserve(self, directory: str) -> None:
+        """A checkpoint directory the user named: refused if taken, else marked pending so
+        that a run killed before its commit leaves a leftover that resume recognises."""
+        target = self.owner.location.join(directory)
+        taken = {r.directory for r in self.owner.manifest.checkpoints}
+        taken |= {e.plan.directory for e in self._queue if e.plan and e.plan.directory}
+        if directory in taken or files.file_type(target) != pyarrow.fs.FileType.NotFound:
+            raise CheckpointError(
+                f"report(checkpoint_dir_name={directory!r}): {target.display} already exists; "
+                "give each checkpoint its own name (e.g. with the epoch in it).")
+        files.make_dir(target)
+        files.write_bytes(target.join(PENDING_MARKER), b"")
 
     def expect(self, plan: Plan, metrics: dict[str, Any]) -> None:
         """A checkpoint now persisted in the background, committed by :meth:`commit_finished`."""
@@ -95,6 +115,8 @@ class Ledger:
                                   plan.step, time.time(), metrics,
                                   tuple(sorted(written, key=lambda r: r.path)))
         self.owner.commit(record, self.config)
+        if not is_checkpoint_dirname(plan.directory):
+            files.delete_file(target.join(PENDING_MARKER), missing_ok=True)
         if plan.asynchronous:
             log.info("step %d: committed %s (%s in %d file(s)), %.0f ms after its report",
                      plan.step, plan.directory, human_size(record.size), len(written),

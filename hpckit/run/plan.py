@@ -8,7 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hpckit.errors import CheckpointError, CommitError, ReportMismatchError
-from hpckit.experiment.manifest import FileRecord, checkpoint_dirname, is_safe_relpath
+from hpckit.experiment.manifest import (
+    FileRecord,
+    checkpoint_dirname,
+    custom_dirname_problem,
+    is_safe_relpath,
+)
 from hpckit.run.comm import RankFailure, raise_failures
 
 # REPORT: a report() call; FINISH: the training function returned; DRAIN: every rank waited for
@@ -46,6 +51,7 @@ class Announcement:
     in_place: bool = False
     finished: tuple[Finished, ...] = ()
     asynchronous: bool = False
+    dir_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -84,8 +90,29 @@ def make_plan(announcements: list[Announcement], step: int, next_index: int) -> 
             "get_checkpoint_dir() too.")
     writes, hashes = assign_writers(handed)
     asynchronous = stop is None and all(a.asynchronous for a in announcements)
-    return Plan(step, stop, checkpoint_dirname(next_index), writes, hashes, bool(in_place),
-                asynchronous, next_index)
+    directory = _directory_name(announcements, bool(in_place)) or checkpoint_dirname(next_index)
+    return Plan(step, stop, directory, writes, hashes, bool(in_place), asynchronous, next_index)
+
+
+def _directory_name(announcements: list[Announcement], in_place: bool) -> str | None:
+    """The ``checkpoint_dir_name`` every rank that gave one agrees on, checked."""
+    names = {a.dir_name for a in announcements if a.dir_name is not None}
+    if not names:
+        return None
+    name = names.pop()
+    if names:
+        raise CheckpointError(
+            f"ranks gave different checkpoint_dir_name values ({sorted([name, *names])}); give "
+            "every rank the same name, or None.")
+    problem = custom_dirname_problem(name)
+    if problem is not None:
+        raise CheckpointError(f"report(checkpoint_dir_name={name!r}): {problem}.")
+    if in_place:
+        raise CheckpointError(
+            f"report(checkpoint_dir_name={name!r}) cannot rename a checkpoint written in place: "
+            "get_checkpoint_dir() is already the directory it is committed in; drop the name, "
+            "or hand a directory of your own.")
+    return name
 
 
 def finished_everywhere(announcements: list[Announcement], pending: list[str]

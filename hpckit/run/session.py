@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hpckit.checkpoint import Checkpoint
@@ -28,7 +28,7 @@ class Session:
 
     def report(self, metrics: Any, checkpoint: Checkpoint | None, upload: Upload) -> None:
         if self.stop_requested and upload.mode is CheckpointUploadMode.ASYNC:
-            upload = Upload(CheckpointUploadMode.SYNC, upload.delete_local)
+            upload = replace(upload, mode=CheckpointUploadMode.SYNC)
         outcome = self.protocol.report(metrics, checkpoint, upload)
         self.artifacts.sync()
         if outcome.stop and not self.stop_requested:
@@ -82,7 +82,8 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None, *,
     on every rank there. ``NO_UPLOAD`` commits the files already written in place into
     ``get_context().get_checkpoint_dir()``. ``delete_local_checkpoint_after_upload`` (default:
     True for ``ASYNC`` only, as in Ray) lets hpckit move the handed files instead of copying
-    them, and remove the handed directory.
+    them, and remove the handed directory. ``checkpoint_dir_name`` names the checkpoint's
+    directory in the experiment (the same on every rank) instead of ``checkpoint_NNNNNN``.
     """
     session = current("report")
     mode = CheckpointUploadMode.parse(checkpoint_upload_mode)
@@ -92,9 +93,4 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None, *,
     elif not isinstance(delete, bool):
         raise ConfigError(f"report(delete_local_checkpoint_after_upload={delete!r}) must be True, "
                           "False or None (Ray's default: True for ASYNC, else False).")
-    if checkpoint_dir_name is not None:
-        raise ConfigError(
-            f"report(checkpoint_dir_name={checkpoint_dir_name!r}): hpckit names checkpoint "
-            "directories checkpoint_NNNNNN itself (the manifest and resume rely on it); drop the "
-            "argument, and put a name in the checkpoint's metadata or metrics instead.")
-    session.report(metrics, checkpoint, Upload(mode, delete))
+    session.report(metrics, checkpoint, Upload(mode, delete, checkpoint_dir_name))

@@ -102,15 +102,31 @@ def slow(parent: str) -> None:
         hpckit.report({"n": n}, checkpoint, checkpoint_upload_mode="async")
 
 
+def named(parent: str) -> None:
+    """checkpoint_dir_name names the directory, sync or async; a name is used once."""
+    ctx = hpckit.get_context()
+    prefix = f"a{ctx.get_attempt()}"
+    for n, mode in enumerate(["sync", "async", "sync"]):
+        d, _ = handed_dir(ctx.get_world_rank(), b"n%d" % n, parent)
+        hpckit.report({"n": n}, Checkpoint.from_directory(d), checkpoint_upload_mode=mode,
+                      checkpoint_dir_name=f"{prefix}-epoch_{n}")
+    seen("latest", os.path.basename(hpckit.get_checkpoint().path))
+    d, _ = handed_dir(ctx.get_world_rank(), b"again", parent)
+    try:
+        hpckit.report({"n": 9}, Checkpoint.from_directory(d), checkpoint_dir_name=f"{prefix}-epoch_0")
+    except hpckit.HpckitError as exc:
+        seen("taken", "already exists" in str(exc))
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("scenario", choices=["modes", "in_place", "failing", "slow"])
+    p.add_argument("scenario", choices=["modes", "in_place", "failing", "slow", "named"])
     p.add_argument("--storage", required=True)
     p.add_argument("--handed", required=True, help="where the handed directories are made")
     args = p.parse_args()
     from mpi4py import MPI
 
-    scenario = {"modes": modes, "in_place": in_place, "failing": failing, "slow": slow}[args.scenario]
+    scenario = {"modes": modes, "in_place": in_place, "failing": failing, "slow": slow, "named": named}[args.scenario]
     DataParallelTrainer(lambda: scenario(args.handed),
                         scaling_config=ScalingConfig(num_workers=MPI.COMM_WORLD.size),
                         run_config=RunConfig(name=args.scenario, storage_path=args.storage)).fit()
