@@ -12,6 +12,7 @@ torch is imported only by the modes that use it, so that 32 oversubscribed ranks
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -51,8 +52,10 @@ def slowest(comm: MPI.Comm, samples: dict[str, list[float]]) -> dict[str, list[f
             for key in samples}
 
 
-def blocking_step(variant: str, data: np.ndarray, config: dict, rep: int) -> tuple[float, float]:
-    """One checkpoint of ``variant``: (the user's own write, the report() call) in seconds."""
+def blocking_step(variant: str, data: np.ndarray, config: dict, rep: int,
+                  comm: MPI.Comm) -> tuple[float, float]:
+    """One checkpoint of ``variant``: (the user's own write, the report() call) in seconds; a
+    barrier between them keeps the ranks' write times out of report()."""
     ctx = hpckit.get_context()
     name = f"rank-{ctx.get_world_rank()}.bin"
     if variant == "raw":
@@ -74,6 +77,7 @@ def blocking_step(variant: str, data: np.ndarray, config: dict, rep: int) -> tup
     t = time.perf_counter()
     data.tofile(os.path.join(folder, name))
     wrote = time.perf_counter() - t
+    barrier(comm)
     mode = "async" if variant.endswith("async") else "no_upload" if in_place else "sync"
     t = time.perf_counter()
     hpckit.report({"rep": rep}, checkpoint=Checkpoint.from_directory(folder), checkpoint_upload_mode=mode)
@@ -85,24 +89,29 @@ def blocking_step(variant: str, data: np.ndarray, config: dict, rep: int) -> tup
 
 def blocking(config: dict) -> None:
     """Each rank writes its share of ``mib`` of random bytes, then report() with each upload
-    mode; ``raw`` writes and fsyncs the same bytes into the experiment. Interleaved: the order
-    of the variants rotates each repetition; ``sleep`` stands for training between reports."""
+    mode; ``raw`` writes and fsyncs the same bytes into the experiment. Each variant runs a
+    block of ``block`` checkpoints, the first untimed, so that an async report() meets the
+    previous async checkpoint to commit as in training; the order of the blocks rotates each
+    repetition (interleaved); ``sleep`` stands for training between checkpoints."""
     comm = MPI.COMM_WORLD.Dup()
     size = (config["mib"] << 20) // comm.size
     data = np.random.default_rng(comm.rank).integers(0, 256, size, dtype=np.uint8)
     samples: dict[str, list[float]] = {f"{v}_{k}": [] for v in BLOCKING_VARIANTS
                                        for k in ("write", "report", "total")}
+    steps = itertools.count()
     for rep in range(config["reps"]):
         shift = rep % len(BLOCKING_VARIANTS)
-        for variant in BLOCKING_VARIANTS[shift:] + BLOCKING_VARIANTS[:shift]:
+        for variant, k in itertools.product(BLOCKING_VARIANTS[shift:] + BLOCKING_VARIANTS[:shift],
+                                             range(config["block"])):
             os.sync()  # no dirty pages from earlier steps: fsync must flush only this step's
             barrier(comm)
             t = time.perf_counter()
-            wrote, reported = blocking_step(variant, data, config, rep)
+            wrote, reported = blocking_step(variant, data, config, next(steps), comm)
             barrier(comm)
-            samples[f"{variant}_total"].append(time.perf_counter() - t)
-            samples[f"{variant}_write"].append(wrote)
-            samples[f"{variant}_report"].append(reported)
+            if k > 0:
+                samples[f"{variant}_total"].append(time.perf_counter() - t)
+                samples[f"{variant}_write"].append(wrote)
+                samples[f"{variant}_report"].append(reported)
             time.sleep(config["sleep"])
     emit(mode="blocking", ranks=comm.size, mib=config["mib"], samples=slowest(comm, samples))
 
@@ -116,7 +125,7 @@ def job(config: dict) -> None:
     torch.manual_seed(0)
     model = prepare_model(torch.nn.Sequential(torch.nn.Linear(2048, 4096), torch.nn.Linear(4096, 2048)))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    ctx, mode, blocked = hpckit.get_context(), config["checkpoints"], []
+    ctx, mode, blocked, saved = hpckit.get_context(), config["checkpoints"], [], []
     started = time.perf_counter()
     for epoch in range(10):
         for _ in range(4):
@@ -127,13 +136,16 @@ def job(config: dict) -> None:
         with tempfile.TemporaryDirectory() as d:
             checkpoint = None
             if mode != "none" and ctx.get_world_rank() == 0:
+                t = time.perf_counter()
                 torch.save({"model": model.state_dict(), "epoch": epoch}, os.path.join(d, "model.pt"))
                 checkpoint = Checkpoint.from_directory(d)
+                saved.append(time.perf_counter() - t)
             t = time.perf_counter()
             hpckit.report({"loss": loss.item(), "epoch": epoch}, checkpoint=checkpoint,
                           checkpoint_upload_mode="sync" if mode == "none" else mode)
             blocked.append(time.perf_counter() - t)
-    emit(mode="job", checkpoints=mode, loop_s=time.perf_counter() - started, blocked_s=blocked)
+    emit(mode="job", checkpoints=mode, loop_s=time.perf_counter() - started, blocked_s=blocked,
+         torch_save_s=saved)
 
 
 def commit(config: dict) -> None:
@@ -237,10 +249,11 @@ def main() -> None:
     p.add_argument("--mib", type=int, default=64)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--sleep", type=float, default=0.5, help="simulated training between reports")
+    p.add_argument("--block", type=int, default=3, help="blocking: checkpoints per variant in a row")
     p.add_argument("--checkpoints", choices=["none", "sync", "async"], default="sync")
     args = p.parse_args()
     config = {"mib": args.mib, "reps": args.reps, "sleep": args.sleep, "checkpoints": args.checkpoints,
-              "user_dir": args.user_dir}
+              "user_dir": args.user_dir, "block": args.block}
     keep = CheckpointConfig(num_to_keep=2)
     trainer_class = DataParallelTrainer
     if args.mode in ("job", "dcp"):
@@ -253,7 +266,8 @@ def main() -> None:
     loop = {"blocking": blocking, "job": job, "commit": commit, "dcp": dcp_compare}[args.mode]
     trainer = trainer_class(loop, train_loop_config=config,
                             scaling_config=ScalingConfig(num_workers=MPI.COMM_WORLD.size),
-                            run_config=RunConfig(name=args.name, storage_path=args.storage, checkpoint_config=keep))
+                            run_config=RunConfig(name=args.name, storage_path=args.storage,
+                                                 checkpoint_config=keep))
     trainer.fit()
 
 

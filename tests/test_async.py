@@ -89,11 +89,12 @@ def test_async_takes_or_copies_the_handed_directory_and_commits_in_order(tmp_pat
 
 
 def test_checkpoint_dir_name_names_the_directory_and_a_killed_one_is_removed(tmp_path):
-    killed, _ = scenario("named", tmp_path, expect=None, HPCKIT_FAULT="gathered:0:2")
+    killed, _ = scenario("named", tmp_path, expect=None, HPCKIT_FAULT="gathered:0:2",
+                         NAME_PREFIX="a0")
     assert killed.returncode != 0
     experiment = tmp_path / "named"
     assert (experiment / "a0-epoch_1" / ".hpckit-pending").exists()
-    run, seen = scenario("named", tmp_path)
+    run, seen = scenario("named", tmp_path, NAME_PREFIX="a1")
     assert "removed leftovers" in run.output and "a0-epoch_1" in run.output
     assert seen == {"latest": "a1-epoch_2", "taken": True}
     state = reliability.check_experiment(experiment, None)

@@ -181,8 +181,8 @@ def _parse_checkpoint(raw: Any, check: _Checker, name: str) -> CheckpointRecord:
     index = check.field(raw, "index", int, name)
     numbered = is_checkpoint_dirname(directory) and int(directory.split("_")[1]) == index
     if not numbered and custom_dirname_problem(directory) is not None:
-        check.fail(f"{name}.directory", f"{directory!r} is neither checkpoint_{index:06d} nor a "
-                   "plain directory name")
+        check.fail(f"{name}.directory", f"{directory!r} is not checkpoint_{index:06d} (nor a "
+                   "plain directory name given by checkpoint_dir_name)")
     files = []
     for i, f in enumerate(check.field(raw, "files", list, name)):
         where = f"{name}.files[{i}]"

@@ -151,9 +151,12 @@ def sha256_file(path: str, sync: bool = False) -> tuple[int, str]:
     file that is already where it is committed: written in place, or moved there)."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        digest = _sha256_mapped(f.fileno(), size)
-        if sync:
-            os.fsync(f.fileno())
+        if not sync:
+            return size, _sha256_mapped(f.fileno(), size)
+        with ThreadPoolExecutor(1) as pool:  # the disk writes while the CPU hashes
+            synced = pool.submit(os.fsync, f.fileno())
+            digest = _sha256_mapped(f.fileno(), size)
+            synced.result()
         return size, digest
 
 

@@ -105,7 +105,7 @@ def slow(parent: str) -> None:
 def named(parent: str) -> None:
     """checkpoint_dir_name names the directory, sync or async; a name is used once."""
     ctx = hpckit.get_context()
-    prefix = f"a{ctx.get_attempt()}"
+    prefix = os.environ["NAME_PREFIX"]
     for n, mode in enumerate(["sync", "async", "sync"]):
         d, _ = handed_dir(ctx.get_world_rank(), b"n%d" % n, parent)
         hpckit.report({"n": n}, Checkpoint.from_directory(d), checkpoint_upload_mode=mode,
