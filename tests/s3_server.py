@@ -77,12 +77,14 @@ class S3Server:
         return start(self.root, self.ports)
 
     def stop(self) -> None:
+        """SIGTERM, then SIGKILL after a few seconds: `weed mini` can take 20 s to shut down
+        gracefully, and a test's server holds nothing worth the wait."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
-                self.process.wait(timeout=20)
+                self.process.wait(timeout=3)
             except subprocess.TimeoutExpired:
-                self.process.kill()
+                os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         self._remove_sockets()
 
