@@ -21,6 +21,7 @@ from hpckit.run.plan import (
     Plan,
     finished_everywhere,
     merge,
+    raise_background_failure,
     share_hashing,
     unrecorded,
 )
@@ -103,9 +104,24 @@ def test_checkpoint_dir_name_names_the_directory_and_a_killed_one_is_removed(tmp
     assert not list(experiment.glob("*/.hpckit-pending"))
 
 
+def test_a_report_made_synchronous_waits_for_saves_still_being_written(tmp_path):
+    _, seen = scenario("mixed", tmp_path)
+    assert seen == {"committed_at_once": True}
+    record = json.loads((tmp_path / "mixed" / "manifest.json").read_text())["checkpoints"][0]
+    assert sorted(f["path"] for f in record["files"]) == [f"late-{r}.bin" for r in range(3)]
+    assert reliability.check_experiment(tmp_path / "mixed", None).latest == "checkpoint_000000"
+
+
+def test_a_committed_checkpoint_handed_again_stays_whole(tmp_path):
+    scenario("rehand", tmp_path)
+    state = reliability.check_experiment(tmp_path / "rehand", None)
+    assert state.committed == ["checkpoint_000000", "checkpoint_000001"]
+    assert (tmp_path / "rehand" / "checkpoint_000000" / "part-0.bin").read_bytes() == b"kept" * 100
+
+
 def test_files_written_in_place_are_committed_where_they_are(tmp_path):
-    _, seen = scenario("in_place", tmp_path, expect=None)
-    assert seen["inside_experiment"] and seen["committed_in_place"]
+    _, seen = scenario("in_place", tmp_path)
+    assert seen["inside_experiment"] and seen["committed_in_place"] and seen["inside_refused"]
     assert seen["next_dir"] == "checkpoint_000001"
     assert "takes the files already in get_context().get_checkpoint_dir()" in \
         seen["no_upload_elsewhere"]
@@ -176,11 +192,15 @@ def test_background_checkpoints_commit_in_order_and_fail_together():
     done = Persisted([FileRecord("x", 1, 0, "h")])
     ahead = [Announcement("report", 1, finished=(Finished("c0", done), Finished("c1", done))),
              Announcement("report", 1, finished=(Finished("c0", done),))]
-    assert [d for d, _ in finished_everywhere(ahead, ["c0", "c1"])] == ["c0"]
+    ready, failures = finished_everywhere(ahead, ["c0", "c1"])
+    assert [d for d, _ in ready] == ["c0"] and failures == []
     failure = RankFailure(1, "OSError: disk full", "", None)
-    failed = [ahead[0], Announcement("report", 1, finished=(Finished("c0", None, failure),))]
-    with pytest.raises(CommitError, match="persisting c0 in the background failed on rank 1"):
-        finished_everywhere(failed, ["c0", "c1"])
+    failed = [ahead[0], Announcement("report", 1, finished=(Finished("c0", done),
+                                                            Finished("c1", None, failure)))]
+    ready, failures = finished_everywhere(failed, ["c0", "c1"])
+    assert [d for d, _ in ready] == ["c0"] and failures == [failure]
+    with pytest.raises(CommitError, match="persisting c1 in the background failed on rank 1"):
+        raise_background_failure("c1", failures)
 
 
 def test_in_place_records_merge_by_name_and_late_names_are_found():

@@ -26,7 +26,7 @@ from typing import Any
 from hpckit import faults
 from hpckit.checkpoint import Checkpoint
 from hpckit.config import CheckpointConfig, CheckpointUploadMode
-from hpckit.errors import CheckpointError, CommitError
+from hpckit.errors import CheckpointError, CommitError, HpckitError
 from hpckit.experiment.experiment import Experiment
 from hpckit.experiment.manifest import checkpoint_dirname
 from hpckit.experiment.values import to_json_metrics
@@ -68,6 +68,7 @@ class Handed:
     source: str | None = None
     files: list[tuple[str, int]] | None = None
     in_place: bool = False
+    owned: bool = False
 
 
 class CommitProtocol:
@@ -88,6 +89,7 @@ class CommitProtocol:
         self.reports = 0
         self.last_metrics: dict[str, Any] = {}
         self._told_of_wait = False
+        self._broken: HpckitError | None = None
 
     def checkpoint_dir(self) -> str:
         """Where this rank writes the next checkpoint in place."""
@@ -132,6 +134,10 @@ class CommitProtocol:
         source = local_source(checkpoint, self.comm.rank)
         pending = self.staging.in_place_path(checkpoint_dirname(self.next_index))
         in_place = os.path.realpath(source) == os.path.realpath(pending)
+        if not in_place and _inside(source, pending):
+            raise CheckpointError(
+                f"rank {self.comm.rank}: report() was handed {source}, inside the pending "
+                f"checkpoint {pending}; hand get_context().get_checkpoint_dir() itself.")
         if upload.mode is CheckpointUploadMode.NO_UPLOAD and not in_place:
             raise CheckpointError(
                 f"rank {self.comm.rank}: report(checkpoint_upload_mode=NO_UPLOAD) takes the files "
@@ -142,10 +148,23 @@ class CommitProtocol:
                 checkpoint._wait_until_written()
             return Handed(checkpoint, source, None, True)
         checkpoint._wait_until_written()
-        return Handed(checkpoint, source, list_source(source, self.comm.rank))
+        # Files inside the experiment (a committed checkpoint handed again) are never hpckit's
+        # to move or delete.
+        owned = upload.delete_local and not (self.experiment.is_local
+                                             and _inside(source, self.experiment.path))
+        return Handed(checkpoint, source, list_source(source, self.comm.rank), owned=owned)
 
     def _announce(self, announcement: Announcement) -> Plan:
-        plan = all_reduce(self.comm, "report()", lambda: announcement, self._plan, CommitError)
+        if self._broken is not None:
+            raise self._broken
+        try:
+            plan = all_reduce(self.comm, "report()", lambda: announcement, self._plan, CommitError)
+        except HpckitError as exc:
+            if len(self.background):
+                # Background checkpoints may have been committed or dropped without every
+                # rank learning which: this attempt's protocol ends here, on every rank alike.
+                self._broken = exc
+            raise
         for directory in plan.committed:
             self.latest = Checkpoint._at(self.experiment.join(directory))
         self.background.forget(plan.committed)
@@ -160,21 +179,28 @@ class CommitProtocol:
     def _plan(self, announcements: list[Announcement]) -> Plan:
         ledger = self._ledger()
         plan = make_plan(announcements, self.next_step, self.next_index)
+        if announcements[0].kind == REPORT and plan.directory is not None:
+            self._prepare_directory(plan)  # may refuse the report: before anything commits
         plan = replace(plan, committed=ledger.commit_finished(announcements))
         if announcements[0].kind != REPORT:
             return plan
         if plan.directory is None:
             ledger.log(plan.step, self.last_metrics)
-            return plan
+        elif plan.asynchronous:
+            ledger.expect(plan, self.last_metrics)
+        return plan
+
+    def _prepare_directory(self, plan: Plan) -> None:
+        """Rank 0, before any rank writes: the previous purge is done, a named directory is
+        free (and marked pending), a stale pending one is cleared."""
+        assert plan.directory is not None
+        ledger = self._ledger()
         ledger.owner.wait_for_purge()
         target = self.experiment.join(plan.directory)
         if plan.directory != checkpoint_dirname(self.next_index):
             ledger.reserve(plan.directory)
         elif not plan.in_place and target.is_local and os.path.isdir(target.path):
             files.delete_dir(target)  # files written in place, then another directory handed
-        if plan.asynchronous:
-            ledger.expect(plan, self.last_metrics)
-        return plan
 
     def _drain(self, keep: int = 0) -> None:
         """Wait until at most ``keep`` background checkpoints run, and commit the others."""
@@ -197,11 +223,12 @@ class CommitProtocol:
         assert plan.directory is not None
         rank, target = self.comm.rank, self.experiment.join(plan.directory)
         if plan.in_place:
-            checkpoint, source = handed.checkpoint, self._in_place_source(plan, handed)
+            checkpoint = handed.checkpoint
 
             def in_place() -> Persisted:
                 if checkpoint is not None:
                     checkpoint._wait_until_written()
+                source = self._in_place_source(plan, handed)
                 persisted = persist_in_place(source, target, rank, self.comm.size, "background")
                 if not target.is_local:
                     shutil.rmtree(source, ignore_errors=True)
@@ -229,8 +256,8 @@ class CommitProtocol:
         if handed.source is None:
             return None
         staged = self.staging.for_files(handed.source, plan.directory)
-        names = plan.writes.get(self.comm.rank, []) + plan.hashes.get(self.comm.rank, [])
-        hand_over(handed.source, names, staged, upload.delete_local)
+        hand_over(handed.source, staged, plan.writes.get(self.comm.rank, []),
+                  plan.hashes.get(self.comm.rank, []), handed.owned)
         faults.reached("handed", self.comm.rank)
         return staged
 
@@ -241,6 +268,8 @@ class CommitProtocol:
 
         def write() -> Persisted:
             if plan.in_place:
+                if handed.checkpoint is not None:  # an asynchronous save made synchronous
+                    handed.checkpoint._wait_until_written()
                 source = self._in_place_source(plan, handed)
                 persisted = persist_in_place(source, target, rank, self.comm.size)
             else:
@@ -274,5 +303,11 @@ def _release(handed: Handed, upload: Upload, shared_in_place: bool) -> None:
     (a local staging directory written in place, or as ``delete_local`` says)."""
     if handed.source is None or (handed.in_place and shared_in_place):
         return
-    if upload.delete_local or handed.in_place:
+    if handed.owned or handed.in_place:
         shutil.rmtree(handed.source, ignore_errors=True)
+
+
+def _inside(path: str, directory: str) -> bool:
+    """Whether ``path`` is ``directory`` or below it (local paths, links resolved)."""
+    path, directory = os.path.realpath(path), os.path.realpath(directory)
+    return os.path.commonpath([path, directory]) == directory

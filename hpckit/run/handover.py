@@ -89,22 +89,42 @@ class Staging:
                     os.rmdir(os.path.dirname(root))
 
 
-def hand_over(source: str, names: list[str], staged: str, owned: bool) -> None:
-    """Put ``names`` (relative to ``source``) into ``staged``: renamed when hpckit owns them
-    and the filesystems agree, copied otherwise. An owned source is removed afterwards."""
-    for rel in names:
+def hand_over(source: str, staged: str, writes: list[str], hashes: list[str],
+              owned: bool) -> None:
+    """Put this rank's files (relative to ``source``) into ``staged``. Those it writes are
+    renamed when hpckit owns them and the filesystems agree; everything else is copied (a
+    name another rank writes may be the same file, in a directory the ranks share). Then
+    what was moved out of an owned source is pruned, and the source if it is left empty."""
+    moved = []
+    for rel in hashes + writes:
         src, dst = os.path.join(source, rel), os.path.join(staged, rel)
         os.makedirs(os.path.dirname(dst), exist_ok=True)
-        if owned:
+        if owned and rel in writes:
             try:
                 os.rename(src, dst)
+                moved.append(rel)
                 continue
             except OSError as exc:
                 if exc.errno != errno.EXDEV:
                     raise
         shutil.copyfile(src, dst)
+        if owned and rel in writes:
+            os.unlink(src)
+            moved.append(rel)
     if owned:
-        shutil.rmtree(source, ignore_errors=True)
+        _prune(source, moved)
+
+
+def _prune(source: str, moved: list[str]) -> None:
+    """Remove the directories that moving ``moved`` out of ``source`` left empty."""
+    parents = {os.path.dirname(os.path.join(source, rel)) for rel in moved}
+    for parent in sorted(parents, key=len, reverse=True):
+        while parent.startswith(source):
+            try:
+                os.rmdir(parent)
+            except OSError:
+                break
+            parent = os.path.dirname(parent)
 
 
 def same_filesystem(path: str, target: Location) -> bool:

@@ -23,7 +23,15 @@ from hpckit.experiment.manifest import (
     is_checkpoint_dirname,
 )
 from hpckit.logs import log
-from hpckit.run.plan import Announcement, Persisted, Plan, finished_everywhere, merge, unrecorded
+from hpckit.run.plan import (
+    Announcement,
+    Persisted,
+    Plan,
+    finished_everywhere,
+    merge,
+    raise_background_failure,
+    unrecorded,
+)
 from hpckit.storage import files
 from hpckit.storage.copy import sha256_file
 from hpckit.storage.location import Location
@@ -80,12 +88,17 @@ class Ledger:
         """Commit, in order, the background checkpoints every rank has finished, with the
         metrics lines queued behind them; raise (after discarding them) if one failed."""
         pending = [e.plan.directory for e in self._queue if e.plan and e.plan.directory]
-        try:
-            ready = dict(finished_everywhere(announcements, pending))
-        except HpckitError:
-            for directory in pending:
+        finished, failures = finished_everywhere(announcements, pending)
+        ready = dict(finished)
+        committed = self._commit_ready(ready)
+        if failures:
+            # Those before the failed one are committed; it and the later ones are dropped.
+            for directory in pending[len(committed):]:
                 discard(self.owner.location.join(directory))
-            raise
+            raise_background_failure(pending[len(committed)], failures)
+        return committed
+
+    def _commit_ready(self, ready: dict[str, list[Persisted]]) -> tuple[str, ...]:
         committed = []
         while self._queue:
             entry = self._queue[0]
@@ -116,7 +129,10 @@ class Ledger:
                                   tuple(sorted(written, key=lambda r: r.path)))
         self.owner.commit(record, self.config)
         if not is_checkpoint_dirname(plan.directory):
-            files.delete_file(target.join(PENDING_MARKER), missing_ok=True)
+            try:
+                files.delete_file(target.join(PENDING_MARKER), missing_ok=True)
+            except HpckitError as exc:  # committed all the same; the marker is harmless
+                log.warning("could not remove %s's pending marker: %s", plan.directory, exc)
         if plan.asynchronous:
             log.info("step %d: committed %s (%s in %d file(s)), %.0f ms after its report",
                      plan.step, plan.directory, human_size(record.size), len(written),

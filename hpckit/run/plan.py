@@ -116,21 +116,24 @@ def _directory_name(announcements: list[Announcement], in_place: bool) -> str | 
 
 
 def finished_everywhere(announcements: list[Announcement], pending: list[str]
-                        ) -> list[tuple[str, list[Persisted]]]:
+                        ) -> tuple[list[tuple[str, list[Persisted]]], list[RankFailure]]:
     """The oldest of the ``pending`` checkpoints that every rank has finished, in order, with
-    what each rank persisted; raises every rank's failure on the first one that failed."""
+    what each rank persisted; and the failures of the next one, when a rank's failed."""
     done = [{f.directory: f for f in a.finished} for a in announcements]
-    ready = []
+    ready: list[tuple[str, list[Persisted]]] = []
     for directory in pending:
         outcomes = [d.get(directory) for d in done]
         failures = [o.failure for o in outcomes if o is not None and o.failure is not None]
         if failures:
-            raise_failures(failures, f"persisting {directory} in the background", CommitError,
-                           wrap=True)
+            return ready, failures
         if any(o is None for o in outcomes):
             break
         ready.append((directory, [o.persisted or Persisted([]) for o in outcomes if o]))
-    return ready
+    return ready, []
+
+
+def raise_background_failure(directory: str, failures: list[RankFailure]) -> None:
+    raise_failures(failures, f"persisting {directory} in the background", CommitError, wrap=True)
 
 
 def check_counts(announcements: list[Announcement]) -> None:

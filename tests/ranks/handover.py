@@ -68,6 +68,13 @@ def in_place(parent: str) -> None:
         hpckit.report({"n": 1}, Checkpoint.from_directory(parent), checkpoint_upload_mode="no_upload")
     except hpckit.HpckitError as exc:
         seen("no_upload_elsewhere", str(exc).splitlines()[0])
+    inside = os.path.join(hpckit.get_context().get_checkpoint_dir(), "sub")
+    os.makedirs(inside, exist_ok=True)
+    try:  # a synchronous report that failed leaves the run able to go on
+        hpckit.report({"n": 2}, Checkpoint.from_directory(inside))
+    except hpckit.HpckitError as exc:
+        seen("inside_refused", "inside the pending checkpoint" in str(exc))
+    hpckit.report({"n": 3})
 
 
 def failing(parent: str) -> None:
@@ -118,15 +125,42 @@ def named(parent: str) -> None:
         seen("taken", "already exists" in str(exc))
 
 
+def mixed(parent: str) -> None:
+    """Rank 0 asks for async, the others for sync: the report is synchronous, and it waits for
+    saves still being written (as an async DCP save's files are) before hashing them."""
+    ctx = hpckit.get_context()
+    rank = ctx.get_world_rank()
+    d = ctx.get_checkpoint_dir()
+
+    def late_write() -> None:
+        time.sleep(0.3)
+        with open(os.path.join(d, f"late-{rank}.bin"), "wb") as f:
+            f.write(bytes([rank]) * 1000)
+
+    checkpoint = Checkpoint.from_directory(d)._written_when(late_write)
+    hpckit.report({"n": 0}, checkpoint, checkpoint_upload_mode="async" if rank == 0 else "sync")
+    seen("committed_at_once", hpckit.get_checkpoint() is not None)
+
+
+def rehand(parent: str) -> None:
+    """Handing a committed checkpoint to an asynchronous report copies it: the committed one
+    stays whole."""
+    ctx = hpckit.get_context()
+    d, _ = handed_dir(ctx.get_world_rank(), b"kept" * 100, parent)
+    hpckit.report({"n": 0}, Checkpoint.from_directory(d))
+    hpckit.report({"n": 1}, hpckit.get_checkpoint(), checkpoint_upload_mode="async")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("scenario", choices=["modes", "in_place", "failing", "slow", "named"])
+    p.add_argument("scenario", choices=["modes", "in_place", "failing", "slow", "named", "mixed", "rehand"])
     p.add_argument("--storage", required=True)
     p.add_argument("--handed", required=True, help="where the handed directories are made")
     args = p.parse_args()
     from mpi4py import MPI
 
-    scenario = {"modes": modes, "in_place": in_place, "failing": failing, "slow": slow, "named": named}[args.scenario]
+    scenario = {"modes": modes, "in_place": in_place, "failing": failing, "slow": slow, "named": named,
+                "mixed": mixed, "rehand": rehand}[args.scenario]
     DataParallelTrainer(lambda: scenario(args.handed),
                         scaling_config=ScalingConfig(num_workers=MPI.COMM_WORLD.size),
                         run_config=RunConfig(name=args.scenario, storage_path=args.storage)).fit()
