@@ -34,21 +34,12 @@ from hpckit.logs import log
 from hpckit.run import stop
 from hpckit.run.background import Background
 from hpckit.run.comm import all_reduce, attempt
-from hpckit.run.handover import Staging, hand_over, same_filesystem
+from hpckit.run.handover import Handed, Staging, Upload, hand_in, hand_over, release, same_filesystem
 from hpckit.run.ledger import Ledger, discard
-from hpckit.run.persist import list_source, local_source, persist, persist_in_place
+from hpckit.run.persist import persist, persist_in_place
 from hpckit.run.plan import DRAIN, FINISH, REPORT, Announcement, Persisted, Plan, make_plan
 from hpckit.storage import files
 from hpckit.storage.location import Location
-
-
-@dataclass(frozen=True)
-class Upload:
-    """How one ``report()`` hands its checkpoint over."""
-
-    mode: CheckpointUploadMode = CheckpointUploadMode.SYNC
-    delete_local: bool = False
-    dir_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -58,17 +49,6 @@ class Outcome:
 
     stop: str | None
     committed: Checkpoint | None
-
-
-@dataclass(frozen=True)
-class Handed:
-    """What this rank hands in at one report."""
-
-    checkpoint: Checkpoint | None = None
-    source: str | None = None
-    files: list[tuple[str, int]] | None = None
-    in_place: bool = False
-    owned: bool = False
 
 
 class CommitProtocol:
@@ -112,7 +92,7 @@ class CommitProtocol:
         else:
             self._drain()
             self._persist_now(plan, handed)
-            _release(handed, upload, self.experiment.is_local)
+            release(handed, self.experiment.is_local)
         return Outcome(plan.stop, self.latest if self.latest is not before else None)
 
     def finish(self) -> None:
@@ -131,28 +111,8 @@ class CommitProtocol:
             self.last_metrics = converted
         if checkpoint is None:
             return Handed()
-        source = local_source(checkpoint, self.comm.rank)
         pending = self.staging.in_place_path(checkpoint_dirname(self.next_index))
-        in_place = os.path.realpath(source) == os.path.realpath(pending)
-        if not in_place and _inside(source, pending):
-            raise CheckpointError(
-                f"rank {self.comm.rank}: report() was handed {source}, inside the pending "
-                f"checkpoint {pending}; hand get_context().get_checkpoint_dir() itself.")
-        if upload.mode is CheckpointUploadMode.NO_UPLOAD and not in_place:
-            raise CheckpointError(
-                f"rank {self.comm.rank}: report(checkpoint_upload_mode=NO_UPLOAD) takes the files "
-                f"already in get_context().get_checkpoint_dir() ({pending}), not "
-                f"{source}; write them there, or use SYNC or ASYNC to have {source} persisted.")
-        if in_place:
-            if upload.mode is not CheckpointUploadMode.ASYNC:
-                checkpoint._wait_until_written()
-            return Handed(checkpoint, source, None, True)
-        checkpoint._wait_until_written()
-        # Files inside the experiment (a committed checkpoint handed again) are never hpckit's
-        # to move or delete.
-        owned = upload.delete_local and not (self.experiment.is_local
-                                             and _inside(source, self.experiment.path))
-        return Handed(checkpoint, source, list_source(source, self.comm.rank), owned=owned)
+        return hand_in(checkpoint, upload, self.comm.rank, pending, self.experiment)
 
     def _announce(self, announcement: Announcement) -> Plan:
         if self._broken is not None:
@@ -296,18 +256,3 @@ class CommitProtocol:
         if self.ledger is None:
             raise RuntimeError(f"rank {self.comm.rank} asked for rank 0's experiment")
         return self.ledger
-
-
-def _release(handed: Handed, upload: Upload, shared_in_place: bool) -> None:
-    """After a synchronous commit: remove the handed directory when it is hpckit's to remove
-    (a local staging directory written in place, or as ``delete_local`` says)."""
-    if handed.source is None or (handed.in_place and shared_in_place):
-        return
-    if handed.owned or handed.in_place:
-        shutil.rmtree(handed.source, ignore_errors=True)
-
-
-def _inside(path: str, directory: str) -> bool:
-    """Whether ``path`` is ``directory`` or below it (local paths, links resolved)."""
-    path, directory = os.path.realpath(path), os.path.realpath(directory)
-    return os.path.commonpath([path, directory]) == directory

@@ -1,5 +1,5 @@
-"""Where a rank's checkpoint files wait for the background, and where a checkpoint is written
-in place.
+"""What a rank hands to ``report()``, where its files wait for the background, and where a
+checkpoint is written in place.
 
 An asynchronous ``report()`` returns as soon as the handed files are out of the user's way:
 moved (a rename, when hpckit may take them) or copied into a staging directory, on the handed
@@ -19,8 +19,74 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 
+from hpckit.checkpoint import Checkpoint
+from hpckit.config import CheckpointUploadMode
+from hpckit.errors import CheckpointError
 from hpckit.experiment.manifest import STAGING_NAME
+from hpckit.run.persist import list_source, local_source
 from hpckit.storage.location import Location
+
+
+@dataclass(frozen=True)
+class Upload:
+    """How one ``report()`` hands its checkpoint over."""
+
+    mode: CheckpointUploadMode = CheckpointUploadMode.SYNC
+    delete_local: bool = False
+    dir_name: str | None = None
+
+
+@dataclass(frozen=True)
+class Handed:
+    """What this rank hands in at one report."""
+
+    checkpoint: Checkpoint | None = None
+    source: str | None = None
+    files: list[tuple[str, int]] | None = None
+    in_place: bool = False
+    owned: bool = False
+    """Whether hpckit may move the files and remove the directory."""
+
+
+def hand_in(checkpoint: Checkpoint, upload: Upload, rank: int, pending: str,
+            experiment: Location) -> Handed:
+    """What this rank hands in: its directory written in place (``pending``), or a directory
+    of its own, listed. Refuses what ``report()`` must not take."""
+    source = local_source(checkpoint, rank)
+    in_place = os.path.realpath(source) == os.path.realpath(pending)
+    if not in_place and inside(source, pending):
+        raise CheckpointError(
+            f"rank {rank}: report() was handed {source}, inside the pending checkpoint "
+            f"{pending}; hand get_context().get_checkpoint_dir() itself.")
+    if upload.mode is CheckpointUploadMode.NO_UPLOAD and not in_place:
+        raise CheckpointError(
+            f"rank {rank}: report(checkpoint_upload_mode=NO_UPLOAD) takes the files already in "
+            f"get_context().get_checkpoint_dir() ({pending}), not {source}; write them there, "
+            f"or use SYNC or ASYNC to have {source} persisted.")
+    if in_place:
+        if upload.mode is not CheckpointUploadMode.ASYNC:
+            checkpoint._wait_until_written()
+        return Handed(checkpoint, source, None, True)
+    checkpoint._wait_until_written()
+    # Files inside the experiment (a committed checkpoint handed again) are never hpckit's to
+    # move or delete.
+    owned = upload.delete_local and not (experiment.is_local and inside(source, experiment.path))
+    return Handed(checkpoint, source, list_source(source, rank), owned=owned)
+
+
+def release(handed: Handed, shared_in_place: bool) -> None:
+    """After a synchronous commit: remove the handed directory when it is hpckit's to remove
+    (a local staging directory written in place, or as ``delete_local`` says)."""
+    if handed.source is None or (handed.in_place and shared_in_place):
+        return
+    if handed.owned or handed.in_place:
+        shutil.rmtree(handed.source, ignore_errors=True)
+
+
+def inside(path: str, directory: str) -> bool:
+    """Whether ``path`` is ``directory`` or below it (local paths, links resolved)."""
+    path, directory = os.path.realpath(path), os.path.realpath(directory)
+    return os.path.commonpath([path, directory]) == directory
 
 
 @dataclass(frozen=True)

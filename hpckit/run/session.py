@@ -11,8 +11,9 @@ from hpckit.config import CheckpointUploadMode
 from hpckit.errors import ConfigError, HpckitError
 from hpckit.experiment.artifacts import Artifacts
 from hpckit.logs import log
-from hpckit.run.commit import CommitProtocol, Upload
+from hpckit.run.commit import CommitProtocol
 from hpckit.run.context import TrainContext
+from hpckit.run.handover import Upload
 from hpckit.run.stop import StopRequested
 
 
