@@ -87,6 +87,8 @@ def check_resumed(run: Run, before: reliability.State) -> None:
         return  # killed before it opened the experiment
     assert found.group(1) == (before.latest or "its"), \
         f"resumed from {found.group(1)}, but the newest complete checkpoint is {before.latest}"
+    if not re.search(r"rank\(s\) on \d+ node\(s\) ready in", text):
+        return  # killed while opening it: the leftovers are still there, checked next trial
     for leftover in before.leftovers:
         assert re.search(rf"removed leftovers .*{leftover}", text), \
             f"leftover {leftover} was not removed on resume:\n{run.output}"
