@@ -26,6 +26,8 @@ import sys
 import tempfile
 import time
 
+from scratch import scratch_storage
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 RANKS = os.path.join(HERE, "checkpoint_ranks.py")
 MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or "mpiexec"
@@ -209,13 +211,8 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="also append the JSON lines to this file")
     args = parser.parse_args()
     _out = args.out
-    storage = args.storage or tempfile.mkdtemp(prefix="hpckit-ckpt-bench-")
-    os.makedirs(storage, exist_ok=True)
-    try:
+    with scratch_storage(args.storage, "hpckit-ckpt-bench-") as storage:
         run_all(storage, args.quick)
-    finally:
-        if args.storage is None:
-            shutil.rmtree(storage, ignore_errors=True)
 
 
 if __name__ == "__main__":

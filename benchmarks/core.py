@@ -22,6 +22,8 @@ import sys
 import tempfile
 import time
 
+from scratch import scratch_storage
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKLOAD = os.path.join(HERE, "workload.py")
 MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or "mpiexec"
@@ -62,13 +64,8 @@ def main() -> None:
     parser.add_argument("--storage", default=None, help="where checkpoints go (default: a temp dir)")
     parser.add_argument("--quick", action="store_true", help="skip the 1 GiB checkpoint")
     args = parser.parse_args()
-    storage = args.storage or tempfile.mkdtemp(prefix="hpckit-bench-")
-    os.makedirs(storage, exist_ok=True)
-    try:
+    with scratch_storage(args.storage, "hpckit-bench-") as storage:
         run_all(storage, args.quick)
-    finally:
-        if args.storage is None:
-            shutil.rmtree(storage, ignore_errors=True)
 
 
 def run_all(storage: str, quick: bool) -> None:
