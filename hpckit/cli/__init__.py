@@ -1,7 +1,8 @@
 """The ``hpckit`` command: inspect, manage and launch experiments from a shell.
 
 Owns: the click group (``app``, with the one error mapping), and the commands in
-``inspect``, ``manage`` and ``launch``; ``plot`` draws curves with matplotlib.
+``listing`` (ls), ``inspect``, ``manage`` and ``launch``; ``tables`` formats values for
+people; ``plot`` draws curves with matplotlib.
 
 May import: every layer below it (launch, run, experiment, storage, ground). Nothing
 imports it but the console script.
@@ -9,7 +10,7 @@ imports it but the console script.
 
 from __future__ import annotations
 
-from hpckit.cli import inspect, launch, manage  # noqa: F401  (the commands register on main)
+from hpckit.cli import inspect, launch, listing, manage  # noqa: F401  (the commands register on main)
 from hpckit.cli.app import main
 
 __all__ = ["main"]

@@ -1,4 +1,4 @@
-"""Commands that read an experiment: ls, show, verify, metrics, plot."""
+"""Commands that read an experiment: show, verify, metrics, plot."""
 
 from __future__ import annotations
 
@@ -6,58 +6,18 @@ import csv
 import dataclasses
 import json
 import sys
-import time
-from typing import Any
 
 import click
 
-from hpckit import settings
 from hpckit.cli import plot as _plot
 from hpckit.cli.app import main
-from hpckit.cli.common import find_record, open_experiment, require
-from hpckit.experiment import retention as _retention
+from hpckit.cli.common import find_record, require
+from hpckit.cli.tables import duration, echo_json, echo_table, moment, number, size
 from hpckit.experiment import verify as _verify
-from hpckit.experiment.reading import list_experiments, read_metrics
-from hpckit.run.job import DEFAULT_STORAGE
-from hpckit.storage.location import Location, resolve
-
-
-@main.command("ls")
-@click.argument("experiment", required=False)
-@click.option("--metric", "metrics", multiple=True, help="Metric columns to show (default: all).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def ls(experiment: str | None, metrics: tuple[str, ...], as_json: bool) -> None:
-    """List the committed checkpoints of EXPERIMENT (a path or URI), or, given a storage root
-    or nothing ($HPCKIT_STORAGE, else ~/hpckit_results), its experiments, newest first, with
-    their status (running, finished, failed, interrupted, requeued, stopped).
-
-    Markers: * latest, + best by the experiment's retention score.
-
-    Example: hpckit ls ~/hpckit_results/resnet-fmnist --metric loss
-    """
-    if experiment is None:
-        _list_experiments(resolve(settings.current().storage or DEFAULT_STORAGE), as_json)
-        return
-    location, manifest = open_experiment(experiment, allow_root=True)
-    if manifest is None:
-        _list_experiments(location, as_json)
-        return
-    ranked = _retention.ranked(manifest)
-    best = ranked[0].directory if ranked else None
-    latest = manifest.latest
-    rows = [{"index": r.index, "directory": r.directory, "step": r.step,
-             "reported_at": r.reported_at, "bytes": r.size, "latest": r is latest,
-             "best": r.directory == best,
-             "metrics": {k: v for k, v in r.metrics.items() if not metrics or k in metrics}}
-            for r in manifest.checkpoints]
-    if as_json:
-        click.echo(json.dumps(rows, indent=1))
-        return
-    for row, record in zip(rows, manifest.checkpoints, strict=True):
-        mark = ("*" if row["latest"] else " ") + ("+" if row["best"] else " ")
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.reported_at))
-        click.echo(f"{mark} {row['directory']}  step {row['step']:>6}  {when}  "
-                   f"{row['bytes']:>12} B  {json.dumps(row['metrics'])}")
+from hpckit.experiment.attempts import config_changes, effective_configs
+from hpckit.experiment.manifest import Manifest
+from hpckit.experiment.reading import read_metrics
+from hpckit.storage.location import Location
 
 
 @main.command()
@@ -78,26 +38,37 @@ def show(experiment: str, checkpoint: str | None, as_json: bool) -> None:
             click.echo(json.dumps(dataclasses.asdict(record), indent=1))
             return
         click.echo(f"{location.join(record.directory).display}  step {record.step}  "
-                   f"{record.size} B  metrics {json.dumps(record.metrics)}")
-        for f in record.files:
-            click.echo(f"  {f.path:40s} {f.size:>12} B  rank {f.rank:<4} sha256 {f.sha256}")
+                   f"{moment(record.reported_at)}  {size(record.size)}  metrics "
+                   + ", ".join(f"{k}={number(v)}" for k, v in record.metrics.items()))
+        echo_table(["  FILE", "SIZE", "RANK", "SHA256"],
+                   [["  " + f.path, size(f.size), str(f.rank), f.sha256] for f in record.files],
+                   [False, True, True, False])
         return
     body = json.loads(manifest.to_json())
     if as_json:
         click.echo(json.dumps({k: body[k] for k in body if k != "checkpoints"}, indent=1))
         return
+    _show_experiment(location, manifest, body["latest"])
+
+
+def _show_experiment(location: Location, manifest: Manifest, latest: str | None) -> None:
     click.echo(f"experiment {manifest.experiment} at {location.display}")
     click.echo(f"world size {manifest.world_size}; command: {' '.join(manifest.command.get('argv', []))}")
     click.echo(f"config: {json.dumps(manifest.config)}")
     click.echo(f"retention: {json.dumps(manifest.retention)}; checkpoints kept: "
-               f"{len(manifest.checkpoints)}; latest: {body['latest']}")
-    for a in manifest.attempts:
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a.started_at))
+               f"{len(manifest.checkpoints)}; latest: {latest}")
+    configs = effective_configs(manifest.attempts)
+    rows = []
+    for i, a in enumerate(manifest.attempts):
         job = a.slurm.get("job_id")
-        click.echo(f"  attempt {a.attempt}: {a.status.value} started {started}, "
-                   f"{a.world_size} rank(s) via {a.launcher}"
-                   + (f", Slurm job {job}" if job else "")
-                   + (f": {a.error}" if a.error else ""))
+        changes = config_changes(configs[i - 1], configs[i] or {}) if i else []
+        error = a.error.splitlines()[0] if a.error else None
+        notes = [*(["Slurm job " + job] if job else []), *changes, *([error] if error else [])]
+        rows.append([str(a.attempt), a.status.value, moment(a.started_at), duration(a.duration),
+                     str(a.world_size or "-"), a.launcher or "-", "; ".join(notes)])
+    click.echo("attempts:")
+    echo_table(["  #", "STATUS", "STARTED", "DURATION", "RANKS", "LAUNCHER", "CHANGED / ERROR"],
+               rows, [True, False, False, True, True, False, False])
 
 
 @main.command()
@@ -127,27 +98,28 @@ def verify(experiment: str, checkpoint: str | None) -> None:
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table",
               show_default=True)
 def metrics(experiment: str, fmt: str) -> None:
-    """Print every report's metrics of EXPERIMENT (step, time, checkpoint, then the metrics).
+    """Print every report's metrics of EXPERIMENT (step, time, checkpoint, then the metrics):
+    a table for people (floats to six significant digits, local times), or exact values as
+    CSV or JSON.
 
     Example: hpckit metrics ~/hpckit_results/linear --format csv > linear.csv
     """
     location, _ = require(experiment)
     history = read_metrics(location)
     if fmt == "json":
-        click.echo(json.dumps(history, indent=1))
+        echo_json(history)
         return
     names = list(dict.fromkeys(k for entry in history for k in entry["metrics"]))
     header = ["step", "time", "checkpoint", *names]
-    rows = [[e["step"], e["time"], e.get("checkpoint") or "", *(e["metrics"].get(n, "") for n in names)]
-            for e in history]
     if fmt == "csv":
         writer = csv.writer(sys.stdout)
         writer.writerow(header)
-        writer.writerows(rows)
+        writer.writerows([e["step"], e["time"], e.get("checkpoint") or "",
+                          *(e["metrics"].get(n, "") for n in names)] for e in history)
         return
-    widths = [max(len(str(c)) for c in column) for column in zip(header, *rows, strict=True)]
-    for row in [header, *rows]:
-        click.echo("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    rows = [[str(e["step"]), moment(e["time"]), e.get("checkpoint") or "-",
+             *(number(e["metrics"].get(n)) for n in names)] for e in history]
+    echo_table(header, rows, [True, False, False, *([True] * len(names))])
 
 
 @main.command()
@@ -172,31 +144,3 @@ def plot(experiments: tuple[str, ...], metric_names: tuple[str, ...], output: st
         series.append((manifest.experiment, read_metrics(location)))
     _plot.curves(series, list(metric_names), x_axis, output, log)
     click.echo(f"wrote {output}")
-
-
-def _list_experiments(root: Location, as_json: bool) -> None:
-    rows: list[dict[str, Any]] = []
-    for name, manifest in list_experiments(root):
-        if manifest is None:
-            rows.append({"experiment": name, "status": "unreadable manifest", "updated": 0.0})
-            continue
-        last = manifest.last_attempt
-        history = read_metrics(root.join(name))
-        rows.append({"experiment": name, "status": last.status.value if last else "?",
-                     "attempts": len(manifest.attempts), "checkpoints": len(manifest.checkpoints),
-                     "latest": manifest.latest.directory if manifest.latest else None,
-                     "updated": (last.ended_at or last.started_at) if last else manifest.created_at,
-                     "last_metrics": history[-1]["metrics"] if history else None})
-    rows.sort(key=lambda r: r["updated"], reverse=True)
-    if as_json:
-        click.echo(json.dumps(rows, indent=1))
-        return
-    if not rows:
-        click.echo(f"no experiments under {root.display} yet")
-        return
-    click.echo(f"{'EXPERIMENT':30s} {'STATUS':12s} {'ATTEMPTS':>8} {'CHECKPOINTS':>11}  "
-               f"{'LATEST':17s}  UPDATED")
-    for row in rows:
-        updated = time.strftime("%Y-%m-%d %H:%M", time.localtime(row["updated"]))
-        click.echo(f"{row['experiment']:30s} {row['status']:12s} {row.get('attempts', '-'):>8} "
-                   f"{row.get('checkpoints', '-'):>11}  {row.get('latest') or '-':17s}  {updated}")

@@ -15,6 +15,7 @@ from hpckit.experiment.manifest import Manifest
 from hpckit.launch.process import run_script
 from hpckit.launch.slurm import render_sbatch
 from hpckit.run.retry import RetryPolicy
+from hpckit.settings import variable
 from hpckit.storage.uris import parent, redact, restore_credentials
 
 
@@ -55,7 +56,8 @@ def resume(experiment: str, ranks: int | None, max_failures: int, sbatch_file: s
         raise click.UsageError(f"the manifest of {location.display} records no command to resume.")
     # The root as the user gave it (credentials included), never the redacted display form.
     root, _ = parent(experiment)
-    env = {"HPCKIT_NAME": manifest.experiment, "HPCKIT_STORAGE": root}
+    env = {variable("name"): manifest.experiment, variable("storage"): root,
+           variable("resume"): "1"}
     if sbatch_file:
         _submit(sbatch_file, argv, world, cwd, manifest.experiment,
                 command.get("executable") or sys.executable, env)

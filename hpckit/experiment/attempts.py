@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -37,6 +38,8 @@ class Attempt:
     ended_at: float | None = None
     error: str | None = None
     reports: int | None = None
+    # The run's configuration, recorded only when it differs from the attempt before.
+    config: dict[str, Any] | None = None
 
     def ended(self, status: AttemptStatus, error: str | None = None,
               reports: int | None = None) -> Attempt:
@@ -48,7 +51,7 @@ class Attempt:
                                 "started_at": self.started_at, "world_size": self.world_size,
                                 "launcher": self.launcher, "host": self.host, "pid": self.pid,
                                 "argv": list(self.argv), "slurm": dict(self.slurm)}
-        for key in ("ended_at", "error", "reports"):
+        for key in ("ended_at", "error", "reports", "config"):
             if getattr(self, key) is not None:
                 body[key] = getattr(self, key)
         return body
@@ -63,7 +66,46 @@ class Attempt:
             raise ManifestError(f"manifest {where}: attempt status {raw.get('status')!r} is none "
                                 f"of {', '.join(s.value for s in AttemptStatus)}.") from None
         known = {k: raw[k] for k in ("attempt", "started_at", "world_size", "launcher", "host",
-                                     "pid", "ended_at", "error", "reports") if k in raw}
+                                     "pid", "ended_at", "error", "reports", "config") if k in raw}
         known.setdefault("attempt", 0)
         return cls(status=status, argv=tuple(raw.get("argv") or ()),
                    slurm=dict(raw.get("slurm") or {}), **known)
+
+    @property
+    def duration(self) -> float | None:
+        return self.ended_at - self.started_at if self.ended_at is not None else None
+
+
+def config_changes(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
+    """What changed from ``before`` to ``after``, one ``key: old -> new`` per leaf; nested
+    keys are joined with dots (``train_loop_config.epochs: 5 -> 8``)."""
+    if before is None:
+        return []
+    old, new = _leaves(before), _leaves(after)
+    return [f"{key}: {_short(old.get(key))} -> {_short(new.get(key))}"
+            for key in dict.fromkeys([*old, *new]) if old.get(key) != new.get(key)]
+
+
+def effective_configs(attempts: tuple[Attempt, ...]) -> list[dict[str, Any] | None]:
+    """Each attempt's configuration: its own, or that of the last attempt that recorded one."""
+    current: dict[str, Any] | None = None
+    configs = []
+    for attempt in attempts:
+        current = attempt.config if attempt.config is not None else current
+        configs.append(current)
+    return configs
+
+
+def _leaves(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and value:
+            flat.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else value
+    return text if len(text) <= 40 else text[:37] + "..."
