@@ -110,9 +110,7 @@ class Experiment:
                                     opening.config, opening.retention, time.time())
             else:
                 manifest = _resumable(location, found, opening)
-            # Attempts are numbered across every run of the experiment, not per run.
-            manifest = manifest.with_attempt(replace(opening.attempt,
-                                                     attempt=len(manifest.attempts)))
+            manifest = manifest.with_attempt(_numbered(opening, manifest, found))
             _write(location, manifest)
             if found is not None:
                 remove_leftovers(location, manifest)
@@ -215,9 +213,10 @@ class Experiment:
                 self._lock.release()
 
 
-def end_abandoned_attempt(location: Location, error: str) -> None:
+def end_abandoned_attempt(location: Location, error: str,
+                          status: AttemptStatus = AttemptStatus.FAILED) -> None:
     """The ranks of an attempt died before they could say so (the launcher saw them fail):
-    mark their attempt failed. Best-effort; nothing else is changed."""
+    mark their attempt failed (or ``status``). Best-effort; nothing else is changed."""
     try:
         manifest = read_manifest(location)
     except HpckitError as exc:
@@ -225,12 +224,21 @@ def end_abandoned_attempt(location: Location, error: str) -> None:
         return
     last = manifest.last_attempt if manifest else None
     if manifest is not None and last is not None and last.status is AttemptStatus.RUNNING:
-        Experiment(location, manifest).end_attempt(AttemptStatus.FAILED, error)
+        Experiment(location, manifest).end_attempt(status, error)
+
+
+def _numbered(opening: Opening, manifest: Manifest, found: Manifest | None) -> Attempt:
+    """This run's attempt, numbered across every run of the experiment (not per run), with
+    its configuration when that differs from the attempt before."""
+    changed = found is None or found.config != opening.config or not found.attempts
+    return replace(opening.attempt, attempt=len(manifest.attempts),
+                   config=opening.config if changed else None)
 
 
 def _resumable(location: Location, manifest: Manifest, opening: Opening) -> Manifest:
     """The manifest of a run being resumed: links out of it and damaged checkpoints dropped,
-    the retention and world size of this run recorded."""
+    this run's retention, world size, command and configuration recorded (``hpckit resume``
+    repeats the latest)."""
     manifest = manifest.without(verify.escaping(location, manifest))
     if opening.verify_on_resume:
         manifest = manifest.without(verify.damaged(location, manifest))
@@ -241,7 +249,8 @@ def _resumable(location: Location, manifest: Manifest, opening: Opening) -> Mani
     log.info("resuming experiment %s from %s", location.display,
              latest.directory if latest else "its start (no checkpoint was committed)")
     return replace(manifest, next_step=latest.step + 1 if latest else 0,
-                    retention=opening.retention, world_size=opening.world_size)
+                    retention=opening.retention, world_size=opening.world_size,
+                    command=opening.command, config=opening.config)
 
 
 def _write(location: Location, manifest: Manifest) -> None:

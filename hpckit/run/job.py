@@ -50,6 +50,21 @@ class TrainingJob:
         return replace(self, run_config=replace(self.run_config,
                                                 name=name or default_name(settings)))
 
+    def resumed(self, settings: Settings) -> tuple[TrainingJob, str | None]:
+        """Under ``hpckit resume EXP`` ($HPCKIT_RESUME): this job continuing EXP whatever its
+        RunConfig names, and a line to log when that named another experiment."""
+        if not (settings.resume and settings.name and settings.storage):
+            return self, None
+        named = self.named(settings)
+        before = named.storage_root(settings).join(named.name)
+        config = replace(self.run_config, name=settings.name, storage_path=settings.storage)
+        job = replace(self, run_config=config)
+        after = job.storage_root(settings).join(settings.name)
+        if before.display == after.display:
+            return job, None
+        return job, (f"hpckit resume continues {after.display}, not {before.display} that the "
+                     "script's RunConfig(name=..., storage_path=...) names")
+
     @property
     def name(self) -> str:
         assert self.run_config.name is not None, "named() sets the name before a run"
