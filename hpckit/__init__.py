@@ -29,8 +29,10 @@ from hpckit.result import Result
 from hpckit.run.context import TrainContext
 from hpckit.run.session import get_checkpoint, get_context, report
 from hpckit.run.startup import early as _early
+from hpckit.uncaught import install as _install_excepthook
 
 _early()
+_install_excepthook()
 
 __version__ = "0.1.0"
 

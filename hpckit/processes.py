@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 
@@ -73,3 +74,17 @@ def environment_value(pid: int, names: tuple[str, ...]) -> str | None:
         if name.encode() in entries:
             return entries[name.encode()].decode(errors="replace")
     return None
+
+
+def started_at(pid: int | None = None) -> float | None:
+    """When a process of this host started, in seconds since the epoch (None off Linux)."""
+    found = stat(pid or os.getpid())
+    try:
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    if found is None:
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    return time.time() - (uptime - found.started / ticks)

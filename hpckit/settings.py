@@ -99,6 +99,7 @@ def parse_fault(raw: str) -> FaultPoint:
 TABLE: dict[str, tuple[str, Callable[[str], Any]]] = {
     "storage": ("HPCKIT_STORAGE", _text),
     "name": ("HPCKIT_NAME", _text),
+    "resume": ("HPCKIT_RESUME", _switch),
     "log_level": ("HPCKIT_LOG_LEVEL", _level),
     "local_dir": ("HPCKIT_LOCAL_DIR", _text),
     "mpiexec": ("HPCKIT_MPIEXEC", _text),
@@ -106,6 +107,8 @@ TABLE: dict[str, tuple[str, Callable[[str], Any]]] = {
     "worker": ("HPCKIT_WORKER", _text),
     "pid_dir": ("HPCKIT_PID_DIR", _text),
     "attempt": ("HPCKIT_ATTEMPT", _count),
+    "started_at": ("HPCKIT_STARTED_AT", _seconds),
+    "restarts": ("HPCKIT_RESTARTS", _switch),
     "stop_signal": ("HPCKIT_STOP_SIGNAL", parse_signal),
     "fault": ("HPCKIT_FAULT", parse_fault),
     "tensorboard": ("HPCKIT_TENSORBOARD", _switch),
@@ -142,6 +145,7 @@ class Settings:
 
     storage: str | None = None
     name: str | None = None
+    resume: bool = False
     log_level: str | None = None
     local_dir: str | None = None
     mpiexec: str | None = None
@@ -149,6 +153,8 @@ class Settings:
     worker: str | None = None
     pid_dir: str | None = None
     attempt: int = 0
+    started_at: float | None = None  # when the user's command started (set for hpckit's ranks)
+    restarts: bool = False  # the launching process restarts the ranks if they fail
     stop_signal: signal.Signals = DEFAULT_STOP_SIGNAL
     fault: FaultPoint | None = None
     tensorboard: bool = True

@@ -16,8 +16,9 @@ from typing import Any
 from hpckit import settings as _settings
 from hpckit.errors import LaunchError
 from hpckit.logs import log
+from hpckit.run.exit import INTERRUPT_GRACE
 from hpckit.run.retry import RetryPolicy
-from hpckit.run.stop import EXIT_STOPPED
+from hpckit.run.stop import EXIT_INTERRUPTED, EXIT_STOPPED
 from hpckit.settings import Settings, variable
 from hpckit.storage.uris import redact
 
@@ -49,13 +50,18 @@ def run_script(ranks: int, argv: list[str], policy: RetryPolicy, cwd: str | None
     ids = {variable("run_id"): settings.run_id or f"run-{uuid.uuid4().hex}"}
     attempt = 0
     while True:
-        log.info("attempt %d: %s", attempt, redact(" ".join(command)))
-        code = run_process(command, {**(extra_env or {}), **ids, variable("attempt"): str(attempt)},
-                           settings, cwd)
-        if code in (0, EXIT_STOPPED) or not policy.allows(attempt):
+        log.info("starting %d rank(s): %s", ranks, redact(" ".join(command)))
+        try:
+            code = run_process(command, {**(extra_env or {}), **ids,
+                                         variable("attempt"): str(attempt),
+                                         variable("restarts"): str(int(policy.allows(attempt)))},
+                               settings, cwd)
+        except KeyboardInterrupt:
+            return EXIT_INTERRUPTED  # rank 0 said what was kept and how to resume
+        if code in (0, EXIT_STOPPED, EXIT_INTERRUPTED) or not policy.allows(attempt):
             return code
         attempt += 1
-        log.warning("attempt %d exited with status %d; restarting (%s)", attempt - 1, code,
+        log.warning("the ranks exited with status %d; starting them again (%s)", code,
                     policy.describe(attempt))
 
 
@@ -80,6 +86,9 @@ def run_process(command: list[str], extra_env: dict[str, str], settings: Setting
     previous = {s: signal.signal(s, forward) for s in {signal.SIGTERM, stop}}
     try:
         return process.wait()
+    except KeyboardInterrupt:
+        _interrupted(process)
+        raise
     except BaseException:
         process.send_signal(signal.SIGINT)
         try:
@@ -91,3 +100,21 @@ def run_process(command: list[str], extra_env: dict[str, str], settings: Setting
         for s, handler in previous.items():
             signal.signal(s, handler)
         shutil.rmtree(pids, ignore_errors=True)
+
+
+def _interrupted(process: subprocess.Popen[bytes]) -> None:
+    """Ctrl-C reached this process: a terminal's reached the ranks too (one process group),
+    and they stop by themselves once rank 0 has recorded it; give them that moment, then
+    pass the signal on (it came from ``kill`` alone). A second Ctrl-C ends them at once."""
+    previous = signal.signal(signal.SIGINT, lambda *_: process.kill())
+    try:
+        for forward in (False, True):
+            if forward:
+                process.send_signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=INTERRUPT_GRACE + 1)
+                return
+        process.kill()
+        process.wait()
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -13,25 +13,32 @@ import pickle
 import shutil
 import sys
 import tempfile
+from typing import NoReturn
 
+from hpckit import logs, uncaught
 from hpckit.errors import HpckitError, LaunchError, TrainingFailedError
+from hpckit.experiment.attempts import AttemptStatus
 from hpckit.experiment.experiment import end_abandoned_attempt, prepare
 from hpckit.experiment.reading import read_manifest
 from hpckit.launch.process import mpiexec, run_process
 from hpckit.logs import log
 from hpckit.result import Result
+from hpckit.run import stop
 from hpckit.run.comm import describe
-from hpckit.run.exit import ERRORS, read_errors
+from hpckit.run.exit import ERRORS, RESUME_HINT, read_errors
 from hpckit.run.job import TrainingJob
 from hpckit.run.retry import RetryPolicy
-from hpckit.run.stop import EXIT_STOPPED
+from hpckit.run.startup import process_started
+from hpckit.run.stop import EXIT_INTERRUPTED, EXIT_STOPPED
 from hpckit.settings import Settings, variable
+from hpckit.storage.location import Location
 
 
 def spawn(job: TrainingJob, settings: Settings) -> Result:
     """Start ``num_workers`` ranks on this node under mpiexec; restart them on failure."""
+    logs.configure(0)
     n = job.scaling_config.num_workers
-    job = job.named(settings)
+    job = job.resumed(settings)[0].named(settings)
     experiment = job.storage_root(settings).join(job.name)
     read_manifest(prepare(experiment.parent, job.name))  # storage and manifest, before ranks
     command = [*mpiexec(settings), "-n", str(n), sys.executable, "-m", "hpckit.launch.worker"]
@@ -41,23 +48,44 @@ def spawn(job: TrainingJob, settings: Settings) -> Result:
         _write_payload(payload, job)
         attempt = 0
         while True:
-            log.info("starting %d ranks (attempt %d): %s", n, attempt, " ".join(command))
-            code = _run(command, payload, attempt, settings)
+            log.debug("starting %d ranks: %s", n, " ".join(command))
+            try:
+                code = _run(command, payload, attempt, settings)
+            except KeyboardInterrupt as exc:
+                _interrupted(experiment, exc)
             if code == 0:
                 return Result._read(experiment)
             if code == EXIT_STOPPED:
                 raise SystemExit(EXIT_STOPPED)
+            if code == EXIT_INTERRUPTED:  # the ranks alone were interrupted: never retried
+                _interrupted(experiment, KeyboardInterrupt())
             failure = _failure(payload, code)
             if isinstance(failure, HpckitError) and not isinstance(failure, TrainingFailedError):
                 raise failure
             end_abandoned_attempt(experiment, str(failure).split("\n", 1)[0])
             if not policy.allows(attempt):
+                log.error("%s", RESUME_HINT)
                 raise failure
             attempt += 1
-            log.warning("attempt %d failed; restarting from the last committed checkpoint "
-                        "(%s):\n%s", attempt - 1, policy.describe(attempt), failure)
+            log.warning("the ranks failed; starting them again from the last committed "
+                        "checkpoint (%s):\n%s", policy.describe(attempt), failure)
     finally:
         shutil.rmtree(payload, ignore_errors=True)
+
+
+def _interrupted(experiment: Location, exc: KeyboardInterrupt) -> NoReturn:
+    """After Ctrl-C: the ranks' attempt recorded interrupted (if they could not), one line
+    saying what is kept and how to resume, and the interrupt raised on to the program."""
+    stop.exit_on_next_interrupt()
+    end_abandoned_attempt(experiment, "interrupted by SIGINT (Ctrl-C)", AttemptStatus.INTERRUPTED)
+    try:
+        manifest = read_manifest(experiment)
+    except HpckitError:
+        manifest = None
+    latest = manifest.latest if manifest else None
+    log.warning("%s", stop.interrupted_line(
+        experiment.display, experiment.join(latest.directory).display if latest else None))
+    raise uncaught.shown_elsewhere(exc)
 
 
 def _write_payload(payload: str, job: TrainingJob) -> None:
@@ -88,7 +116,9 @@ def _run(command: list[str], payload: str, attempt: int, settings: Settings) -> 
     for stale in os.listdir(os.path.join(payload, ERRORS)):
         os.unlink(os.path.join(payload, ERRORS, stale))
     return run_process(command, {variable("worker"): payload, variable("attempt"): str(attempt),
-                                 variable("run_id"): os.path.basename(payload)}, settings)
+                                 variable("run_id"): os.path.basename(payload),
+                                 variable("started_at"): repr(process_started(settings))},
+                       settings)
 
 
 def _failure(payload: str, code: int) -> BaseException:

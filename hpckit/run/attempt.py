@@ -29,6 +29,7 @@ from hpckit.run.context import TrainContext
 from hpckit.run.handover import Staging
 from hpckit.run.job import TrainingJob, command_record
 from hpckit.run.session import Session, activate
+from hpckit.run.startup import ready_since
 from hpckit.settings import Settings
 from hpckit.storage import files
 from hpckit.storage.location import Location
@@ -65,18 +66,13 @@ class Ranks:
 
 def run_attempt(job: TrainingJob, ranks: Ranks, settings: Settings, number: int) -> Result:
     comm = ranks.comm
+    began = time.time()
     root = job.storage_root(settings)
     location = root.join(job.name)
     owner, start = on_root(comm, lambda: _open(job, root, comm.size, settings, number),
                            f"opening experiment {location.display}", StorageError)
     try:
-        _check_shared(comm, location, start.marker, ranks.topology)
-        started = time.perf_counter()
-        job.backend.setup(comm, ranks.local_comm, ranks.topology, job.scaling_config, settings)
-        session = _session(job, ranks, settings, number, location, start, owner)
-        log.info("%d rank(s) on %d node(s) ready in %.2f s; experiment %s",
-                 ranks.topology.world_size, ranks.topology.num_nodes,
-                 time.perf_counter() - started, location.display)
+        session = _start(job, ranks, settings, number, location, start, owner, began)
         _train(job, session, owner, settings)
         summary = None
         if owner is not None:
@@ -124,6 +120,30 @@ def _check_shared(comm: Any, location: Location, marker: str, topology: Topology
         files.delete_file(location.join(marker))
 
 
+def _start(job: TrainingJob, ranks: Ranks, settings: Settings, number: int,
+           location: Location, start: Start, owner: Experiment | None, began: float) -> Session:
+    """Everything between opening the experiment and the first step; an error here ends
+    the attempt as failed (interrupted, for Ctrl-C) with its message, on every rank alike."""
+    try:
+        _check_shared(ranks.comm, location, start.marker, ranks.topology)
+        job.backend.setup(ranks.comm, ranks.local_comm, ranks.topology, job.scaling_config,
+                          settings)
+        session = _session(job, ranks, settings, number, location, start, owner)
+    except BaseException as exc:
+        if owner is not None:
+            owner.end_attempt(_ending(exc), f"{type(exc).__name__} at start-up: {exc}", 0)
+        raise
+    since, counted = ready_since(settings, began)
+    log.info("%d rank(s) on %d node(s) ready in %.2f s %s; experiment %s",
+             ranks.topology.world_size, ranks.topology.num_nodes, time.time() - since, counted,
+             location.display)
+    return session
+
+
+def _ending(exc: BaseException) -> AttemptStatus:
+    return AttemptStatus.INTERRUPTED if isinstance(exc, KeyboardInterrupt) else AttemptStatus.FAILED
+
+
 def _session(job: TrainingJob, ranks: Ranks, settings: Settings, number: int,
              location: Location, start: Start, owner: Experiment | None) -> Session:
     rank = ranks.comm.rank
@@ -151,6 +171,17 @@ def _train(job: TrainingJob, session: Session, owner: Experiment | None,
         session.protocol.finish()
     except stop.StopRequested as requested:
         _stop_run(session, owner, settings, str(requested))
+    except KeyboardInterrupt:
+        stop.exit_on_next_interrupt()
+        if owner is not None:
+            owner.end_attempt(AttemptStatus.INTERRUPTED, "interrupted by SIGINT (Ctrl-C)",
+                              session.protocol.reports)
+            if not settings.worker:  # else the process that started the ranks says it
+                latest = owner.manifest.latest
+                log.warning("%s", stop.interrupted_line(
+                    owner.location.display,
+                    owner.location.join(latest.directory).display if latest else None))
+        raise
     except BaseException as exc:
         if owner is not None:
             owner.end_attempt(AttemptStatus.FAILED, f"{type(exc).__name__}: {exc}",

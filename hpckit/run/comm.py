@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
+from hpckit import logs
 from hpckit.errors import HpckitError
 
 T = TypeVar("T")
@@ -25,6 +26,7 @@ K = TypeVar("K")
 # Errors raised on every rank together by raise_failures: such an error ends the run on each
 # rank as it is, while an error of one rank alone must abort the job (see run.exit).
 _raised_together: weakref.WeakSet[BaseException] = weakref.WeakSet()
+MESSAGES_SHOWN = 3  # distinct messages of hpckit errors in one failure, beyond the first
 
 
 def world() -> Any:
@@ -101,8 +103,17 @@ class RankFailure:
 
 
 def describe(failures: list[RankFailure], what: str) -> str:
-    """One message for failures on several ranks: which ranks, and each traceback once."""
+    """One message for failures on several ranks: which ranks, and each traceback once.
+
+    hpckit's own errors say what is wrong and the fix: they are given as their messages
+    (each distinct one once), without hpckit's frames, unless HPCKIT_LOG_LEVEL=DEBUG."""
     ranks = ", ".join(str(f.rank) for f in failures)
+    if not logs.debugging() and all(isinstance(f.original(), HpckitError) for f in failures):
+        others = list(dict.fromkeys(f.error for f in failures[1:] if f.error != failures[0].error))
+        shown = "".join(f"\n  {error}" for error in others[:MESSAGES_SHOWN])
+        more = len(others) - MESSAGES_SHOWN
+        return (f"{what} failed on rank {ranks}: {failures[0].error}{shown}"
+                + (f"\n  ... and {more} more" if more > 0 else ""))
     seen: dict[str, list[int]] = {}
     for f in failures:
         seen.setdefault(f.traceback, []).append(f.rank)
@@ -168,14 +179,16 @@ def all_reduce(comm: Any, what: str, local: Callable[[], T], reduce: Callable[[l
     ``local``; rank 0 runs ``reduce`` over every rank's value; every rank receives its result.
     A failure anywhere is raised on every rank as one error naming the failed ranks.
 
-    ``patient`` ranks sleep in a barrier while the slowest rank (or rank 0's ``reduce``) works,
-    instead of busy-polling inside MPI and taking the CPU that work needs. ``undo`` runs on
+    Ranks meet in a barrier that sleeps while it waits (:func:`wait_for_all`) before the
+    gather: a rank waiting for a slower one stays in Python, so Ctrl-C reaches it at once
+    (inside MPI's blocking gather it would not, until the slowest rank arrived). ``patient``
+    ranks also wait that way while rank 0's ``reduce`` works, instead of busy-polling inside
+    MPI and taking the CPU that work needs. ``undo`` runs on
     rank 0 when a rank's ``local`` failed, and the error is then always a ``kind`` naming the
     failed ranks (``reduce`` raises and undoes its own failures).
     """
     value, failure = attempt(comm.rank, local)
-    if patient:
-        wait_for_all(comm)
+    wait_for_all(comm)
     gathered = comm.gather((value, failure), root=0)
     outcome = None
     if comm.rank == 0:

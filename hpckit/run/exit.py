@@ -11,13 +11,22 @@ import time
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from hpckit import logs, uncaught
 from hpckit.errors import TrainingFailedError
 from hpckit.logs import log
+from hpckit.run import stop
 from hpckit.run.comm import RankFailure, describe, world
 from hpckit.settings import Settings
 
 ABORT_GRACE = 0.5
+INTERRUPT_GRACE = 2.0
 ERRORS = "errors"
+RESUME_HINT = ("training failed; to resume, run the same command again: the experiment has a "
+               "manifest, so the run continues from its last committed checkpoint.")
+
+# A communicator of its own for the ranks to meet on after Ctrl-C: the others may have been
+# interrupted inside one of hpckit's collectives, which a meeting there could be taken for.
+_interrupts: Any = None
 
 
 @dataclass(frozen=True)
@@ -40,14 +49,17 @@ def fail(comm: Any, settings: Settings, exc: BaseException, collective: bool,
     if settings.worker:
         write_error(settings.worker, ErrorReport(RankFailure.capture(comm.rank, error), training))
     if collective or comm.size == 1:
-        if comm.rank == 0 and not settings.worker and training:
-            log.error("training failed; to resume, run the same command again: the experiment "
-                      "has a manifest, so the run continues from its last committed checkpoint.")
+        if comm.rank == 0 and training and not (settings.worker or settings.restarts):
+            log.error("%s", RESUME_HINT)
+        if settings.worker or comm.rank != 0:
+            uncaught.shown_elsewhere(error)  # by the launching process, or by rank 0
         raise error from exc
-    hint = ("" if settings.worker else "\nTo resume, run the same command again: the run continues "
-            "from its last committed checkpoint.")
-    log.error("rank %d failed; aborting all %d ranks.\n%s%s", comm.rank, comm.size,
-              RankFailure.capture(comm.rank, exc).traceback.rstrip(), hint)
+    hint = "" if settings.worker or settings.restarts else "\n" + RESUME_HINT
+    # A start-up error is one line (its message names the fix); training errors are the user's
+    # code, and their traceback says where.
+    told = (RankFailure.capture(comm.rank, exc).traceback.rstrip() if training or logs.debugging()
+            else f"{type(exc).__name__}: {exc}")
+    log.error("rank %d failed; aborting all %d ranks.\n%s%s", comm.rank, comm.size, told, hint)
     for handler in log.handlers:
         handler.flush()
     sys.stderr.flush()
@@ -94,3 +106,31 @@ def register_pid(settings: Settings) -> None:
     if settings.pid_dir:
         with contextlib.suppress(OSError):
             open(os.path.join(settings.pid_dir, str(os.getpid())), "w").close()
+
+
+def prepare_interrupts(comm: Any) -> None:
+    """Every rank, once its world is up: the communicator that :func:`interrupted` uses."""
+    global _interrupts
+    _interrupts = comm.Dup()
+
+
+def interrupted(exc: KeyboardInterrupt) -> NoReturn:
+    """End this rank after Ctrl-C, promptly: the attempt was recorded interrupted (rank 0)
+    and the one line said how to resume. One rank alone re-raises the interrupt, so a
+    program's ``except KeyboardInterrupt`` still sees it. Several ranks wait a moment for
+    one another (rank 0 may still be recording), then each exits with status 130 at once,
+    since a rank stopped inside a collective would wait forever for the others."""
+    stop.exit_on_next_interrupt()
+    uncaught.shown_elsewhere(exc)
+    comm = _interrupts
+    if comm is None or comm.size == 1:
+        raise exc
+    request = comm.Ibarrier()
+    deadline = time.monotonic() + INTERRUPT_GRACE
+    while not request.Test() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for handler in log.handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(stop.EXIT_INTERRUPTED)

@@ -21,7 +21,10 @@ def run_ranks(job: TrainingJob, settings: Settings) -> Result:
     """Run ``job`` on every rank of this process's MPI world; returns its :class:`Result`."""
     # Before anything slow: a stop signal during start-up must not kill the rank.
     with stop.handling(settings.stop_signal):
-        return _run(job, settings)
+        try:
+            return _run(job, settings)
+        except KeyboardInterrupt as exc:  # never retried: the user asked the run to stop
+            rank_exit.interrupted(exc)
 
 
 def _run(job: TrainingJob, settings: Settings) -> Result:
@@ -31,11 +34,15 @@ def _run(job: TrainingJob, settings: Settings) -> Result:
     shm.clear_stale_segments(settings)
     with StartupWatchdog(settings):
         comm = world().Dup()
+        rank_exit.prepare_interrupts(comm)
         logs.configure(comm.rank)
         try:
             check_world(comm.size, job.scaling_config.num_workers, settings)
         except LaunchError as exc:
             rank_exit.fail(comm, settings, exc, collective=True, training=False)
+        job, redirected = job.resumed(settings)
+        if redirected and comm.rank == 0:
+            log.warning("%s", redirected)
         topology, local_comm = discover(comm)
         name = comm.bcast(job.named(settings).name if comm.rank == 0 else None, root=0)
     job = job.named(settings, name)
@@ -44,7 +51,7 @@ def _run(job: TrainingJob, settings: Settings) -> Result:
     while True:
         try:
             return run_attempt(job, Ranks(comm, local_comm, topology), settings, number)
-        except SystemExit:
+        except (SystemExit, KeyboardInterrupt):
             raise
         except AttemptFailed as failure:
             # Only a single rank that hpckit did not launch restarts itself; launched ranks

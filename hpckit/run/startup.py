@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import time
+
+from hpckit import processes
 from hpckit import settings as _settings
 from hpckit.errors import HpckitError
 from hpckit.logs import log
 from hpckit.run import shm, stop
+
+IMPORTED_AT = time.time()
+_first = True
 
 
 def early() -> None:
@@ -23,3 +29,22 @@ def early() -> None:
         shm.clear_stale_segments(current)
     except OSError as exc:
         log.warning("could not check for stale MPICH shared memory: %s", exc)
+
+
+def ready_since(settings: _settings.Settings, began: float) -> tuple[float, str]:
+    """What the "ready in" of an attempt that ``began`` (opened its experiment) counts from.
+
+    The first attempt of a process counts from the start of the user's command: for ranks
+    that hpckit started, their parent's start ($HPCKIT_STARTED_AT); else this process's
+    (off Linux, when hpckit was imported). A later one (a restart, or another ``fit()`` in
+    the same program) counts from when it began."""
+    global _first
+    if not _first:
+        return began, "since the attempt began"
+    _first = False
+    return settings.started_at or processes.started_at() or IMPORTED_AT, "since the command started"
+
+
+def process_started(settings: _settings.Settings) -> float:
+    """When the user's command started, for the ranks that hpckit starts."""
+    return settings.started_at or processes.started_at() or IMPORTED_AT

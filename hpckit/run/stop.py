@@ -12,6 +12,7 @@ for SIGUSR1/SIGUSR2 is to terminate). Import hpckit before torch to be covered e
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -23,6 +24,7 @@ from hpckit.logs import log
 from hpckit.settings import Settings
 
 EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped on request; run again (or requeued) to continue
+EXIT_INTERRUPTED = 128 + signal.SIGINT  # what a shell reports for Ctrl-C
 
 _received: str | None = None
 
@@ -90,3 +92,18 @@ def requeue(settings: Settings) -> bool:
         return False
     log.info("requeued Slurm job %s; it resumes from the last committed checkpoint", job)
     return True
+
+
+def exit_on_next_interrupt() -> None:
+    """After a first Ctrl-C, while the process stops: a second one ends it at once."""
+    try:
+        signal.signal(signal.SIGINT, lambda *_: os._exit(EXIT_INTERRUPTED))
+    except ValueError:  # not the main thread
+        pass
+
+
+def interrupted_line(experiment: str, latest: str | None) -> str:
+    """The one line a person sees after Ctrl-C: what is kept, and how to go on."""
+    kept = f"the latest committed checkpoint is {latest}" if latest else "no checkpoint was committed"
+    return (f"interrupted; {kept}. To resume, run the same command again, or: "
+            f"hpckit resume {experiment}")

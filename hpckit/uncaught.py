@@ -1,0 +1,63 @@
+"""How an error that nobody catches ends a program that uses hpckit.
+
+Python prints a traceback for an uncaught exception, in every rank of an MPI job: a failed
+start-up under ``mpirun -n 4`` used to print four interleaved tracebacks of hpckit's own
+frames. With the hook that ``import hpckit`` installs:
+
+- an hpckit error prints one line, ``hpckit: error: ...`` (its message names the fix), from
+  one rank: an error every rank raised together is printed by rank 0 only, and an error
+  that the launching process reports (a rank hpckit started) is not printed by the rank;
+- an interrupt (Ctrl-C) that hpckit has already reported in one line prints nothing more;
+- everything else, and everything with ``HPCKIT_LOG_LEVEL=DEBUG``, goes to the hook that
+  was there before (Python's traceback).
+
+The exception is still raised, so ``except`` clauses (a Ray program's included) see it as
+before; only what reaches the top of the program is printed differently.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import TracebackType
+
+from hpckit import settings
+from hpckit.errors import ConfigError, HpckitError
+
+# Marks an exception whose message is shown elsewhere (by rank 0, by the launching process)
+# or was already shown (an interrupt's one line). An attribute, since built-in exceptions
+# such as KeyboardInterrupt take no weak references.
+_SHOWN = "_hpckit_shown_elsewhere"
+_previous = sys.excepthook
+
+
+def shown_elsewhere(error: BaseException) -> BaseException:
+    """Print nothing for ``error`` if it reaches the top of the program."""
+    setattr(error, _SHOWN, True)
+    return error
+
+
+def install() -> None:
+    """Make :func:`hook` the program's excepthook (once), keeping the one before it."""
+    global _previous
+    if sys.excepthook is not hook:
+        _previous = sys.excepthook
+        sys.excepthook = hook
+
+
+def hook(kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> None:
+    try:
+        current = settings.current()
+    except HpckitError:
+        current = settings.Settings()
+    if current.log_level == "DEBUG":
+        _previous(kind, error, trace)
+    elif getattr(error, _SHOWN, False):
+        return
+    elif isinstance(error, HpckitError):
+        # A configuration is the same on every rank: rank 0 says what is wrong with it.
+        if isinstance(error, ConfigError) and current.launched_rank not in ("0", "?"):
+            return
+        sys.stderr.write(f"hpckit: error: {error}\n")
+        sys.stderr.flush()
+    else:
+        _previous(kind, error, trace)

@@ -1,0 +1,134 @@
+"""How a run ends when it cannot start, and when a person presses Ctrl-C, as they see it:
+real processes, real SIGINT to the process group, and the output, exit status and manifest
+that follow."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import HPCKIT, HERE, MPIEXEC, manifest, metrics_lines, run
+
+NEWCOMER = HERE / "ranks" / "newcomer.py"
+# What a shell reports for a process ended by Ctrl-C: 130 from an exit status, or death by
+# SIGINT (Python re-raises the signal after an uncaught KeyboardInterrupt).
+INTERRUPTED = (130, -signal.SIGINT)
+
+
+def _last_attempt(experiment: Path) -> dict:
+    return manifest(experiment)["attempts"][-1]
+
+
+@pytest.mark.parametrize("launch", ["python", "mpiexec"])
+def test_no_cuda_is_one_line_and_a_failed_attempt(tmp_path, launch):
+    prefix = [sys.executable] if launch == "python" else [MPIEXEC, "-n", "2", sys.executable]
+    out = run([*prefix, str(NEWCOMER), "--storage", str(tmp_path), "--gpu"], timeout=120, expect=1)
+    lines = out.output.splitlines()
+    errors = [line for line in lines if line.startswith("hpckit: error:")]
+    assert len(lines) <= 20 and len(errors) == 1 and "Traceback" not in out.output, out.output
+    assert "use_gpu=True" in errors[0] and "set use_gpu=False" in errors[0]
+    attempt = _last_attempt(tmp_path / "newcomer")
+    assert attempt["status"] == "failed" and "no CUDA device" in attempt["error"]
+    gc = subprocess.run([HPCKIT, "gc", str(tmp_path / "newcomer")], capture_output=True,
+                        text=True, timeout=60)
+    assert gc.returncode == 0, gc.stderr  # nothing is left looking "running"
+
+
+def test_start_up_errors_are_one_line_and_tracebacks_only_when_debugging(tmp_path):
+    mismatch = [MPIEXEC, "-n", "3", sys.executable, str(NEWCOMER), "--storage", str(tmp_path)]
+    out = run(mismatch, timeout=90, expect=1)
+    assert out.output.strip().splitlines() == [
+        "hpckit: error: ScalingConfig(num_workers=2) but 3 rank(s) were launched; make them "
+        "agree (mpirun -n 2 ..., srun --ntasks=2) or set num_workers=3."]
+    debug = run(mismatch, timeout=90, expect=1, env={"HPCKIT_LOG_LEVEL": "DEBUG"})
+    assert "Traceback" in debug.output
+    unwritable = tmp_path / "file"
+    unwritable.write_text("not a directory")
+    out = run([sys.executable, str(NEWCOMER), "--storage", str(unwritable), "--workers", "1"],
+              timeout=90, expect=1)
+    lines = out.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hpckit: error:") and str(unwritable) in lines[0]
+
+
+def _start(command: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+
+
+def _interrupt_after(process: subprocess.Popen[str], experiment: Path, reports: int,
+                     again_after: float | None = None) -> tuple[str, float]:
+    """Ctrl-C to the whole process group once ``reports`` reports were committed; the output
+    and the seconds from the (first) Ctrl-C to the end."""
+    deadline = time.monotonic() + 90
+    while len(metrics_lines(experiment)) < reports if (experiment / "metrics.jsonl").exists() else True:
+        if process.poll() is not None or time.monotonic() > deadline:
+            os.killpg(process.pid, signal.SIGKILL)
+            pytest.fail(f"the run ended or stalled before {reports} reports:\n{process.communicate()[0]}")
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGINT)
+    pressed = time.monotonic()
+    if again_after is not None:
+        time.sleep(again_after)
+        os.killpg(process.pid, signal.SIGINT)
+    try:
+        output, _ = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        pytest.fail(f"still running 60 s after Ctrl-C:\n{process.communicate()[0]}")
+    return output, time.monotonic() - pressed
+
+
+@pytest.mark.parametrize("launch", ["python-1", "python-2", "mpiexec-3"])
+def test_ctrl_c_records_interrupted_says_how_to_resume_and_a_rerun_resumes(tmp_path, launch):
+    kind, ranks = launch.split("-")
+    args = [str(NEWCOMER), "--storage", str(tmp_path), "--workers", ranks, "--max-failures", "3"]
+    prefix = [sys.executable] if kind == "python" else [MPIEXEC, "-n", ranks, sys.executable]
+    output, _ = _interrupt_after(_start([*prefix, *args]), tmp_path / "newcomer", 3)
+    experiment = tmp_path / "newcomer"
+    body = manifest(experiment)
+    said = [line for line in output.splitlines() if "interrupted;" in line]
+    assert "Traceback" not in output and len(said) == 1, output
+    latest = str(experiment / body["latest"])
+    assert f"the latest committed checkpoint is {latest}. To resume" in said[0]
+    assert f"hpckit resume {experiment}" in said[0]
+    assert [a["status"] for a in body["attempts"]] == ["interrupted"], body["attempts"]  # no retry
+    committed = len(metrics_lines(experiment))
+    again = run([*prefix, *args[:-2], "--steps", str(committed + 2)], timeout=120)
+    steps = [m["step"] for m in metrics_lines(experiment)]
+    assert steps == list(range(committed + 2)), again.output  # continued, nothing repeated
+    assert [a["status"] for a in manifest(experiment)["attempts"]] == ["interrupted", "finished"]
+
+
+def test_process_exit_status_is_130_after_ctrl_c(tmp_path):
+    process = _start([MPIEXEC, "-n", "2", sys.executable, str(NEWCOMER), "--storage", str(tmp_path)])
+    output, _ = _interrupt_after(process, tmp_path / "newcomer", 2)
+    assert process.returncode in INTERRUPTED, output
+    cli = _start([HPCKIT, "run", "-n", "2", "--max-failures", "2", str(NEWCOMER),
+                  "--storage", str(tmp_path), "--name", "cli"])
+    output, _ = _interrupt_after(cli, tmp_path / "cli", 2)
+    assert cli.returncode == 130 and "Traceback" not in output, output
+    assert [a["status"] for a in manifest(tmp_path / "cli")["attempts"]] == ["interrupted"]
+
+
+def test_a_second_ctrl_c_ends_at_once(tmp_path):
+    """Rank 1 waits inside MPI, so after one Ctrl-C rank 0 gives it the grace period to
+    meet; a second Ctrl-C ends that wait."""
+    from hpckit.run.exit import INTERRUPT_GRACE
+
+    args = [sys.executable, str(NEWCOMER), "--stuck", "--sleep", "0.3"]
+    output, once = _interrupt_after(_start([*args, "--storage", str(tmp_path / "a")]),
+                                    tmp_path / "a" / "newcomer", 2)
+    assert once >= INTERRUPT_GRACE, output
+    output, twice = _interrupt_after(_start([*args, "--storage", str(tmp_path / "b")]),
+                                     tmp_path / "b" / "newcomer", 2, again_after=0.2)
+    assert twice < INTERRUPT_GRACE, output
+    assert json.loads((tmp_path / "b" / "newcomer" / "manifest.json").read_text())[
+        "attempts"][-1]["status"] == "interrupted"
