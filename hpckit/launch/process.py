@@ -61,7 +61,7 @@ def run_script(ranks: int, argv: list[str], policy: RetryPolicy, cwd: str | None
         if code in (0, EXIT_STOPPED, EXIT_INTERRUPTED) or not policy.allows(attempt):
             return code
         attempt += 1
-        log.warning("the ranks exited with status %d; starting them again (%s)", code,
+        log.warning("the ranks exited with status %d; restarting (%s)", code,
                     policy.describe(attempt))
 
 

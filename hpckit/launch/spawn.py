@@ -67,8 +67,8 @@ def spawn(job: TrainingJob, settings: Settings) -> Result:
                 log.error("%s", RESUME_HINT)
                 raise failure
             attempt += 1
-            log.warning("the ranks failed; starting them again from the last committed "
-                        "checkpoint (%s):\n%s", policy.describe(attempt), failure)
+            log.warning("the ranks failed; restarting from the last committed checkpoint "
+                        "(%s):\n%s", policy.describe(attempt), failure)
     finally:
         shutil.rmtree(payload, ignore_errors=True)
 

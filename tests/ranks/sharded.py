@@ -98,7 +98,7 @@ def main() -> None:
     p.add_argument("--every", type=int, default=1, help="checkpoint every N epochs")
     p.add_argument("--in-flight", type=int, default=1)
     args = p.parse_args()
-    DataParallelTrainer(
+    trainer = DataParallelTrainer(
         train_loop,
         train_loop_config={"epochs": args.epochs, "epoch_seconds": args.epoch_seconds,
                            "shard_floats": args.shard_floats, "artifacts": args.artifacts,
@@ -112,7 +112,12 @@ def main() -> None:
                                  sync_period=args.sync_period),
                              checkpoint_config=CheckpointConfig(
                                  num_to_keep=args.keep, verify_on_resume=not args.no_verify,
-                                 max_checkpoints_in_flight=args.in_flight))).fit()
+                                 max_checkpoints_in_flight=args.in_flight)))
+    try:
+        trainer.fit()
+    except hpckit.HpckitError as exc:  # each rank says that its fit() raised (rank 0 prints it)
+        print(f"RAISED {type(exc).__name__}: {str(exc).splitlines()[0]}", flush=True)
+        raise
 
 
 if __name__ == "__main__":
