@@ -142,3 +142,14 @@ def _hpckit(*args: str) -> str:
     out = subprocess.run([HPCKIT, *args], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return out.stdout
+
+
+def test_a_table_piped_into_head_ends_quietly(tmp_path):
+    # 3000 lines (over 100 KiB) outlast the 64 KiB pipe: head closes it while hpckit writes.
+    DataParallelTrainer(lambda: [hpckit.report({"loss": float(i)}) for i in range(3000)],
+                        run_config=RunConfig(name="e", storage_path=str(tmp_path))).fit()
+    out = subprocess.run(f"set -o pipefail; {HPCKIT} metrics {tmp_path / 'e'} | head -n 2",
+                         shell=True, executable="/bin/bash", capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.splitlines()[0].split() == ["step", "time", "checkpoint", "loss"]
+    assert out.returncode == 141 and out.stderr == "", out.stderr

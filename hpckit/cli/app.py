@@ -6,6 +6,8 @@ with a documented status; tracebacks only with ``--debug`` or ``HPCKIT_LOG_LEVEL
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import IO, Any
 
 import click
@@ -19,6 +21,7 @@ VERSION = "0.1.0"
 EXIT_FAILED = 1  # the command ran and failed: a check failed, training failed, hpckit's error
 EXIT_USAGE = 2  # a bad argument or input, not an experiment, or an experiment in use
 EXIT_STORAGE = 3  # storage could not be read or written
+EXIT_BROKEN_PIPE = 128 + 13  # as a program killed by SIGPIPE: its reader stopped reading
 
 
 class CommandError(click.ClickException):
@@ -54,6 +57,9 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except (click.ClickException, click.exceptions.Exit, click.Abort, SystemExit):
             raise
+        except BrokenPipeError:  # hpckit metrics EXP | head: the reader has all it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise SystemExit(EXIT_BROKEN_PIPE) from None
         except HpckitError as exc:
             if _debugging(ctx):
                 raise
