@@ -13,8 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from conftest import HPCKIT, HERE, MPIEXEC, manifest, metrics_lines, run
+from conftest import HERE, HPCKIT, MPIEXEC, manifest, metrics_lines, run
 
 NEWCOMER = HERE / "ranks" / "newcomer.py"
 # What a shell reports for a process ended by Ctrl-C: 130 from an exit status, or death by
