@@ -118,14 +118,17 @@ def test_process_exit_status_is_130_after_ctrl_c(tmp_path):
 
 
 def test_a_second_ctrl_c_ends_at_once(tmp_path):
-    """Rank 1 waits inside MPI, so after one Ctrl-C rank 0 gives it the grace period to
-    meet; a second Ctrl-C ends that wait."""
+    """Rank 1 waits inside MPI (a collective of the user's), rank 0 inside report() for it.
+    Ctrl-C reaches rank 0 there, which records the attempt and gives rank 1 the grace period
+    to meet; a second Ctrl-C ends that wait."""
     from hpckit.run.exit import INTERRUPT_GRACE
 
     args = [sys.executable, str(NEWCOMER), "--stuck", "--sleep", "0.3"]
     output, once = _interrupt_after(_start([*args, "--storage", str(tmp_path / "a")]),
                                     tmp_path / "a" / "newcomer", 2)
     assert once >= INTERRUPT_GRACE, output
+    assert _last_attempt(tmp_path / "a" / "newcomer")["status"] == "interrupted"
+    assert output.count("interrupted; the latest committed checkpoint is") == 1, output
     output, twice = _interrupt_after(_start([*args, "--storage", str(tmp_path / "b")]),
                                      tmp_path / "b" / "newcomer", 2, again_after=0.2)
     assert twice < INTERRUPT_GRACE, output

@@ -7,6 +7,7 @@ on every rank, so no rank raises alone while the others wait.
 
 from __future__ import annotations
 
+import os
 import pickle
 import socket
 import time
@@ -61,13 +62,21 @@ def discover(comm: Any) -> tuple[Topology, Any]:
                     socket.gethostname()), local
 
 
-def wait_for_all(comm: Any, first: float = 0.0002, longest: float = 0.005) -> None:
-    """A barrier that sleeps while it waits.
+def wait_for_all(comm: Any, spin: float = 0.001, first: float = 0.0002,
+                 longest: float = 0.005) -> None:
+    """A barrier that sleeps while it waits, and that Ctrl-C interrupts.
 
     MPI implementations busy-poll inside blocking collectives; ranks waiting there for rank 0
-    to finish writing a checkpoint would take the CPU that the copy and its hash need.
+    to finish writing a checkpoint would take the CPU that the copy and its hash need. Ranks
+    that arrive together (most reports) meet within the first ``spin`` seconds of polling,
+    before any sleep adds its latency.
     """
     request = comm.Ibarrier()
+    until = time.perf_counter() + spin
+    while time.perf_counter() < until:
+        if request.Test():
+            return
+        os.sched_yield()  # more ranks than cores: let the one we wait for run
     delay = first
     while not request.Test():
         time.sleep(delay)
