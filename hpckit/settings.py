@@ -99,7 +99,7 @@ def parse_fault(raw: str) -> FaultPoint:
 TABLE: dict[str, tuple[str, Callable[[str], Any]]] = {
     "storage": ("HPCKIT_STORAGE", _text),
     "name": ("HPCKIT_NAME", _text),
-    "resume": ("HPCKIT_RESUME", _switch),
+    "resume": ("HPCKIT_RESUME", _text),
     "log_level": ("HPCKIT_LOG_LEVEL", _level),
     "local_dir": ("HPCKIT_LOCAL_DIR", _text),
     "mpiexec": ("HPCKIT_MPIEXEC", _text),
@@ -145,7 +145,7 @@ class Settings:
 
     storage: str | None = None
     name: str | None = None
-    resume: bool = False
+    resume: str | None = None  # under hpckit resume: the training function it continues
     log_level: str | None = None
     local_dir: str | None = None
     mpiexec: str | None = None

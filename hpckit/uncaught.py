@@ -5,8 +5,9 @@ start-up under ``mpirun -n 4`` used to print four interleaved tracebacks of hpck
 frames. With the hook that ``import hpckit`` installs:
 
 - an hpckit error prints one line, ``hpckit: error: ...`` (its message names the fix), from
-  one rank: an error every rank raised together is printed by rank 0 only, and an error
-  that the launching process reports (a rank hpckit started) is not printed by the rank;
+  one rank: an error every rank raised together, or a config object's rejection of its
+  arguments, is printed by rank 0 only, and an error that the launching process reports (a
+  rank hpckit started) is not printed by the rank;
 - an interrupt (Ctrl-C) that hpckit has already reported in one line prints nothing more;
 - everything else, and everything with ``HPCKIT_LOG_LEVEL=DEBUG``, goes to the hook that
   was there before (Python's traceback).
@@ -54,10 +55,20 @@ def hook(kind: type[BaseException], error: BaseException, trace: TracebackType |
     elif getattr(error, _SHOWN, False):
         return
     elif isinstance(error, HpckitError):
-        # A configuration is the same on every rank: rank 0 says what is wrong with it.
-        if isinstance(error, ConfigError) and current.launched_rank not in ("0", "?"):
+        if _same_everywhere(error, trace) and current.launched_rank not in ("0", "?"):
             return
         sys.stderr.write(f"hpckit: error: {error}\n")
         sys.stderr.flush()
     else:
         _previous(kind, error, trace)
+
+
+def _same_everywhere(error: BaseException, trace: TracebackType | None) -> bool:
+    """A config object that rejected its arguments (``ScalingConfig(num_workers=0)``): every
+    rank built it alike and raised alike, so rank 0 alone says what is wrong. Other errors
+    (a file one node cannot read) may be a single rank's: each rank prints its own."""
+    if not isinstance(error, ConfigError) or trace is None:
+        return False
+    while trace.tb_next is not None:
+        trace = trace.tb_next
+    return trace.tb_frame.f_globals.get("__name__") == "hpckit.config"

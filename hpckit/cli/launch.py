@@ -57,7 +57,7 @@ def resume(experiment: str, ranks: int | None, max_failures: int, sbatch_file: s
     # The root as the user gave it (credentials included), never the redacted display form.
     root, _ = parent(experiment)
     env = {variable("name"): manifest.experiment, variable("storage"): root,
-           variable("resume"): "1"}
+           variable("resume"): str(manifest.config.get("train_loop") or "*")}
     if sbatch_file:
         _submit(sbatch_file, argv, world, cwd, manifest.experiment,
                 command.get("executable") or sys.executable, env)

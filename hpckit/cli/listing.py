@@ -10,9 +10,11 @@ from hpckit import settings
 from hpckit.cli.app import main
 from hpckit.cli.common import open_experiment
 from hpckit.cli.tables import echo_json, echo_table, moment, number, size
+from hpckit.errors import StorageError
 from hpckit.experiment import retention
 from hpckit.experiment.manifest import Manifest
-from hpckit.experiment.reading import list_experiments, read_metrics
+from hpckit.experiment.reading import list_experiments, read_last_metrics
+from hpckit.logs import log
 from hpckit.run.job import DEFAULT_STORAGE
 from hpckit.storage.location import Location, resolve
 
@@ -84,15 +86,19 @@ def _summary(root: Location, name: str, manifest: Manifest | None) -> dict[str, 
     if manifest is None:
         return {"experiment": name, "status": "unreadable manifest", "updated": 0.0}
     last = manifest.last_attempt
-    history = read_metrics(root.join(name))
+    try:
+        reported = read_last_metrics(root.join(name))
+    except StorageError as exc:  # one unreadable log costs its row's columns, not the listing
+        log.warning("cannot read the metrics of %s: %s", name, exc)
+        reported = None
     return {"experiment": name, "status": last.status.value if last else "?",
             "attempts": len(manifest.attempts), "checkpoints": len(manifest.checkpoints),
-            "last_step": history[-1]["step"] if history else None,
+            "last_step": reported["step"] if reported else None,
             "best": _best_metric(manifest),
             "latest": manifest.latest.directory if manifest.latest else None,
             "updated": (last.ended_at or last.started_at) if last else manifest.created_at,
             "bytes": sum(r.size for r in manifest.checkpoints),
-            "last_metrics": history[-1]["metrics"] if history else None}
+            "last_metrics": reported["metrics"] if reported else None}
 
 
 def _best_metric(manifest: Manifest) -> dict[str, Any] | None:

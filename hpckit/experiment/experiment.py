@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow.fs
 
-from hpckit import faults
+from hpckit import faults, interrupts
 from hpckit.config import CheckpointConfig, SyncConfig
 from hpckit.errors import ExperimentLockedError, HpckitError, StorageError
 from hpckit.experiment import verify
@@ -145,9 +145,10 @@ class Experiment:
         evicted = select_evictions([*self._manifest.checkpoints, record], config)
         updated = self._manifest.with_checkpoint(record, evicted)
         faults.reached("gathered", 0)
-        _write(self.location, updated)
+        with interrupts.deferred():
+            _write(self.location, updated)
+            self._manifest = updated
         faults.reached("committed", 0)
-        self._manifest = updated
         self._evicted += evicted
         if self._metrics is not None:
             self._metrics.append(record.step, record.metrics, record.directory)
@@ -200,13 +201,15 @@ class Experiment:
             files.delete_dir(self.location.join(name))  # a command: a failure is its error
         return garbage
 
-    def close(self) -> None:
-        """Finish the purge and the mirror, close the metrics log, release the lock."""
+    def close(self, promptly: bool = False) -> None:
+        """Finish the purge and the mirror, close the metrics log, release the lock.
+        ``promptly`` (after Ctrl-C) leaves the purge and the mirror to the next run."""
         try:
-            self._purge.wait()
+            if not promptly:
+                self._purge.wait()
             if self._metrics is not None:
                 self._metrics.close()
-            if self._mirror is not None:
+            if self._mirror is not None and not promptly:
                 self._mirror.close(self._manifest)
         finally:
             if self._lock is not None:

@@ -71,6 +71,18 @@ def read_metrics(experiment: Location) -> list[dict[str, Any]]:
     return [e for e in map(parse_line, read_lines(location)) if e is not None]
 
 
+def read_last_metrics(experiment: Location) -> dict[str, Any] | None:
+    """The last whole line of metrics.jsonl (``hpckit ls`` needs no more of a long log)."""
+    location = experiment.join(METRICS_NAME)
+    if files.file_type(location) == _FT.NotFound:
+        return None
+    for raw in reversed(read_lines(location)):
+        entry = parse_line(raw)
+        if entry is not None:
+            return entry
+    return None
+
+
 def read_lines(location: Location) -> list[str]:
     return files.read_bytes(location).decode(errors="replace").splitlines()
 

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from typing import Any
 
@@ -18,9 +19,12 @@ from hpckit.errors import LaunchError
 from hpckit.logs import log
 from hpckit.run.exit import INTERRUPT_GRACE
 from hpckit.run.retry import RetryPolicy
+from hpckit.run.startup import process_started
 from hpckit.run.stop import EXIT_INTERRUPTED, EXIT_STOPPED
 from hpckit.settings import Settings, variable
 from hpckit.storage.uris import redact
+
+STOP_MARGIN = 5.0  # after Ctrl-C, beyond the ranks' own grace: rank 0 records and closes
 
 
 def mpiexec(settings: Settings) -> list[str]:
@@ -54,7 +58,8 @@ def run_script(ranks: int, argv: list[str], policy: RetryPolicy, cwd: str | None
         try:
             code = run_process(command, {**(extra_env or {}), **ids,
                                          variable("attempt"): str(attempt),
-                                         variable("restarts"): str(int(policy.allows(attempt)))},
+                                         variable("restarts"): str(int(policy.allows(attempt))),
+                                         variable("started_at"): started_for(attempt, settings)},
                                settings, cwd)
         except KeyboardInterrupt:
             return EXIT_INTERRUPTED  # rank 0 said what was kept and how to resume
@@ -65,29 +70,39 @@ def run_script(ranks: int, argv: list[str], policy: RetryPolicy, cwd: str | None
                     policy.describe(attempt))
 
 
+def started_for(attempt: int, settings: Settings) -> str:
+    """For the ranks' "ready in": the start of the command, or of this restart."""
+    return repr(process_started(settings) if attempt == 0 else time.time())
+
+
 def run_process(command: list[str], extra_env: dict[str, str], settings: Settings,
                 cwd: str | None = None) -> int:
-    """Run the ranks' launcher and wait. SIGTERM goes to the launcher, so a killed parent does
-    not orphan its ranks; the stop signal goes to the ranks themselves, whose PIDs they record
-    in $HPCKIT_PID_DIR, since mpiexec (hydra) dies of SIGUSR2 instead of forwarding it."""
+    """Run the ranks' launcher and wait.
+
+    The launcher runs in a session of its own, so a terminal's Ctrl-C reaches this process
+    alone, which passes it to the ranks themselves (mpiexec would print two lines of its own,
+    and take a second Ctrl-C as "force abort" while rank 0 still records the interrupt).
+    SIGTERM goes to the launcher, and SIGHUP (the terminal closing) as SIGTERM, so a killed
+    parent does not orphan its ranks. The stop signal goes to the ranks, since mpiexec
+    (hydra) dies of SIGUSR2 instead of forwarding it. Ranks record their PIDs in
+    $HPCKIT_PID_DIR."""
     pids = tempfile.mkdtemp(prefix="hpckit-pids-")
     process = subprocess.Popen(command, env={**os.environ, **extra_env,
-                                             variable("pid_dir"): pids}, cwd=cwd)
+                                             variable("pid_dir"): pids}, cwd=cwd,
+                               start_new_session=True)
     stop = settings.stop_signal
 
     def forward(signum: int, _frame: Any) -> None:
-        if signum != stop:
-            process.send_signal(signum)
-            return
-        for name in os.listdir(pids):
-            with contextlib.suppress(ValueError, OSError):
-                os.kill(int(name), signum)
+        if signum == stop:
+            _signal_ranks(pids, signum)
+        else:
+            process.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
 
-    previous = {s: signal.signal(s, forward) for s in {signal.SIGTERM, stop}}
+    previous = {s: signal.signal(s, forward) for s in {signal.SIGTERM, signal.SIGHUP, stop}}
     try:
         return process.wait()
     except KeyboardInterrupt:
-        _interrupted(process)
+        _interrupted(process, pids)
         raise
     except BaseException:
         process.send_signal(signal.SIGINT)
@@ -102,19 +117,31 @@ def run_process(command: list[str], extra_env: dict[str, str], settings: Setting
         shutil.rmtree(pids, ignore_errors=True)
 
 
-def _interrupted(process: subprocess.Popen[bytes]) -> None:
-    """Ctrl-C reached this process: a terminal's reached the ranks too (one process group),
-    and they stop by themselves once rank 0 has recorded it; give them that moment, then
-    pass the signal on (it came from ``kill`` alone). A second Ctrl-C ends them at once."""
-    previous = signal.signal(signal.SIGINT, lambda *_: process.kill())
-    try:
-        for forward in (False, True):
-            if forward:
-                process.send_signal(signal.SIGINT)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=INTERRUPT_GRACE + 1)
-                return
+def _signal_ranks(pids: str, signum: int) -> bool:
+    """Send ``signum`` to every rank that recorded its PID; whether there was one."""
+    sent = False
+    for name in os.listdir(pids):
+        with contextlib.suppress(ValueError, OSError):
+            os.kill(int(name), signum)
+            sent = True
+    return sent
+
+
+def _interrupted(process: subprocess.Popen[bytes], pids: str) -> None:
+    """Ctrl-C reached this process: pass it to the ranks, which stop by themselves once rank
+    0 has recorded it. A second Ctrl-C, or ranks that do not end in time, are killed."""
+    def kill(*_: Any) -> None:
+        _signal_ranks(pids, signal.SIGKILL)
         process.kill()
-        process.wait()
+
+    previous = signal.signal(signal.SIGINT, kill)
+    try:
+        if not _signal_ranks(pids, signal.SIGINT):
+            process.send_signal(signal.SIGINT)  # no rank is up yet: mpiexec passes it on
+        try:
+            process.wait(timeout=INTERRUPT_GRACE + STOP_MARGIN)
+        except subprocess.TimeoutExpired:
+            kill()
+            process.wait()
     finally:
         signal.signal(signal.SIGINT, previous)

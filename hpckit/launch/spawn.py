@@ -20,7 +20,7 @@ from hpckit.errors import HpckitError, LaunchError, TrainingFailedError
 from hpckit.experiment.attempts import AttemptStatus
 from hpckit.experiment.experiment import end_abandoned_attempt, prepare
 from hpckit.experiment.reading import read_manifest
-from hpckit.launch.process import mpiexec, run_process
+from hpckit.launch.process import mpiexec, run_process, started_for
 from hpckit.logs import log
 from hpckit.result import Result
 from hpckit.run import stop
@@ -28,7 +28,6 @@ from hpckit.run.comm import describe
 from hpckit.run.exit import ERRORS, RESUME_HINT, read_errors
 from hpckit.run.job import TrainingJob
 from hpckit.run.retry import RetryPolicy
-from hpckit.run.startup import process_started
 from hpckit.run.stop import EXIT_INTERRUPTED, EXIT_STOPPED
 from hpckit.settings import Settings, variable
 from hpckit.storage.location import Location
@@ -85,6 +84,7 @@ def _interrupted(experiment: Location, exc: KeyboardInterrupt) -> NoReturn:
     latest = manifest.latest if manifest else None
     log.warning("%s", stop.interrupted_line(
         experiment.display, experiment.join(latest.directory).display if latest else None))
+    stop.interrupt_handled()
     raise uncaught.shown_elsewhere(exc)
 
 
@@ -117,7 +117,7 @@ def _run(command: list[str], payload: str, attempt: int, settings: Settings) -> 
         os.unlink(os.path.join(payload, ERRORS, stale))
     return run_process(command, {variable("worker"): payload, variable("attempt"): str(attempt),
                                  variable("run_id"): os.path.basename(payload),
-                                 variable("started_at"): repr(process_started(settings))},
+                                 variable("started_at"): started_for(attempt, settings)},
                        settings)
 
 

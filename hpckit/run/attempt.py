@@ -80,6 +80,11 @@ def run_attempt(job: TrainingJob, ranks: Ranks, settings: Settings, number: int)
             summary = (owner.manifest.to_json(), owner.history())
         manifest_json, history = comm.bcast(summary, root=0)
         return Result._build(location, Manifest.from_json(manifest_json, location.display), history)
+    except KeyboardInterrupt:
+        opened, owner = owner, None
+        if opened is not None:
+            opened.close(promptly=True)
+        raise
     finally:
         if owner is not None:
             owner.close()
@@ -166,6 +171,7 @@ def _session(job: TrainingJob, ranks: Ranks, settings: Settings, number: int,
 def _train(job: TrainingJob, session: Session, owner: Experiment | None,
            settings: Settings) -> None:
     activate(session)
+    interrupted = False
     try:
         job.call_train_loop()
         session.protocol.finish()
@@ -173,6 +179,7 @@ def _train(job: TrainingJob, session: Session, owner: Experiment | None,
         _stop_run(session, owner, settings, str(requested))
     except KeyboardInterrupt:
         stop.exit_on_next_interrupt()
+        interrupted = True
         if owner is not None:
             owner.end_attempt(AttemptStatus.INTERRUPTED, "interrupted by SIGINT (Ctrl-C)",
                               session.protocol.reports)
@@ -189,7 +196,7 @@ def _train(job: TrainingJob, session: Session, owner: Experiment | None,
         raise AttemptFailed(exc, raised_together(exc)) from exc
     finally:
         activate(None)
-        session.protocol.close()
+        session.protocol.close(promptly=interrupted)
         session.artifacts.close()
 
 

@@ -63,12 +63,12 @@ class Background:
             oldest = self._in_flight.popleft()
             assert oldest.directory == directory, (oldest.directory, directory)
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         """At the end of the attempt: what was not committed is abandoned, after any file
-        operation under way ends (the next attempt removes what it left)."""
+        operation under way ends unless not ``wait`` (the next attempt removes what it left)."""
         for flight in self._in_flight:
             flight.future.cancel()
         self._in_flight.clear()
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool.shutdown(wait=wait, cancel_futures=True)
             self._pool = None

@@ -101,9 +101,12 @@ class CommitProtocol:
         self.background.wait()
         self._announce(Announcement(FINISH, self.reports, finished=self.background.finished()))
 
-    def close(self) -> None:
-        self.background.close()
-        self.staging.remove()
+    def close(self, promptly: bool = False) -> None:
+        """At the end of the attempt; ``promptly`` (after Ctrl-C) does not wait for a file
+        operation under way, and leaves the staged files to the next attempt."""
+        self.background.close(wait=not promptly)
+        if not promptly:
+            self.staging.remove()
 
     def _prepare(self, metrics: Any, checkpoint: Checkpoint | None, upload: Upload) -> Handed:
         converted = to_json_metrics(metrics)

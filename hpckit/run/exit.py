@@ -46,12 +46,12 @@ def fail(comm: Any, settings: Settings, exc: BaseException, collective: bool,
     be blocked in a collective that this rank will never join.
     """
     error = as_raised(exc, training, collective, comm)
-    if settings.worker:
-        write_error(settings.worker, ErrorReport(RankFailure.capture(comm.rank, error), training))
+    handed = settings.worker is not None and write_error(
+        settings.worker, ErrorReport(RankFailure.capture(comm.rank, error), training))
     if collective or comm.size == 1:
         if comm.rank == 0 and training and not (settings.worker or settings.restarts):
             log.error("%s", RESUME_HINT)
-        if settings.worker or comm.rank != 0:
+        if handed or (comm.rank != 0 and not settings.worker):
             uncaught.shown_elsewhere(error)  # by the launching process, or by rank 0
         raise error from exc
     hint = "" if settings.worker or settings.restarts else "\n" + RESUME_HINT
@@ -80,7 +80,8 @@ def as_raised(exc: BaseException, training: bool, collective: bool, comm: Any) -
     return TrainingFailedError(describe([RankFailure.capture(comm.rank, exc)], "training"))
 
 
-def write_error(payload: str, report: ErrorReport) -> None:
+def write_error(payload: str, report: ErrorReport) -> bool:
+    """Hand this rank's error to the process that started it; whether that worked."""
     path = os.path.join(payload, ERRORS, f"rank-{report.failure.rank}.pkl")
     try:
         with open(path + ".tmp", "wb") as f:
@@ -88,6 +89,8 @@ def write_error(payload: str, report: ErrorReport) -> None:
         os.replace(path + ".tmp", path)
     except OSError as exc:
         log.error("could not hand the error to the launching process: %s", exc)
+        return False
+    return True
 
 
 def read_errors(payload: str) -> list[ErrorReport]:
@@ -124,6 +127,7 @@ def interrupted(exc: KeyboardInterrupt) -> NoReturn:
     uncaught.shown_elsewhere(exc)
     comm = _interrupts
     if comm is None or comm.size == 1:
+        stop.interrupt_handled()
         raise exc
     request = comm.Ibarrier()
     deadline = time.monotonic() + INTERRUPT_GRACE

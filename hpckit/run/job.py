@@ -51,9 +51,13 @@ class TrainingJob:
                                                 name=name or default_name(settings)))
 
     def resumed(self, settings: Settings) -> tuple[TrainingJob, str | None]:
-        """Under ``hpckit resume EXP`` ($HPCKIT_RESUME): this job continuing EXP whatever its
-        RunConfig names, and a line to log when that named another experiment."""
+        """Under ``hpckit resume EXP``: this job continuing EXP whatever its RunConfig names,
+        and a line to log when that named another experiment. Only the job of the training
+        function that EXP records ($HPCKIT_RESUME; ``*``: any) is redirected, so a script
+        with several trainers runs the others as it would anyway."""
         if not (settings.resume and settings.name and settings.storage):
+            return self, None
+        if settings.resume not in ("*", _qualified_name(self.train_loop)):
             return self, None
         named = self.named(settings)
         before = named.storage_root(settings).join(named.name)

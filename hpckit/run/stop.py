@@ -94,12 +94,26 @@ def requeue(settings: Settings) -> bool:
     return True
 
 
+_before_interrupt: Any = None
+
+
 def exit_on_next_interrupt() -> None:
     """After a first Ctrl-C, while the process stops: a second one ends it at once."""
+    global _before_interrupt
     try:
-        signal.signal(signal.SIGINT, lambda *_: os._exit(EXIT_INTERRUPTED))
+        previous = signal.signal(signal.SIGINT, lambda *_: os._exit(EXIT_INTERRUPTED))
     except ValueError:  # not the main thread
-        pass
+        return
+    if _before_interrupt is None:
+        _before_interrupt = previous
+
+
+def interrupt_handled() -> None:
+    """The interrupt goes back to the program (``fit()`` raises it): Ctrl-C is its own again."""
+    global _before_interrupt
+    if _before_interrupt is not None:
+        signal.signal(signal.SIGINT, _before_interrupt)
+        _before_interrupt = None
 
 
 def interrupted_line(experiment: str, latest: str | None) -> str:

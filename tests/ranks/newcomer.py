@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import tempfile
 import time
 
@@ -50,6 +51,7 @@ def main() -> None:
     p.add_argument("--fail", action="store_true", help="rank 0 raises at its first step")
     p.add_argument("--max-failures", type=int, default=0)
     p.add_argument("--before-fit", type=float, default=0.0, help="seconds of work before fit()")
+    p.add_argument("--catch", action="store_true", help="catch KeyboardInterrupt around fit()")
     args = p.parse_args()
     time.sleep(args.before_fit)
     trainer_class = DataParallelTrainer
@@ -58,14 +60,22 @@ def main() -> None:
 
         trainer_class = TorchTrainer
     name = os.environ.get("NEWCOMER_NAME", args.name)
-    trainer_class(
+    trainer = trainer_class(
         train_loop,
         train_loop_config={"steps": args.steps, "sleep": args.sleep, "stuck": args.stuck,
                            "fail": args.fail},
         scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=args.gpu),
         run_config=RunConfig(name=name, storage_path=args.storage,
                              failure_config=FailureConfig(max_failures=args.max_failures)),
-    ).fit()
+    )
+    if not args.catch:
+        trainer.fit()
+        return
+    try:
+        trainer.fit()
+    except KeyboardInterrupt:  # as a Ray program may: Ctrl-C is the program's own again
+        default = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        print(f"CAUGHT KeyboardInterrupt; default handler back: {default}", flush=True)
 
 
 if __name__ == "__main__":
