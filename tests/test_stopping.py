@@ -163,3 +163,16 @@ def test_a_config_error_is_printed_by_rank_0_and_a_single_ranks_error_by_that_ra
                  "    raise hpckit.ConfigError('only rank 1 cannot open its data')"],
                 timeout=60, expect=None)
     assert "hpckit: error: only rank 1 cannot open its data" in alone.output, alone.output
+
+
+def test_ctrl_c_during_a_deferred_step_is_raised_after_it():
+    from hpckit.interrupts import deferred
+
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # the handler runs here, and must not raise
+            done.append("whole")
+    assert done == ["whole"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
