@@ -71,4 +71,4 @@ def _same_everywhere(error: BaseException, trace: TracebackType | None) -> bool:
         return False
     while trace.tb_next is not None:
         trace = trace.tb_next
-    return trace.tb_frame.f_globals.get("__name__") == "hpckit.config"
+    return str(trace.tb_frame.f_globals.get("__name__")).startswith("hpckit.config")

@@ -9,6 +9,7 @@ from enum import StrEnum
 from typing import Any
 
 from hpckit.errors import ManifestError
+from hpckit.experiment.nested import flatten
 
 
 class AttemptStatus(StrEnum):
@@ -81,7 +82,7 @@ def config_changes(before: dict[str, Any] | None, after: dict[str, Any]) -> list
     keys are joined with dots (``train_loop_config.epochs: 5 -> 8``)."""
     if before is None:
         return []
-    old, new = _leaves(before), _leaves(after)
+    old, new = flatten(before, "."), flatten(after, ".")
     return [f"{key}: {_short(old.get(key))} -> {_short(new.get(key))}"
             for key in dict.fromkeys([*old, *new]) if old.get(key) != new.get(key)]
 
@@ -94,16 +95,6 @@ def effective_configs(attempts: tuple[Attempt, ...]) -> list[dict[str, Any] | No
         current = attempt.config if attempt.config is not None else current
         configs.append(current)
     return configs
-
-
-def _leaves(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        if isinstance(value, dict) and value:
-            flat.update(_leaves(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def _short(value: Any) -> str:

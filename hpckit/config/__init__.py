@@ -1,0 +1,17 @@
+"""Configuration objects (ground layer). Names and fields follow Ray Train's, so porting
+means changing imports. Each is a frozen dataclass that checks itself in ``__post_init__``
+and says what is wrong and what would be right.
+
+Owns: ``scaling`` (ScalingConfig), ``checkpointing`` (CheckpointConfig,
+CheckpointUploadMode), ``run`` (RunConfig, FailureConfig, SyncConfig, LoggingConfig).
+May import: :mod:`hpckit.errors`, pyarrow.
+"""
+
+from __future__ import annotations
+
+from hpckit.config.checkpointing import CheckpointConfig, CheckpointUploadMode
+from hpckit.config.run import FailureConfig, RunConfig, SyncConfig
+from hpckit.config.scaling import ScalingConfig
+
+__all__ = ["ScalingConfig", "CheckpointConfig", "CheckpointUploadMode", "FailureConfig",
+           "SyncConfig", "RunConfig"]

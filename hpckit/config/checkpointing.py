@@ -1,0 +1,85 @@
+"""CheckpointConfig and CheckpointUploadMode: what is kept, and how a report hands its files over."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from hpckit.config.values import is_int
+from hpckit.errors import ConfigError
+
+
+class CheckpointUploadMode(enum.Enum):
+    """How ``report()`` persists a checkpoint, as ``ray.train.CheckpointUploadMode``.
+
+    ``SYNC``: ``report()`` returns once the checkpoint is committed. ``ASYNC``: it returns once
+    the files are handed over; they are persisted in the background and committed at a later
+    collective point. ``NO_UPLOAD``: the files are already in the pending checkpoint
+    (``get_context().get_checkpoint_dir()``); they are only hashed, synced and committed.
+    """
+
+    ASYNC = "ASYNC"
+    SYNC = "SYNC"
+    NO_UPLOAD = "NO_UPLOAD"
+
+    def default_delete_local_checkpoint_after_upload(self) -> bool:
+        """Ray's default: the handed directory is hpckit's to remove only in ``ASYNC`` mode."""
+        return self is CheckpointUploadMode.ASYNC
+
+    @classmethod
+    def parse(cls, value: Any) -> CheckpointUploadMode:
+        """The mode for ``value``: a member, or its name in any case (``"async"``)."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str) and value.upper() in cls.__members__:
+            return cls[value.upper()]
+        raise ConfigError(
+            f"report(checkpoint_upload_mode={value!r}) is invalid: use "
+            "hpckit.CheckpointUploadMode.SYNC, ASYNC or NO_UPLOAD (or 'sync', 'async', "
+            "'no_upload').")
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Which committed checkpoints to keep. The latest one is always kept: a resume needs it."""
+
+    num_to_keep: int | None = None
+    """Keep this many checkpoints (the best, or the most recent without a score); None keeps all."""
+
+    checkpoint_score_attribute: str | None = None
+    """Metric that ranks checkpoints; a missing or NaN score ranks worst. None ranks by recency."""
+
+    checkpoint_score_order: Literal["max", "min"] = "max"
+    """Whether a higher (``"max"``) or lower (``"min"``) score is better."""
+
+    verify_on_resume: bool = True
+    """Before resuming, read the newest checkpoint back and check every file's size and SHA-256
+    against the manifest; a damaged one is skipped (loudly) for the newest that verifies."""
+
+    max_checkpoints_in_flight: int = 1
+    """Asynchronous checkpoints persisted in the background and not yet committed, at most;
+    when as many are in flight, the next ``report()`` with a checkpoint waits for the oldest."""
+
+    def __post_init__(self) -> None:
+        in_flight = self.max_checkpoints_in_flight
+        if not is_int(in_flight) or in_flight < 1:
+            raise ConfigError(
+                f"CheckpointConfig(max_checkpoints_in_flight={in_flight!r}) is invalid: use an "
+                "integer >= 1 (1 overlaps one checkpoint with training; more use more disk).")
+        if not isinstance(self.verify_on_resume, bool):
+            raise ConfigError(
+                f"CheckpointConfig(verify_on_resume={self.verify_on_resume!r}) must be True or False.")
+        if self.num_to_keep is not None and (not is_int(self.num_to_keep) or self.num_to_keep < 1):
+            raise ConfigError(
+                f"CheckpointConfig(num_to_keep={self.num_to_keep!r}) is invalid: use an integer "
+                ">= 1, or None to keep every checkpoint.")
+        attribute = self.checkpoint_score_attribute
+        if attribute is not None and (not isinstance(attribute, str) or not attribute):
+            raise ConfigError(
+                f"CheckpointConfig(checkpoint_score_attribute={attribute!r}) must be the name of a "
+                "reported metric (a non-empty string), or None to rank by recency.")
+        if self.checkpoint_score_order not in ("max", "min"):
+            raise ConfigError(
+                f"CheckpointConfig(checkpoint_score_order={self.checkpoint_score_order!r}) is "
+                "invalid: use 'max' (higher is better) or 'min' (lower is better).")

@@ -1,0 +1,133 @@
+"""RunConfig and what it holds: where the experiment lives, restarts, mirrors, logging."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import pyarrow.fs
+
+from hpckit.config.checkpointing import CheckpointConfig
+from hpckit.config.values import is_int
+from hpckit.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class FailureConfig:
+    """How often a failed run is started again, resuming from its last committed checkpoint."""
+
+    max_failures: int = 0
+    """Restarts allowed after failures; 0 never restarts, -1 restarts without limit."""
+
+    def __post_init__(self) -> None:
+        if not is_int(self.max_failures) or self.max_failures < -1:
+            raise ConfigError(
+                f"FailureConfig(max_failures={self.max_failures!r}) is invalid: use an integer "
+                ">= 0, or -1 for unlimited restarts.")
+
+
+@dataclass(frozen=True)
+class SyncConfig:
+    """What else is copied where: each rank's artifacts, and a mirror of the experiment."""
+
+    sync_artifacts: bool = False
+    """Persist rank 0's ``get_context().get_artifact_dir()`` to ``{experiment}/artifacts/rank-0/``
+    at every report (only files that changed)."""
+
+    sync_artifacts_all_ranks: bool = False
+    """With ``sync_artifacts``, every rank's artifacts, each to its own ``rank-N/``."""
+
+    mirror: str | None = None
+    """A second storage root (a path or URI) that receives a copy of the experiment: manifest,
+    metrics and kept checkpoints. For scratch filesystems that are purged."""
+
+    mirror_command: str | None = None
+    """Copy with this command instead of pyarrow, e.g. ``"rclone copy {source} {target}"``;
+    ``{source}`` is the experiment directory, ``{target}`` the mirror's ``{mirror}/{name}``."""
+
+    sync_period: float = 300.0
+    """Mirror at most once per this many seconds (after a commit), and once at the end."""
+
+    def __post_init__(self) -> None:
+        for name in ("sync_artifacts", "sync_artifacts_all_ranks"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"SyncConfig({name}={getattr(self, name)!r}) must be True or False.")
+        if self.mirror is not None and (not isinstance(self.mirror, str) or not self.mirror.strip()):
+            raise ConfigError(f"SyncConfig(mirror={self.mirror!r}) must be a path or URI, e.g. "
+                              "'/project/archive/runs' or 's3://bucket/runs'.")
+        command = self.mirror_command
+        if command is not None:
+            if not isinstance(command, str) or "{source}" not in command or "{target}" not in command:
+                raise ConfigError(f"SyncConfig(mirror_command={command!r}) must be a command with "
+                                  "{source} and {target} in it, e.g. 'rclone copy {source} {target}'.")
+            if self.mirror is None:
+                raise ConfigError(f"SyncConfig(mirror_command={command!r}) needs mirror= too: it "
+                                  "names the {target}.")
+        period = self.sync_period
+        if isinstance(period, bool) or not isinstance(period, (int, float)) or not period >= 0:
+            raise ConfigError(f"SyncConfig(sync_period={period!r}) must be a number of seconds >= 0.")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Where the experiment lives and how it is checkpointed and retried."""
+
+    name: str | None = None
+    """Experiment directory name under storage_path. Default: the script's name and the Slurm
+    job id (so a requeued job resumes) or a timestamp."""
+
+    storage_path: str | os.PathLike[str] | None = None
+    """A path, ``file://``, ``s3://`` or any pyarrow URI; default ``$HPCKIT_STORAGE`` or
+    ``~/hpckit_results``. With ``storage_filesystem``, a path inside it with no scheme."""
+
+    storage_filesystem: pyarrow.fs.FileSystem | None = None
+    """A pyarrow filesystem to store into (wrap fsspec ones with ``PyFileSystem(FSSpecHandler(fs))``)."""
+
+    checkpoint_config: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Retention of committed checkpoints."""
+
+    failure_config: FailureConfig = field(default_factory=FailureConfig)
+    """Restarts after failures."""
+
+    sync_config: SyncConfig = field(default_factory=SyncConfig)
+    """Artifacts and mirrors."""
+
+    def __post_init__(self) -> None:
+        if self.name is not None:
+            _check_name(self.name)
+        path = self.storage_path
+        if path is not None and not isinstance(path, (str, os.PathLike)):
+            raise ConfigError(
+                f"RunConfig(storage_path={path!r}) must be a path or URI string.")
+        if path is not None and not os.fspath(path).strip():
+            raise ConfigError("RunConfig(storage_path='') is empty; give a directory or a URI.")
+        fs = self.storage_filesystem
+        if fs is not None:
+            if not isinstance(fs, pyarrow.fs.FileSystem):
+                raise ConfigError(
+                    f"RunConfig(storage_filesystem={fs!r}) must be a pyarrow.fs.FileSystem; wrap an "
+                    "fsspec filesystem with pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(fs)).")
+            if path is not None and "://" in os.fspath(path):
+                raise ConfigError(
+                    f"RunConfig(storage_path={os.fspath(path)!r}) has a scheme, but a "
+                    "storage_filesystem is given: pass the path inside that filesystem, e.g. "
+                    "'bucket/runs'.")
+        if not isinstance(self.checkpoint_config, CheckpointConfig):
+            raise ConfigError(
+                f"RunConfig(checkpoint_config={self.checkpoint_config!r}) must be a CheckpointConfig.")
+        if not isinstance(self.failure_config, FailureConfig):
+            raise ConfigError(
+                f"RunConfig(failure_config={self.failure_config!r}) must be a FailureConfig.")
+        if not isinstance(self.sync_config, SyncConfig):
+            raise ConfigError(f"RunConfig(sync_config={self.sync_config!r}) must be a SyncConfig.")
+
+
+def _check_name(name: object) -> None:
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"RunConfig(name={name!r}) must be a non-empty string.")
+    if "/" in name or "\\" in name or name in (".", "..") or name.startswith(".."):
+        raise ConfigError(
+            f"RunConfig(name={name!r}) is invalid: the name is one directory under storage_path, "
+            "so it may not contain '/' or '\\' or be '.'/'..'; use e.g. 'resnet-fmnist'.")
+    if any(ord(c) < 32 for c in name):
+        raise ConfigError(f"RunConfig(name={name!r}) contains control characters.")
