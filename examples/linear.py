@@ -80,7 +80,7 @@ def main() -> None:
     result = trainer.fit()
     if hpckit_rank() == 0:
         print(f"final loss {result.metrics['loss']:.4f}; latest {result.checkpoint}; "
-              f"best {result.best_checkpoints[0][0]}")
+              f"best {result.best_checkpoints[-1][0]}")
 
 
 def hpckit_rank() -> int:

@@ -15,18 +15,27 @@ from hpckit.errors import (
     CheckpointError,
     CommitError,
     ConfigError,
+    ControllerError,
     ExperimentLockedError,
     HpckitError,
     LaunchError,
     ManifestError,
     MetricsError,
+    PreemptionError,
     ReportMismatchError,
     StorageError,
     TrainingFailedError,
+    WorkerGroupError,
 )
 from hpckit.launch.trainer import DataParallelTrainer
 from hpckit.result import Result
 from hpckit.run.context import TrainContext
+from hpckit.run.reported import (
+    CheckpointConsistencyMode,
+    ReportedCheckpoint,
+    ReportedCheckpointStatus,
+    get_all_reported_checkpoints,
+)
 from hpckit.run.session import get_checkpoint, get_context, report
 from hpckit.run.startup import early as _early
 from hpckit.uncaught import install as _install_excepthook
@@ -39,10 +48,12 @@ __version__ = "0.1.0"
 __all__ = [
     "Checkpoint",
     "CheckpointConfig",
+    "CheckpointConsistencyMode",
     "CheckpointError",
     "CheckpointUploadMode",
     "CommitError",
     "ConfigError",
+    "ControllerError",
     "DataParallelTrainer",
     "ExperimentLockedError",
     "FailureConfig",
@@ -50,7 +61,10 @@ __all__ = [
     "LaunchError",
     "ManifestError",
     "MetricsError",
+    "PreemptionError",
     "ReportMismatchError",
+    "ReportedCheckpoint",
+    "ReportedCheckpointStatus",
     "Result",
     "RunConfig",
     "ScalingConfig",
@@ -58,6 +72,8 @@ __all__ = [
     "SyncConfig",
     "TrainContext",
     "TrainingFailedError",
+    "WorkerGroupError",
+    "get_all_reported_checkpoints",
     "get_checkpoint",
     "get_context",
     "report",

@@ -1,6 +1,14 @@
-"""The hpckit exception hierarchy: every error hpckit raises is a :class:`HpckitError`."""
+"""The hpckit exception hierarchy: every error hpckit raises is a :class:`HpckitError`.
+
+Where Ray Train raises a type of its own, hpckit's error is that type too (by name and by
+the built-in base Ray uses), so a Ray program's ``except`` clauses still catch it:
+``TrainingFailedError`` > ``WorkerGroupError``, ``ControllerError``, ``PreemptionError``;
+``RuntimeError`` for a missing experiment or checkpoint.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 __all__ = [
     "HpckitError",
@@ -13,6 +21,9 @@ __all__ = [
     "ReportMismatchError",
     "LaunchError",
     "TrainingFailedError",
+    "WorkerGroupError",
+    "ControllerError",
+    "PreemptionError",
 ]
 
 
@@ -28,7 +39,7 @@ class StorageError(HpckitError, OSError):
     """Storage could not be read or written; the message names the location."""
 
 
-class ManifestError(HpckitError):
+class ManifestError(HpckitError, RuntimeError):
     """An experiment's manifest is unreadable, invalid or from a newer hpckit."""
 
 
@@ -36,7 +47,7 @@ class MetricsError(HpckitError, TypeError):
     """Reported metrics cannot be stored as JSON; the message names the key."""
 
 
-class CheckpointError(HpckitError):
+class CheckpointError(HpckitError, RuntimeError):
     """A checkpoint directory is missing, malformed or clashes with another rank's."""
 
 
@@ -54,6 +65,43 @@ class LaunchError(HpckitError):
 
 class TrainingFailedError(HpckitError):
     """Training failed (after any retries); the message names the failed ranks."""
+
+
+class WorkerGroupError(TrainingFailedError):
+    """Training failed on one or more ranks (Ray's name): ``worker_failures`` maps each failed
+    world rank to its exception (as raised there, where it could be sent)."""
+
+    def __init__(self, error_message: str, worker_failures: dict[int, BaseException]) -> None:
+        super().__init__(error_message)
+        self.worker_failures = worker_failures
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (str(self), self.worker_failures)
+
+
+class ControllerError(TrainingFailedError):
+    """hpckit's own machinery failed, not the training function (Ray's name; raised where
+    the process that started the ranks fails): ``controller_failure`` is the cause."""
+
+    def __init__(self, controller_failure: BaseException) -> None:
+        super().__init__(f"hpckit failed, not the training function: {controller_failure}")
+        self.controller_failure = controller_failure
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.controller_failure,)
+
+
+class PreemptionError(TrainingFailedError):
+    """The job was told to end (Slurm's time-limit warning, a preemption) and was not
+    requeued (Ray's name): ``preemption_info`` says when and which ranks."""
+
+    def __init__(self, preemption_info: Any, drain_timed_out: bool = False) -> None:
+        super().__init__(f"the job was preempted: {preemption_info}")
+        self.preemption_info = preemption_info
+        self.drain_timed_out = drain_timed_out
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.preemption_info, self.drain_timed_out)
 
 
 class ExperimentLockedError(HpckitError):

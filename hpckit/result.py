@@ -1,96 +1,124 @@
-"""Result: what a run produced, from fit() or read back later with Result.from_path."""
+"""Result: what a run produced, from fit() or read back later with Result.from_path.
+
+Built as Ray Train 2.60 builds its ``Result``: ``Result(metrics, checkpoint, error, path,
+metrics_dataframe=None, best_checkpoints=None, _storage_filesystem=None, return_value=None)``,
+with ``best_checkpoints`` ordered worst to best (``best_checkpoints[-1]`` is the best) and at
+most ``num_to_keep`` long.
+"""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow
 import pyarrow.fs
 
 from hpckit.checkpoint import Checkpoint
-from hpckit.errors import ConfigError, TrainingFailedError
+from hpckit.errors import CheckpointError, ConfigError, TrainingFailedError
 from hpckit.experiment import retention as _retention
 from hpckit.experiment.attempts import AttemptStatus
 from hpckit.experiment.manifest import Manifest
+from hpckit.experiment.nested import flatten
 from hpckit.experiment.reading import read_metrics, require_manifest
 from hpckit.storage.location import Location, resolve
 
 __all__ = ["Result"]
 
 
-@dataclass
 class Result:
-    """The outcome of a run: latest and best checkpoints, last metrics, and where it all is."""
+    """The outcome of a run: latest and best checkpoints, last metrics, and where it all is.
 
-    metrics: dict[str, Any] | None
-    checkpoint: Checkpoint | None
-    best_checkpoints: list[tuple[Checkpoint, dict[str, Any]]]
-    path: str
-    filesystem: pyarrow.fs.FileSystem
-    metrics_history: list[dict[str, Any]] = field(default_factory=list)
-    error: BaseException | None = None
-    _location: Location | None = field(default=None, repr=False)
-    _manifest: Manifest | None = field(default=None, repr=False)
+    ``return_value`` is what the training function returned on rank 0 (None when it did not
+    finish, or for a Result read back from storage); ``metrics_history`` is every report's
+    metrics, oldest first (hpckit's own).
+    """
+
+    def __init__(self, metrics: dict[str, Any] | None, checkpoint: Checkpoint | None,
+                 error: BaseException | None, path: str, metrics_dataframe: Any = None,
+                 best_checkpoints: list[tuple[Checkpoint, dict[str, Any]]] | None = None,
+                 _storage_filesystem: pyarrow.fs.FileSystem | None = None,
+                 return_value: Any = None) -> None:
+        self.metrics = metrics
+        self.checkpoint = checkpoint
+        self.error = error
+        self.path = path
+        self.best_checkpoints = list(best_checkpoints or [])
+        self.filesystem = _storage_filesystem or pyarrow.fs.LocalFileSystem()
+        self.return_value = return_value
+        self.metrics_history: list[dict[str, Any]] = []
+        self._metrics_dataframe = metrics_dataframe
+        self._location: Location | None = None
+
+    def __repr__(self) -> str:
+        return (f"Result(metrics={self.metrics!r}, checkpoint={self.checkpoint!r}, "
+                f"error={self.error!r}, path={self.path!r})")
 
     @classmethod
     def from_path(cls, path: str | os.PathLike[str],
                   storage_filesystem: pyarrow.fs.FileSystem | None = None) -> Result:
-        """Read an experiment directory (local or remote) written by an earlier run."""
+        """Read an experiment directory (local or remote) written by an earlier run; a path
+        that is not one raises a ``ManifestError`` (a ``RuntimeError``, as in Ray)."""
         return cls._read(resolve(path, storage_filesystem))
 
     @classmethod
-    def _read(cls, experiment: Location) -> Result:
-        return cls._build(experiment, require_manifest(experiment), read_metrics(experiment))
+    def _read(cls, experiment: Location, return_value: Any = None) -> Result:
+        return cls._build(experiment, require_manifest(experiment), read_metrics(experiment),
+                          return_value)
 
     @classmethod
-    def _build(cls, experiment: Location, manifest: Manifest,
-               history: list[dict[str, Any]]) -> Result:
-        ranked = _retention.ranked(manifest)
+    def _build(cls, experiment: Location, manifest: Manifest, history: list[dict[str, Any]],
+               return_value: Any = None) -> Result:
         latest = manifest.latest
-        last = history[-1]["metrics"] if history else None
-        return cls(
-            metrics=last,
+        result = cls(
+            metrics=history[-1]["metrics"] if history else None,
             checkpoint=Checkpoint._at(experiment.join(latest.directory)) if latest else None,
-            best_checkpoints=[(Checkpoint._at(experiment.join(r.directory)), r.metrics) for r in ranked],
-            path=experiment.path, filesystem=experiment.filesystem,
-            metrics_history=[entry["metrics"] for entry in history],
-            error=_attempt_error(manifest), _location=experiment, _manifest=manifest)
+            error=_attempt_error(manifest), path=experiment.path,
+            best_checkpoints=[(Checkpoint._at(experiment.join(r.directory)), r.metrics)
+                              for r in _worst_to_best(manifest)],
+            _storage_filesystem=experiment.filesystem, return_value=return_value)
+        result.metrics_history = [entry["metrics"] for entry in history]
+        result._location = experiment
+        return result
 
     @property
-    def metrics_dataframe(self) -> pyarrow.Table:
+    def metrics_dataframe(self) -> Any:
         """Every report as a row (step, time, checkpoint, then each metric; nested metrics
-        flattened as ``a/b``). ``.to_pandas()`` gives a pandas DataFrame where pandas is
-        installed."""
+        flattened as ``a/b``), a pyarrow Table (``.to_pandas()`` gives a pandas DataFrame
+        where pandas is installed); or the dataframe the Result was built with."""
+        if self._metrics_dataframe is not None:
+            return self._metrics_dataframe
         entries = (read_metrics(self._location) if self._location is not None
                    else [{"metrics": m} for m in self.metrics_history])
         rows = [{**{k: e[k] for k in ("step", "time", "checkpoint") if k in e},
-                 **_flatten(e["metrics"])} for e in entries]
+                 **flatten(e["metrics"])} for e in entries]
         return pyarrow.Table.from_pylist(rows)
 
-    def get_best_checkpoint(self, metric: str, mode: str = "max") -> Checkpoint | None:
-        """The kept checkpoint with the best ``metric`` (``mode`` "max" or "min")."""
+    def get_best_checkpoint(self, metric: str, mode: str = "max") -> Checkpoint:
+        """The checkpoint of ``best_checkpoints`` with the best ``metric`` (``mode`` "max" or
+        "min"; ``a/b`` names a nested metric). As in Ray: a ``RuntimeError`` when there is no
+        checkpoint, or when none reported ``metric``."""
         if mode not in ("max", "min"):
             raise ConfigError(f"get_best_checkpoint(mode={mode!r}) must be 'max' or 'min'.")
-        if self._manifest is None or self._location is None:
-            return None
-        scored = [r for r in self._manifest.checkpoints
-                  if _retention.score_of(r.metrics, metric) is not None]
+        if not self.best_checkpoints:
+            raise CheckpointError(f"{self.path} has no checkpoint: no report() of this run "
+                                  "had one, or none was committed.")
+        scored = [(score, checkpoint) for checkpoint, metrics in self.best_checkpoints
+                  if (score := _retention.score_of(metrics, metric)) is not None]
         if not scored:
-            return None
-        best = _retention.rank_best_first(scored, metric, mode)[0]
-        return Checkpoint._at(self._location.join(best.directory))
+            names = sorted({k for _, m in self.best_checkpoints for k in flatten(m)})
+            raise CheckpointError(f"no checkpoint of {self.path} reported the metric {metric!r}; "
+                                  f"its checkpoints reported: {', '.join(names) or 'nothing'}.")
+        sign = 1.0 if mode == "max" else -1.0
+        return max(scored, key=lambda pair: sign * pair[0])[1]
 
 
-def _flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in metrics.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}/"))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
+def _worst_to_best(manifest: Manifest) -> list[Any]:
+    """The kept checkpoints as Ray lists them: by the retention score, worst first, at most
+    ``num_to_keep`` (the latest, kept beside the top K for resuming, is not one of them)."""
+    ascending = list(reversed(_retention.ranked(manifest)))
+    keep = manifest.retention.get("num_to_keep")
+    return ascending[-keep:] if keep else ascending
 
 
 def _attempt_error(manifest: Manifest) -> BaseException | None:

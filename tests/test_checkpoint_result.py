@@ -48,8 +48,9 @@ def test_result_from_fit_and_from_path_agree(tmp_path):
     assert result.path == str(exp) and result.error is None
     assert result.metrics == {"acc": 0.1, "loss": 0.9, "epoch": 3}
     assert result.checkpoint.path == str(exp / "checkpoint_000003")
+    # As in Ray: worst to best, at most num_to_keep (the latest is kept on storage, not listed).
     assert [c.path for c, _ in result.best_checkpoints] == [
-        str(exp / "checkpoint_000001"), str(exp / "checkpoint_000002"), str(exp / "checkpoint_000003")]
+        str(exp / "checkpoint_000002"), str(exp / "checkpoint_000001")]
     assert [m["epoch"] for m in result.metrics_history] == [0, 1, 2, 3]
     again = Result.from_path(exp)
     assert again.metrics == result.metrics and again.checkpoint == result.checkpoint

@@ -8,18 +8,21 @@ from typing import Any
 
 from hpckit.config import CheckpointConfig
 from hpckit.experiment.manifest import CheckpointRecord, Manifest
+from hpckit.experiment.nested import flatten
 
 
 def score_of(metrics: dict[str, Any], attribute: str) -> float | None:
-    """The metric named ``attribute`` (``a/b`` reaches nested dicts), or None when missing or NaN."""
+    """The metric named ``attribute``, or None when missing or NaN. Nested metrics are named
+    as Ray names them, their keys joined with ``/``: ``a/b/c`` is found in ``{"a": {"b":
+    {"c": 1}}}``, ``{"a": {"b/c": 1}}`` and ``{"a/b": {"c": 1}}`` alike."""
     value: Any = metrics.get(attribute)
     if value is None and "/" in attribute:
-        value = metrics
-        for part in attribute.split("/"):
-            value = value.get(part) if isinstance(value, dict) else None
+        value = flatten(metrics).get(attribute)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
         return None
     return float(value)
+
+
 
 
 def rank_best_first(records: Sequence[CheckpointRecord], attribute: str | None,

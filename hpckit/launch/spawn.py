@@ -13,14 +13,15 @@ import pickle
 import shutil
 import sys
 import tempfile
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from hpckit import logs, uncaught
-from hpckit.errors import HpckitError, LaunchError, TrainingFailedError
+from hpckit.errors import HpckitError, LaunchError, TrainingFailedError, WorkerGroupError
 from hpckit.experiment.attempts import AttemptStatus
 from hpckit.experiment.experiment import end_abandoned_attempt, prepare
 from hpckit.experiment.reading import read_manifest
 from hpckit.launch.process import mpiexec, run_process, started_for
+from hpckit.launch.worker import RETURNED
 from hpckit.logs import log
 from hpckit.result import Result
 from hpckit.run import stop
@@ -53,7 +54,7 @@ def spawn(job: TrainingJob, settings: Settings) -> Result:
             except KeyboardInterrupt as exc:
                 _interrupted(experiment, exc)
             if code == 0:
-                return Result._read(experiment)
+                return Result._read(experiment, _returned(payload))
             if code == EXIT_STOPPED:
                 raise SystemExit(EXIT_STOPPED)
             if code == EXIT_INTERRUPTED:  # the ranks alone were interrupted: never retried
@@ -125,12 +126,31 @@ def _failure(payload: str, code: int) -> BaseException:
     """The exception that fit() raises for the ranks' failure."""
     reports = read_errors(payload)
     if not reports:
-        return TrainingFailedError(
+        return WorkerGroupError(
             f"mpiexec exited with status {code} and no rank reported an exception: a rank was "
-            "probably killed (by a signal, or the out-of-memory killer); see the output above.")
+            "probably killed (by a signal, or the out-of-memory killer); see the output above.", {})
     first = reports[0]
     if not first.training:
         original = first.failure.original()
         if isinstance(original, BaseException):
             return original
-    return TrainingFailedError(describe([r.failure for r in reports], "training"))
+    failures = {r.failure.rank: _cause(r.failure.rank, r.failure.original())
+                or TrainingFailedError(r.failure.error) for r in reports}
+    return WorkerGroupError(describe([r.failure for r in reports], "training"), failures)
+
+
+def _returned(payload: str) -> Any:
+    """What the training function returned on rank 0 (None if it could not be kept)."""
+    try:
+        with open(os.path.join(payload, RETURNED), "rb") as f:
+            return pickle.load(f)
+    except (OSError, pickle.UnpicklingError, AttributeError, ImportError) as exc:
+        log.debug("no return value from rank 0: %s", exc)
+        return None
+
+
+def _cause(rank: int, raised: BaseException | None) -> BaseException | None:
+    """What the training function raised on ``rank``, out of the error that rank raised."""
+    if isinstance(raised, WorkerGroupError):
+        return raised.worker_failures.get(rank, raised)
+    return raised

@@ -9,7 +9,10 @@ import sys
 
 from hpckit import settings
 from hpckit.launch.mainimport import import_main
+from hpckit.run.comm import world
 from hpckit.run.ranks import run_ranks
+
+RETURNED = "returned.pkl"  # rank 0's return value, in the launch payload
 
 
 def main() -> None:
@@ -23,7 +26,10 @@ def main() -> None:
     import_main(spec["main"])
     with open(os.path.join(current.worker, "job.pkl"), "rb") as f:
         job = pickle.load(f)
-    run_ranks(job, current)
+    result = run_ranks(job, current)
+    if world().rank == 0:  # rank 0's return value, for fit() in the parent
+        with open(os.path.join(current.worker, RETURNED), "wb") as f:
+            pickle.dump(result.return_value, f)
 
 
 if __name__ == "__main__":

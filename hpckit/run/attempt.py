@@ -4,6 +4,7 @@ shared, set up the back-end, run the training function with a session, and end t
 from __future__ import annotations
 
 import os
+import pickle
 import socket
 import sys
 import time
@@ -73,13 +74,14 @@ def run_attempt(job: TrainingJob, ranks: Ranks, settings: Settings, number: int)
                            f"opening experiment {location.display}", StorageError)
     try:
         session = _start(job, ranks, settings, number, location, start, owner, began)
-        _train(job, session, owner, settings)
+        returned = _train(job, session, owner, settings)
         summary = None
         if owner is not None:
             owner.end_attempt(AttemptStatus.FINISHED, None, session.protocol.reports)
-            summary = (owner.manifest.to_json(), owner.history())
-        manifest_json, history = comm.bcast(summary, root=0)
-        return Result._build(location, Manifest.from_json(manifest_json, location.display), history)
+            summary = (owner.manifest.to_json(), owner.history(), sendable(returned))
+        manifest_json, history, returned = comm.bcast(summary, root=0)
+        return Result._build(location, Manifest.from_json(manifest_json, location.display),
+                             history, returned)
     except KeyboardInterrupt:
         opened, owner = owner, None
         if opened is not None:
@@ -169,12 +171,14 @@ def _session(job: TrainingJob, ranks: Ranks, settings: Settings, number: int,
 
 
 def _train(job: TrainingJob, session: Session, owner: Experiment | None,
-           settings: Settings) -> None:
+           settings: Settings) -> Any:
+    """Run the training function; what it returned."""
     activate(session)
     interrupted = False
     try:
-        job.call_train_loop()
+        returned = job.call_train_loop()
         session.protocol.finish()
+        return returned
     except stop.StopRequested as requested:
         _stop_run(session, owner, settings, str(requested))
     except KeyboardInterrupt:
@@ -198,6 +202,17 @@ def _train(job: TrainingJob, session: Session, owner: Experiment | None,
         activate(None)
         session.protocol.close(promptly=interrupted)
         session.artifacts.close()
+
+
+def sendable(value: Any) -> Any:
+    """Rank 0's return value if it can be sent to the other ranks (pickled), else None."""
+    try:
+        pickle.dumps(value)
+    except Exception as exc:
+        log.warning("the training function's return value cannot be pickled (%s); "
+                    "Result.return_value is None", exc)
+        return None
+    return value
 
 
 def _stop_run(session: Session, owner: Experiment | None, settings: Settings,

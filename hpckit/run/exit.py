@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from hpckit import logs, uncaught
-from hpckit.errors import TrainingFailedError
+from hpckit.errors import TrainingFailedError, WorkerGroupError
 from hpckit.logs import log
 from hpckit.run import stop
 from hpckit.run.comm import RankFailure, describe, world
@@ -71,13 +71,16 @@ def fail(comm: Any, settings: Settings, exc: BaseException, collective: bool,
 
 
 def as_raised(exc: BaseException, training: bool, collective: bool, comm: Any) -> BaseException:
-    """What fit() raises: setup errors as they are, training errors as TrainingFailedError."""
+    """What fit() raises: setup errors as they are, training errors as a WorkerGroupError
+    (a TrainingFailedError, as in Ray) that maps each failed rank to its exception."""
     if not training or isinstance(exc, TrainingFailedError):
         return exc
     if collective and comm.size > 1:
-        return TrainingFailedError(
-            f"training failed on all {comm.size} ranks: {type(exc).__name__}: {exc}")
-    return TrainingFailedError(describe([RankFailure.capture(comm.rank, exc)], "training"))
+        return WorkerGroupError(
+            f"training failed on all {comm.size} ranks: {type(exc).__name__}: {exc}",
+            dict.fromkeys(range(comm.size), exc))
+    return WorkerGroupError(describe([RankFailure.capture(comm.rank, exc)], "training"),
+                            {comm.rank: exc})
 
 
 def write_error(payload: str, report: ErrorReport) -> bool:

@@ -22,6 +22,8 @@ from hpckit.experiment.manifest import (
     FileRecord,
     is_checkpoint_dirname,
 )
+from hpckit.experiment.nested import flatten
+from hpckit.experiment.retention import score_of
 from hpckit.logs import log
 from hpckit.run.plan import (
     Announcement,
@@ -55,6 +57,7 @@ class Ledger:
         self.owner = owner
         self.config = config
         self._queue: deque[Entry] = deque()
+        self._score_missing_said = False
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         """A report without a checkpoint: logged now, or after the checkpoints before it."""
@@ -127,6 +130,7 @@ class Ledger:
         record = CheckpointRecord(plan.index, plan.directory,
                                   plan.step, time.time(), metrics,
                                   tuple(sorted(written, key=lambda r: r.path)))
+        self._say_if_unscored(metrics)
         self.owner.commit(record, self.config)
         if not is_checkpoint_dirname(plan.directory):
             try:
@@ -141,6 +145,19 @@ class Ledger:
             log.info("step %d: %s; committed %s (%s in %d file(s)) in %.0f ms", plan.step,
                      summary(record.metrics), plan.directory, human_size(record.size),
                      len(written), (time.perf_counter() - started) * 1000)
+
+    def _say_if_unscored(self, metrics: dict[str, Any]) -> None:
+        """Once per run: the retention's score attribute is missing from a checkpoint's
+        metrics, which then ranks worst (and is the first deleted) whatever it holds."""
+        attribute = self.config.checkpoint_score_attribute
+        if self._score_missing_said or attribute is None or score_of(metrics, attribute) is not None:
+            return
+        self._score_missing_said = True
+        reported = ", ".join(sorted(flatten(metrics))) or "none"
+        log.warning("CheckpointConfig(checkpoint_score_attribute=%r) but a checkpoint's report "
+                    "has no number by that name (its metrics: %s); such checkpoints rank worst "
+                    "and are deleted first. Report %r with every checkpoint, or name one of "
+                    "those.", attribute, reported, attribute)
 
 
 def _hash_late(target: Location, name: str) -> FileRecord:
