@@ -5,6 +5,7 @@ Ground layer: imports only :mod:`hpckit.settings`.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 
@@ -29,15 +30,31 @@ class _Handler(logging.StreamHandler):
     """hpckit's own handler, told apart from handlers a user adds."""
 
 
-def configure(rank: int, level: str | None = None) -> None:
-    """Give the ``hpckit`` logger a rank prefix and this rank's level; safe to call again."""
-    chosen = level or settings.current().log_level or ("INFO" if rank == 0 else "WARNING")
+class _JsonFormatter(logging.Formatter):
+    """One JSON object per line, for log collectors (``LoggingConfig(encoding="JSON")``)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return json.dumps({"time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+                           "level": record.levelname, "rank": getattr(record, "rank", None),
+                           "message": record.getMessage()})
+
+
+def configure(rank: int, level: str | None = None, encoding: str = "TEXT") -> None:
+    """Give the ``hpckit`` logger a rank prefix and this rank's level; safe to call again.
+
+    ``level`` is rank 0's, and every rank's at DEBUG; otherwise ``HPCKIT_LOG_LEVEL`` where
+    set, else INFO on rank 0 and WARNING on the others."""
+    if level and (rank == 0 or level == "DEBUG"):
+        chosen = level
+    else:
+        chosen = settings.current().log_level or ("INFO" if rank == 0 else "WARNING")
     handler = next((h for h in log.handlers if isinstance(h, _Handler)), None)
     if handler is None:
         handler = _Handler(sys.stderr)
-        handler.setFormatter(logging.Formatter(_FORMAT, "%H:%M:%S"))
         log.addHandler(handler)
         log.propagate = False
+    handler.setFormatter(_JsonFormatter() if encoding == "JSON"
+                         else logging.Formatter(_FORMAT, "%H:%M:%S"))
     handler.filters = [_RankFilter(rank)]
     log.setLevel(chosen)
 

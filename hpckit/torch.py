@@ -12,16 +12,23 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hpckit.integrations.hdf5 import HDF5Dataset
+    from hpckit.integrations.torch.config import TorchConfig
     from hpckit.integrations.torch.dcp import load_state_dcp, save_state_dcp
     from hpckit.integrations.torch.distributed import device as get_device
+    from hpckit.integrations.torch.distributed import devices as get_devices
     from hpckit.integrations.torch.load import load_state
     from hpckit.integrations.torch.prepare import prepare_data_loader, prepare_model
+    from hpckit.integrations.torch.reproducibility import enable_reproducibility
     from hpckit.integrations.torch.trainer import TorchTrainer
 
 _WHERE = {
     "HDF5Dataset": ("hpckit.integrations.hdf5", "HDF5Dataset"),
+    "TorchConfig": ("hpckit.integrations.torch.config", "TorchConfig"),
     "TorchTrainer": ("hpckit.integrations.torch.trainer", "TorchTrainer"),
+    "enable_reproducibility": ("hpckit.integrations.torch.reproducibility",
+                               "enable_reproducibility"),
     "get_device": ("hpckit.integrations.torch.distributed", "device"),
+    "get_devices": ("hpckit.integrations.torch.distributed", "devices"),
     "load_state": ("hpckit.integrations.torch.load", "load_state"),
     "load_state_dcp": ("hpckit.integrations.torch.dcp", "load_state_dcp"),
     "prepare_data_loader": ("hpckit.integrations.torch.prepare", "prepare_data_loader"),
@@ -30,8 +37,9 @@ _WHERE = {
 }
 
 __all__ = [
-    "HDF5Dataset", "TorchTrainer", "get_device", "load_state", "load_state_dcp", "prepare_data_loader",
-    "prepare_model", "save_state_dcp",
+    "HDF5Dataset", "TorchConfig", "TorchTrainer", "enable_reproducibility", "get_device",
+    "get_devices", "load_state", "load_state_dcp", "prepare_data_loader", "prepare_model",
+    "save_state_dcp",
 ]
 
 

@@ -154,3 +154,56 @@ def test_consistency_mode_and_status_have_rays_values():
     assert [m.name for m in CheckpointConsistencyMode] == ["COMMITTED", "VALIDATED"]
     assert ReportedCheckpointStatus.COMMITTED.name == "COMMITTED"
     assert ScalingConfig().num_workers == 1
+
+
+def _torch_names(config: dict) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from hpckit.torch import enable_reproducibility, get_devices
+
+    enable_reproducibility(7)
+    first = torch.rand(3).tolist()
+    enable_reproducibility(7)
+    return {"devices": [str(d) for d in get_devices()], "backend": dist.get_backend(),
+            "same": first == torch.rand(3).tolist()}
+
+
+def test_torch_config_get_devices_and_enable_reproducibility(tmp_path):
+    import torch
+
+    from hpckit.torch import TorchConfig, TorchTrainer
+
+    try:
+        result = TorchTrainer(_torch_names, torch_config=TorchConfig(backend="gloo", timeout_s=60),
+                              run_config=RunConfig(name="t", storage_path=str(tmp_path))).fit()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert result.return_value == {"devices": ["cpu"], "backend": "gloo", "same": True}
+    with pytest.raises(ValueError, match="backend='mpi'"):
+        TorchConfig(backend="mpi")
+    with pytest.raises(ValueError, match="init_method"):
+        TorchConfig(init_method="file")
+
+
+def test_logging_config_sets_the_level_and_json_lines(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    program = ("import hpckit\n"
+               "from hpckit import DataParallelTrainer, LoggingConfig, RunConfig\n"
+               "DataParallelTrainer(lambda: hpckit.report({'loss': 1.0}), run_config=RunConfig(\n"
+               f"    name='l', storage_path={str(tmp_path)!r},\n"
+               "    logging_config=LoggingConfig(log_level='{level}', encoding='json'))).fit()\n")
+    lines = {}
+    for level in ("info", "WARNING"):
+        out = subprocess.run([sys.executable, "-c", program.replace("{level}", level)],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        lines[level] = [json.loads(line) for line in out.stderr.splitlines()]
+    assert {"time", "level", "rank", "message"} <= set(lines["info"][0])
+    assert any(entry["message"].startswith("step 0: loss=1") for entry in lines["info"])
+    assert lines["WARNING"] == []
+    with pytest.raises(ValueError, match="LOUD"):
+        train.LoggingConfig(log_level="LOUD")

@@ -10,8 +10,8 @@ May import: :mod:`hpckit.errors`, pyarrow.
 from __future__ import annotations
 
 from hpckit.config.checkpointing import CheckpointConfig, CheckpointUploadMode
-from hpckit.config.run import FailureConfig, RunConfig, SyncConfig
+from hpckit.config.run import FailureConfig, LoggingConfig, RunConfig, SyncConfig
 from hpckit.config.scaling import ScalingConfig
 
 __all__ = ["ScalingConfig", "CheckpointConfig", "CheckpointUploadMode", "FailureConfig",
-           "SyncConfig", "RunConfig"]
+           "SyncConfig", "RunConfig", "LoggingConfig"]

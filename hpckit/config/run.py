@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 
@@ -68,6 +69,30 @@ class SyncConfig:
             raise ConfigError(f"SyncConfig(sync_period={period!r}) must be a number of seconds >= 0.")
 
 
+LOG_ENCODINGS = ("TEXT", "JSON")
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    """hpckit's own log lines (Ray's name). ``log_level`` is rank 0's level; the other ranks
+    log warnings and errors (and debug lines too at "DEBUG"). ``encoding`` "JSON" writes one
+    object per line (time, level, rank, message) for log collectors. ``HPCKIT_LOG_LEVEL``,
+    where set, wins over ``log_level``."""
+
+    log_level: str = "INFO"
+    encoding: str = "TEXT"
+
+    def __post_init__(self) -> None:
+        names = [n for n in logging.getLevelNamesMapping() if n != "NOTSET"]
+        if not isinstance(self.log_level, str) or self.log_level.upper() not in names:
+            raise ConfigError(f"LoggingConfig(log_level={self.log_level!r}) must be one of "
+                              f"{', '.join(sorted(names))}.")
+        if not isinstance(self.encoding, str) or self.encoding.upper() not in LOG_ENCODINGS:
+            raise ConfigError(f"LoggingConfig(encoding={self.encoding!r}) must be 'TEXT' or 'JSON'.")
+        object.__setattr__(self, "log_level", self.log_level.upper())
+        object.__setattr__(self, "encoding", self.encoding.upper())
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Where the experiment lives and how it is checkpointed and retried."""
@@ -91,6 +116,9 @@ class RunConfig:
 
     sync_config: SyncConfig = field(default_factory=SyncConfig)
     """Artifacts and mirrors."""
+
+    logging_config: LoggingConfig | None = None
+    """hpckit's log level and encoding (default: INFO on rank 0, text)."""
 
     def __post_init__(self) -> None:
         if self.name is not None:
@@ -120,6 +148,9 @@ class RunConfig:
                 f"RunConfig(failure_config={self.failure_config!r}) must be a FailureConfig.")
         if not isinstance(self.sync_config, SyncConfig):
             raise ConfigError(f"RunConfig(sync_config={self.sync_config!r}) must be a SyncConfig.")
+        if self.logging_config is not None and not isinstance(self.logging_config, LoggingConfig):
+            raise ConfigError(
+                f"RunConfig(logging_config={self.logging_config!r}) must be a LoggingConfig.")
 
 
 def _check_name(name: object) -> None:

@@ -15,7 +15,7 @@ import sys
 import tempfile
 from typing import Any, NoReturn
 
-from hpckit import logs, uncaught
+from hpckit import uncaught
 from hpckit.errors import HpckitError, LaunchError, TrainingFailedError, WorkerGroupError
 from hpckit.experiment.attempts import AttemptStatus
 from hpckit.experiment.experiment import end_abandoned_attempt, prepare
@@ -28,6 +28,7 @@ from hpckit.run import stop
 from hpckit.run.comm import describe
 from hpckit.run.exit import ERRORS, RESUME_HINT, read_errors
 from hpckit.run.job import TrainingJob
+from hpckit.run.ranks import configure_logs
 from hpckit.run.retry import RetryPolicy
 from hpckit.run.stop import EXIT_INTERRUPTED, EXIT_STOPPED
 from hpckit.settings import Settings, variable
@@ -36,7 +37,7 @@ from hpckit.storage.location import Location
 
 def spawn(job: TrainingJob, settings: Settings) -> Result:
     """Start ``num_workers`` ranks on this node under mpiexec; restart them on failure."""
-    logs.configure(0)
+    configure_logs(0, job, settings)
     n = job.scaling_config.num_workers
     job = job.resumed(settings)[0].named(settings)
     experiment = job.storage_root(settings).join(job.name)

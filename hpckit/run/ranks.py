@@ -35,7 +35,7 @@ def _run(job: TrainingJob, settings: Settings) -> Result:
     with StartupWatchdog(settings):
         comm = world().Dup()
         rank_exit.prepare_interrupts(comm)
-        logs.configure(comm.rank)
+        configure_logs(comm.rank, job, settings)
         try:
             check_world(comm.size, job.scaling_config.num_workers, settings)
         except LaunchError as exc:
@@ -77,3 +77,12 @@ def check_world(size: int, num_workers: int, settings: Settings) -> None:
             f"ScalingConfig(num_workers={num_workers}) but {size} rank(s) were launched; make "
             f"them agree (mpirun -n {num_workers} ..., srun --ntasks={num_workers}) or set "
             f"num_workers={size}.")
+
+
+def configure_logs(rank: int, job: TrainingJob, settings: Settings) -> None:
+    """The run's LoggingConfig; HPCKIT_LOG_LEVEL, where set, wins over its level."""
+    config = job.run_config.logging_config
+    if config is None:
+        logs.configure(rank)
+    else:
+        logs.configure(rank, settings.log_level or config.log_level, config.encoding)

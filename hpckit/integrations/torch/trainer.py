@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+from hpckit.checkpoint import Checkpoint
+from hpckit.config import RunConfig, ScalingConfig
+from hpckit.errors import ConfigError
+from hpckit.integrations.torch.config import TorchConfig
 from hpckit.integrations.torch.distributed import TorchBackend
 from hpckit.launch.trainer import DataParallelTrainer
 from hpckit.run.job import Backend
@@ -12,5 +19,18 @@ class TorchTrainer(DataParallelTrainer):
     torch.distributed process group (NCCL on GPUs with ``use_gpu``, Gloo on CPUs) and gets
     its device before the training function runs."""
 
+    def __init__(self, train_loop_per_worker: Callable[..., Any], *,
+                 train_loop_config: dict[str, Any] | None = None,
+                 torch_config: TorchConfig | None = None,
+                 scaling_config: ScalingConfig | None = None,
+                 run_config: RunConfig | None = None,
+                 resume_from_checkpoint: Checkpoint | None = None) -> None:
+        if torch_config is not None and not isinstance(torch_config, TorchConfig):
+            raise ConfigError(f"TorchTrainer(torch_config={torch_config!r}) must be a TorchConfig.")
+        self.torch_config = torch_config or TorchConfig()
+        super().__init__(train_loop_per_worker, train_loop_config=train_loop_config,
+                         scaling_config=scaling_config, run_config=run_config,
+                         resume_from_checkpoint=resume_from_checkpoint)
+
     def _backend(self) -> Backend:
-        return TorchBackend()
+        return TorchBackend(self.torch_config)
