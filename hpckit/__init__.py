@@ -11,6 +11,8 @@ from hpckit.config import (
     RunConfig,
     ScalingConfig,
     SyncConfig,
+    TrainRunContext,
+    UserCallback,
 )
 from hpckit.errors import (
     CheckpointError,
@@ -73,7 +75,9 @@ __all__ = [
     "StorageError",
     "SyncConfig",
     "TrainContext",
+    "TrainRunContext",
     "TrainingFailedError",
+    "UserCallback",
     "WorkerGroupError",
     "get_all_reported_checkpoints",
     "get_checkpoint",

@@ -44,7 +44,7 @@ def test_different_contents_under_one_name_fail_on_every_rank(tmp_path):
                   "--epochs", "2", expect=None)
     assert run.returncode != 0
     # mpiexec forwards each rank's output in chunks, so lines of two ranks may be glued.
-    failed = set(re.findall(r"\[(\d+)\] ERROR TrainingFailedError: [^\n\[]*common\.bin", run.output))
+    failed = set(re.findall(r"\[(\d+)\] ERROR WorkerGroupError: [^\n\[]*common\.bin", run.output))
     assert failed == {"0", "1", "2"}, run.output
     assert "ranks 0, 1" in run.output and "different contents" in run.output
     exp = tmp_path / "exp"

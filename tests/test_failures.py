@@ -31,7 +31,7 @@ def test_spawned_run_raises_one_error_naming_the_rank_with_its_traceback(tmp_pat
     run = python("--workers", "3", "--storage", str(tmp_path), "--fail-rank", "2",
                  "--fail-epoch", "1", expect=3, timeout=90)
     error = run.line("ERROR")
-    assert error and error.startswith("TrainingFailedError: training failed on rank 2")
+    assert error and error.startswith("WorkerGroupError: training failed on rank 2")
     assert "--- rank 2 ---" in run.output and "in train_loop" in run.output
     attempts = manifest(tmp_path / "exp")["attempts"]
     assert [a["status"] for a in attempts] == ["failed"]
@@ -42,7 +42,7 @@ def test_a_rank_that_reports_more_often_is_detected_on_every_rank(tmp_path, worl
     run = mpiexec(world, "--storage", str(tmp_path), "--epochs", "2",
                   "--extra-report-rank", str(world - 1), expect=3, timeout=60)
     # mpiexec forwards each rank's output in chunks, so lines of two ranks may be glued.
-    failed = re.findall(rf"\[(\d+)\] ERROR TrainingFailedError: training failed on all {world} "
+    failed = re.findall(rf"\[(\d+)\] ERROR WorkerGroupError: training failed on all {world} "
                         "ranks: ReportMismatchError", run.output)
     assert sorted(set(failed)) == [str(r) for r in range(world)], run.output
     assert f"rank {world - 1}: called report() for the 3rd time" in run.output
@@ -66,7 +66,7 @@ def test_failures_beyond_max_failures_give_up(tmp_path):
     run = python("--workers", "2", "--storage", str(tmp_path), "--epochs", "3", "--fail-rank", "0",
                  "--fail-epoch", "0", "--fail-attempts", "9", "--max-failures", "1",
                  expect=3, timeout=150)
-    assert run.line("ERROR").startswith("TrainingFailedError: training failed on rank 0")
+    assert run.line("ERROR").startswith("WorkerGroupError: training failed on rank 0")
     assert [a["status"] for a in manifest(tmp_path / "exp")["attempts"]] == ["failed", "failed"]
     assert checkpoint_dirs(tmp_path / "exp") == []
 

@@ -207,3 +207,33 @@ def test_logging_config_sets_the_level_and_json_lines(tmp_path):
     assert lines["WARNING"] == []
     with pytest.raises(ValueError, match="LOUD"):
         train.LoggingConfig(log_level="LOUD")
+
+
+def test_user_callbacks_see_every_ranks_metrics_and_each_committed_checkpoint(tmp_path):
+    import json
+
+    out = mpiexec(3, "--storage", str(tmp_path), script=HERE / "ranks" / "callbacks.py",
+                  timeout=120)
+    calls = json.loads(re.search(r"CALLS (.*)", out.output).group(1))
+    assert [[m["rank"] for m in metrics] for metrics, _ in calls] == [[0, 1, 2]] * 5
+    assert [(metrics[0]["step"], checkpoint) for metrics, checkpoint in calls] == [
+        (0, "checkpoint_000000"), (1, None), (2, "checkpoint_000001"), (3, None),
+        (4, "checkpoint_000002")]
+
+
+class _Failures(train.UserCallback):
+    def __init__(self) -> None:
+        self.seen: dict = {}
+
+    def after_exception(self, run_context, worker_exceptions) -> None:
+        self.seen = worker_exceptions
+
+
+def test_user_callbacks_hear_of_a_failure(tmp_path):
+    heard = _Failures()
+    with pytest.raises(train.TrainingFailedError):
+        DataParallelTrainer(_fails, run_config=RunConfig(name="f", storage_path=str(tmp_path),
+                                                         callbacks=[heard])).fit()
+    assert list(heard.seen) == [0] and isinstance(heard.seen[0], KeyError)
+    with pytest.raises(ValueError, match="UserCallback"):
+        RunConfig(callbacks=[object()])

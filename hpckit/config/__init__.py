@@ -3,15 +3,17 @@ means changing imports. Each is a frozen dataclass that checks itself in ``__pos
 and says what is wrong and what would be right.
 
 Owns: ``scaling`` (ScalingConfig), ``checkpointing`` (CheckpointConfig,
-CheckpointUploadMode), ``run`` (RunConfig, FailureConfig, SyncConfig, LoggingConfig).
+CheckpointUploadMode), ``run`` (RunConfig, FailureConfig, SyncConfig, LoggingConfig),
+``callbacks`` (UserCallback, TrainRunContext).
 May import: :mod:`hpckit.errors`, pyarrow.
 """
 
 from __future__ import annotations
 
+from hpckit.config.callbacks import TrainRunContext, UserCallback
 from hpckit.config.checkpointing import CheckpointConfig, CheckpointUploadMode
 from hpckit.config.run import FailureConfig, LoggingConfig, RunConfig, SyncConfig
 from hpckit.config.scaling import ScalingConfig
 
 __all__ = ["ScalingConfig", "CheckpointConfig", "CheckpointUploadMode", "FailureConfig",
-           "SyncConfig", "RunConfig", "LoggingConfig"]
+           "SyncConfig", "RunConfig", "LoggingConfig", "TrainRunContext", "UserCallback"]

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import pyarrow.fs
 
+from hpckit.config.callbacks import UserCallback
 from hpckit.config.checkpointing import CheckpointConfig
 from hpckit.config.values import is_int
 from hpckit.errors import ConfigError
@@ -120,6 +121,9 @@ class RunConfig:
     logging_config: LoggingConfig | None = None
     """hpckit's log level and encoding (default: INFO on rank 0, text)."""
 
+    callbacks: list[UserCallback] | None = None
+    """:class:`UserCallback` instances, called on rank 0 after each report and on failure."""
+
     def __post_init__(self) -> None:
         if self.name is not None:
             _check_name(self.name)
@@ -148,6 +152,11 @@ class RunConfig:
                 f"RunConfig(failure_config={self.failure_config!r}) must be a FailureConfig.")
         if not isinstance(self.sync_config, SyncConfig):
             raise ConfigError(f"RunConfig(sync_config={self.sync_config!r}) must be a SyncConfig.")
+        callbacks = self.callbacks
+        if callbacks is not None and (not isinstance(callbacks, (list, tuple)) or not all(
+                isinstance(c, UserCallback) for c in callbacks)):
+            raise ConfigError(f"RunConfig(callbacks={callbacks!r}) must be a list of "
+                              "hpckit.UserCallback instances (subclass it).")
         if self.logging_config is not None and not isinstance(self.logging_config, LoggingConfig):
             raise ConfigError(
                 f"RunConfig(logging_config={self.logging_config!r}) must be a LoggingConfig.")

@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow.fs
 
 from hpckit.checkpoint import Checkpoint
+from hpckit.config.callbacks import TrainRunContext
 from hpckit.errors import StorageError
 from hpckit.experiment import retention
 from hpckit.experiment.artifacts import Artifacts
@@ -24,6 +25,7 @@ from hpckit.experiment.manifest import Manifest
 from hpckit.logs import log
 from hpckit.result import Result
 from hpckit.run import stop
+from hpckit.run.callbacks import Callbacks
 from hpckit.run.comm import Topology, everywhere, on_root, raised_together, wait_for_all
 from hpckit.run.commit import CommitProtocol
 from hpckit.run.context import TrainContext
@@ -161,13 +163,21 @@ def _session(job: TrainingJob, ranks: Ranks, settings: Settings, number: int,
     staging = Staging(location, rank, settings.local_dir)
     staging.remove()  # what an earlier attempt of this rank left
     protocol = CommitProtocol(ranks.comm, location, job.run_config.checkpoint_config,
-                              (start.next_step, start.next_index), owner, latest, staging)
+                              (start.next_step, start.next_index), owner, latest, staging,
+                              callbacks(job, location))
     context = TrainContext(ranks.topology, job.name, location, number, settings.launcher,
                            settings.slurm(), artifact_dir=lambda: artifacts.directory,
                            stop_requested=lambda: session.stop_requested is not None,
                            checkpoint_dir=protocol.checkpoint_dir)
     session = Session(context, protocol, job.resume_from_checkpoint, artifacts)
     return session
+
+
+def callbacks(job: TrainingJob, location: Location) -> Callbacks:
+    """The run's UserCallbacks with what they are told of the run."""
+    context = TrainRunContext(job.run_config, job.train_loop_config or {}, job.scaling_config,
+                              location.display)
+    return Callbacks(job.run_config.callbacks or [], context)
 
 
 def _train(job: TrainingJob, session: Session, owner: Experiment | None,
@@ -194,10 +204,13 @@ def _train(job: TrainingJob, session: Session, owner: Experiment | None,
                     owner.location.join(latest.directory).display if latest else None))
         raise
     except BaseException as exc:
+        together = raised_together(exc)
         if owner is not None:
             owner.end_attempt(AttemptStatus.FAILED, f"{type(exc).__name__}: {exc}",
                               session.protocol.reports)
-        raise AttemptFailed(exc, raised_together(exc)) from exc
+            size = session.context.get_world_size()
+            session.protocol.callbacks.failed(dict.fromkeys(range(size) if together else [0], exc))
+        raise AttemptFailed(exc, together) from exc
     finally:
         activate(None)
         session.protocol.close(promptly=interrupted)

@@ -33,6 +33,7 @@ from hpckit.experiment.values import to_json_metrics
 from hpckit.logs import log
 from hpckit.run import stop
 from hpckit.run.background import Background
+from hpckit.run.callbacks import Callbacks
 from hpckit.run.comm import all_reduce, attempt
 from hpckit.run.handover import Handed, Staging, Upload, hand_in, hand_over, release, same_filesystem
 from hpckit.run.ledger import Ledger, discard
@@ -56,18 +57,20 @@ class CommitProtocol:
 
     def __init__(self, comm: Any, experiment: Location, config: CheckpointConfig,
                  progress: tuple[int, int], owner: Experiment | None, latest: Checkpoint | None,
-                 staging: Staging) -> None:
+                 staging: Staging, callbacks: Callbacks) -> None:
         self.comm = comm
         self.experiment = experiment
         self.config = config
         self.next_step, self.next_index = progress
         self.owner = owner
-        self.ledger = Ledger(owner, config) if owner is not None else None
+        self.callbacks = callbacks
+        self.ledger = Ledger(owner, config, callbacks) if owner is not None else None
         self.latest = latest
         self.staging = staging
         self.background = Background(comm.rank)
         self.reports = 0
         self.last_metrics: dict[str, Any] = {}
+        self._mine: dict[str, Any] | None = None
         self._told_of_wait = False
         self._broken: HpckitError | None = None
 
@@ -82,7 +85,8 @@ class CommitProtocol:
         handed = handed or Handed()
         plan = self._announce(Announcement(
             REPORT, self.reports, handed.files, failure, stop.received(), handed.in_place,
-            self.background.finished(), upload.mode is CheckpointUploadMode.ASYNC, upload.dir_name))
+            self.background.finished(), upload.mode is CheckpointUploadMode.ASYNC, upload.dir_name,
+            self._mine if self.callbacks else None))
         if plan.directory is None:
             if plan.stop:
                 self._drain()
@@ -110,6 +114,7 @@ class CommitProtocol:
 
     def _prepare(self, metrics: Any, checkpoint: Checkpoint | None, upload: Upload) -> Handed:
         converted = to_json_metrics(metrics)
+        self._mine = converted
         if self.comm.rank == 0:
             self.last_metrics = converted
         if checkpoint is None:
@@ -147,6 +152,7 @@ class CommitProtocol:
         plan = replace(plan, committed=ledger.commit_finished(announcements))
         if announcements[0].kind != REPORT:
             return plan
+        self.callbacks.heard(plan.step, [a.metrics or {} for a in announcements])
         if plan.directory is None:
             ledger.log(plan.step, self.last_metrics)
         elif plan.asynchronous:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pyarrow.fs
 
+from hpckit.checkpoint import Checkpoint
 from hpckit.config import CheckpointConfig
 from hpckit.errors import CheckpointError, HpckitError
 from hpckit.experiment.experiment import Experiment
@@ -25,6 +26,7 @@ from hpckit.experiment.manifest import (
 from hpckit.experiment.nested import flatten
 from hpckit.experiment.retention import score_of
 from hpckit.logs import log
+from hpckit.run.callbacks import Callbacks
 from hpckit.run.plan import (
     Announcement,
     Persisted,
@@ -53,9 +55,11 @@ class Entry:
 class Ledger:
     """The queue of reports that rank 0 has planned and not yet written."""
 
-    def __init__(self, owner: Experiment, config: CheckpointConfig) -> None:
+    def __init__(self, owner: Experiment, config: CheckpointConfig,
+                 callbacks: Callbacks | None = None) -> None:
         self.owner = owner
         self.config = config
+        self.callbacks = callbacks
         self._queue: deque[Entry] = deque()
         self._score_missing_said = False
 
@@ -66,7 +70,7 @@ class Ledger:
         if self._queue:
             self._queue.append(Entry(step, metrics, None, time.perf_counter()))
         else:
-            self.owner.log_report(step, metrics)
+            self._log_report(step, metrics)
 
     def reserve(self, directory: str) -> None:
         """A checkpoint directory the user named: refused if taken, else marked pending so
@@ -106,7 +110,7 @@ class Ledger:
         while self._queue:
             entry = self._queue[0]
             if entry.plan is None:
-                self.owner.log_report(entry.step, entry.metrics)
+                self._log_report(entry.step, entry.metrics)
             elif entry.plan.directory in ready:
                 self.commit(entry.plan, ready[entry.plan.directory], entry.metrics, entry.started)
                 committed.append(entry.plan.directory)
@@ -132,6 +136,8 @@ class Ledger:
                                   tuple(sorted(written, key=lambda r: r.path)))
         self._say_if_unscored(metrics)
         self.owner.commit(record, self.config)
+        if self.callbacks:
+            self.callbacks.recorded(plan.step, Checkpoint._at(target))
         if not is_checkpoint_dirname(plan.directory):
             try:
                 files.delete_file(target.join(PENDING_MARKER), missing_ok=True)
@@ -145,6 +151,11 @@ class Ledger:
             log.info("step %d: %s; committed %s (%s in %d file(s)) in %.0f ms", plan.step,
                      summary(record.metrics), plan.directory, human_size(record.size),
                      len(written), (time.perf_counter() - started) * 1000)
+
+    def _log_report(self, step: int, metrics: dict[str, Any]) -> None:
+        self.owner.log_report(step, metrics)
+        if self.callbacks:
+            self.callbacks.recorded(step, None)
 
     def _say_if_unscored(self, metrics: dict[str, Any]) -> None:
         """Once per run: the retention's score attribute is missing from a checkpoint's

@@ -6,6 +6,7 @@ ranks wrote."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from hpckit.errors import CheckpointError, CommitError, ReportMismatchError
 from hpckit.experiment.manifest import (
@@ -52,6 +53,7 @@ class Announcement:
     finished: tuple[Finished, ...] = ()
     asynchronous: bool = False
     dir_name: str | None = None
+    metrics: dict[str, Any] | None = None  # this rank's, sent only for UserCallbacks
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,47 @@
+"""UserCallback: code of the user's that hpckit calls on rank 0 as the run goes (Ray's)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TrainRunContext:
+    """What a callback knows of the run (Ray's name): its configs and where it is stored."""
+
+    run_config: Any
+    train_loop_config: dict[str, Any] = field(default_factory=dict)
+    scaling_config: Any = None
+    experiment_path: str = ""
+
+    def get_run_config(self) -> Any:
+        return self.run_config
+
+    def get_train_loop_config(self) -> dict[str, Any]:
+        return self.train_loop_config
+
+    def get_scaling_config(self) -> Any:
+        return self.scaling_config
+
+
+class UserCallback:
+    """Subclass it and pass instances in ``RunConfig(callbacks=[...])``. hpckit calls them
+    on rank 0 (Ray calls them on its controller, which hpckit does not have), in report order:
+
+    - ``after_report(run_context, metrics, checkpoint)`` once a report is recorded:
+      ``metrics[i]`` is what rank i reported, ``checkpoint`` the committed checkpoint (None
+      for a report without one; an asynchronous one is passed when it is committed);
+    - ``after_exception(run_context, worker_exceptions)`` when the training function fails
+      on every rank alike, or on rank 0 (a rank that fails alone ends the job at once).
+
+    An exception in a callback fails the run, as a bug in the training function would.
+    """
+
+    def after_report(self, run_context: TrainRunContext, metrics: list[dict[str, Any]],
+                     checkpoint: Any) -> None:
+        """Called after every rank has reported and the report is recorded."""
+
+    def after_exception(self, run_context: TrainRunContext,
+                        worker_exceptions: dict[int, BaseException]) -> None:
+        """Called after the training function raised, with each failed rank's exception."""
