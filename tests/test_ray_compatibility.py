@@ -1,0 +1,46 @@
+"""docs/ray-compatibility.md lists every public name of Ray Train 2.60 and marks a name
+supported exactly when hpckit exports it, so the page cannot drift from the code."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import hpckit
+import hpckit.torch
+
+PAGE = Path(__file__).parent.parent / "docs" / "ray-compatibility.md"
+
+# ray.train.__all__ and ray.train.torch.__all__ of the Ray 2.60.0 wheel (Train V2 enabled).
+RAY_TRAIN = {
+    "get_checkpoint", "get_context", "get_dataset_shard", "report", "BackendConfig", "Checkpoint",
+    "CheckpointConfig", "DataConfig", "FailureConfig", "Result", "RunConfig", "ScalingConfig",
+    "SyncConfig", "TrainContext", "TrainingFailedError", "TRAIN_DATASET_KEY",
+    "CheckpointUploadMode", "CheckpointConsistencyMode", "ControllerError", "NCCLHangError",
+    "LoggingConfig", "PreemptionError", "PreemptionInfo", "ReportedCheckpoint",
+    "ReportedCheckpointStatus", "UserCallback", "WorkerGroupError", "ValidationConfig",
+    "ValidationFn", "ValidationTaskConfig", "get_all_reported_checkpoints", "get_preemption_info",
+}
+RAY_TRAIN_TORCH = {
+    "TorchTrainer", "TorchCheckpoint", "TorchConfig", "accelerate", "get_device", "get_devices",
+    "prepare_model", "prepare_optimizer", "prepare_data_loader", "backward",
+    "enable_reproducibility",
+}
+
+
+def _table(heading: str) -> dict[str, str]:
+    section = PAGE.read_text().split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([^`]+)` \| ([^|]+) \|", section, re.M)
+    return {name: status.strip() for name, status in rows}
+
+
+def test_every_ray_name_is_in_the_table_once_and_supported_means_exported():
+    for heading, names, module in (("`ray.train` → `hpckit`", RAY_TRAIN, hpckit),
+                                   ("`ray.train.torch` → `hpckit.torch`", RAY_TRAIN_TORCH,
+                                    hpckit.torch)):
+        table = _table(heading)
+        assert set(table) == names, set(table) ^ names
+        assert set(table.values()) <= {"yes", "yes, differs", "no: not applicable", "not yet"}
+        supported = {name for name, status in table.items() if status.startswith("yes")}
+        assert supported == names & set(module.__all__), supported ^ (names & set(module.__all__))
+        assert all(hasattr(module, name) for name in supported)
