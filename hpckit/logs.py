@@ -42,10 +42,12 @@ class _JsonFormatter(logging.Formatter):
 def configure(rank: int, level: str | None = None, encoding: str = "TEXT") -> None:
     """Give the ``hpckit`` logger a rank prefix and this rank's level; safe to call again.
 
-    ``level`` is rank 0's, and every rank's at DEBUG; otherwise ``HPCKIT_LOG_LEVEL`` where
-    set, else INFO on rank 0 and WARNING on the others."""
+    ``level`` is rank 0's, and every rank's at DEBUG (the others log at least warnings);
+    without it ``HPCKIT_LOG_LEVEL`` where set, else INFO on rank 0 and WARNING elsewhere."""
     if level and (rank == 0 or level == "DEBUG"):
         chosen = level
+    elif level:
+        chosen = max(level, "WARNING", key=logging.getLevelName)
     else:
         chosen = settings.current().log_level or ("INFO" if rank == 0 else "WARNING")
     handler = next((h for h in log.handlers if isinstance(h, _Handler)), None)

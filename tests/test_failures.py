@@ -32,6 +32,7 @@ def test_spawned_run_raises_one_error_naming_the_rank_with_its_traceback(tmp_pat
                  "--fail-epoch", "1", expect=3, timeout=90)
     error = run.line("ERROR")
     assert error and error.startswith("WorkerGroupError: training failed on rank 2")
+    assert run.line("FAILED") == '{"2": "ValueError"}'  # worker_failures: rank 2's own
     assert "--- rank 2 ---" in run.output and "in train_loop" in run.output
     attempts = manifest(tmp_path / "exp")["attempts"]
     assert [a["status"] for a in attempts] == ["failed"]
@@ -45,6 +46,8 @@ def test_a_rank_that_reports_more_often_is_detected_on_every_rank(tmp_path, worl
     failed = re.findall(rf"\[(\d+)\] ERROR WorkerGroupError: training failed on all {world} "
                         "ranks: ReportMismatchError", run.output)
     assert sorted(set(failed)) == [str(r) for r in range(world)], run.output
+    # Every rank's worker_failures: the mismatch, found where the reports meet (rank 0's plan).
+    assert re.findall(r"FAILED (\{[^}]*\})", run.output) == ['{"0": "ReportMismatchError"}'] * world
     assert f"rank {world - 1}: called report() for the 3rd time" in run.output
     assert "rank 0: returned from the training function after 2 report() call(s)" in run.output
 

@@ -19,7 +19,6 @@ from hpckit import (
     ReportedCheckpointStatus,
     Result,
     RunConfig,
-    ScalingConfig,
 )
 from conftest import HERE, mpiexec
 
@@ -152,8 +151,8 @@ def test_all_reported_checkpoints_on_every_rank_and_after_a_resume(tmp_path):
 
 def test_consistency_mode_and_status_have_rays_values():
     assert [m.name for m in CheckpointConsistencyMode] == ["COMMITTED", "VALIDATED"]
-    assert ReportedCheckpointStatus.COMMITTED.name == "COMMITTED"
-    assert ScalingConfig().num_workers == 1
+    assert [s.name for s in ReportedCheckpointStatus] == [
+        "COMMITTED", "PENDING_VALIDATION", "VALIDATED", "VALIDATION_TIMEOUT", "VALIDATION_FAILED"]
 
 
 def _torch_names(config: dict) -> dict:
@@ -199,7 +198,8 @@ def test_logging_config_sets_the_level_and_json_lines(tmp_path):
     lines = {}
     for level in ("info", "WARNING"):
         out = subprocess.run([sys.executable, "-c", program.replace("{level}", level)],
-                             capture_output=True, text=True, timeout=60)
+                             capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "HPCKIT_LOG_LEVEL": ""})
         assert out.returncode == 0, out.stderr
         lines[level] = [json.loads(line) for line in out.stderr.splitlines()]
     assert {"time", "level", "rank", "message"} <= set(lines["info"][0])
@@ -237,3 +237,39 @@ def test_user_callbacks_hear_of_a_failure(tmp_path):
     assert list(heard.seen) == [0] and isinstance(heard.seen[0], KeyError)
     with pytest.raises(ValueError, match="UserCallback"):
         RunConfig(callbacks=[object()])
+
+
+class _Raises(train.UserCallback):
+    def after_report(self, run_context, metrics, checkpoint) -> None:
+        raise RuntimeError("a bug in the callback")
+
+
+def test_a_failing_callback_is_a_controller_error_and_the_checkpoint_stays_committed(tmp_path):
+    trainer = DataParallelTrainer(
+        _report_scores, train_loop_config={"metrics": [{"acc": 0.5}, {"acc": 0.6}]},
+        run_config=RunConfig(name="c", storage_path=str(tmp_path), callbacks=[_Raises()]))
+    with pytest.raises(train.ControllerError, match="a bug in the callback"):
+        trainer.fit()
+    committed = Result.from_path(tmp_path / "c")
+    assert committed.checkpoint.path.endswith("checkpoint_000000")  # the report it was told of
+
+
+def test_return_value_of_rank_0_reaches_python_train_py(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import hpckit\n"
+        "from hpckit import DataParallelTrainer, RunConfig, ScalingConfig\n\n"
+        "class Model:\n    def __init__(self, rank):\n        self.rank = rank\n\n"
+        "def loop():\n    return Model(hpckit.get_context().get_world_rank())\n\n"
+        "if __name__ == '__main__':\n"
+        "    result = DataParallelTrainer(loop, scaling_config=ScalingConfig(num_workers=2),\n"
+        f"        run_config=RunConfig(name='r', storage_path={str(tmp_path)!r})).fit()\n"
+        "    print('RETURNED', type(result.return_value).__name__, result.return_value.rank)\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "RETURNED Model 0" in out.stdout, out.stdout + out.stderr
+    assert json.loads((tmp_path / "r" / "manifest.json").read_text())["attempts"][0]["status"] \
+        == "finished"

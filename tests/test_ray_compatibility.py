@@ -31,6 +31,8 @@ RAY_TRAIN_TORCH = {
 def _table(heading: str) -> dict[str, str]:
     section = PAGE.read_text().split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| `([^`]+)` \| ([^|]+) \|", section, re.M)
+    names = [name for name, _ in rows]
+    assert len(names) == len(set(names)), f"a name is listed twice: {sorted(names)}"
     return {name: status.strip() for name, status in rows}
 
 

@@ -142,11 +142,17 @@ def _failure(payload: str, code: int) -> BaseException:
 
 def _returned(payload: str) -> Any:
     """What the training function returned on rank 0 (None if it could not be kept)."""
+    path = os.path.join(payload, RETURNED)
+    if not os.path.exists(path):
+        return None
+    # The ranks ran the script as __mp_main__ (as multiprocessing does): here it is __main__.
+    sys.modules.setdefault("__mp_main__", sys.modules["__main__"])
     try:
-        with open(os.path.join(payload, RETURNED), "rb") as f:
+        with open(path, "rb") as f:
             return pickle.load(f)
     except (OSError, pickle.UnpicklingError, AttributeError, ImportError) as exc:
-        log.debug("no return value from rank 0: %s", exc)
+        log.warning("rank 0's return value could not be read back (%s); Result.return_value "
+                    "is None", exc)
         return None
 
 

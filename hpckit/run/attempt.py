@@ -26,7 +26,14 @@ from hpckit.logs import log
 from hpckit.result import Result
 from hpckit.run import stop
 from hpckit.run.callbacks import Callbacks
-from hpckit.run.comm import Topology, everywhere, on_root, raised_together, wait_for_all
+from hpckit.run.comm import (
+    Topology,
+    everywhere,
+    failed_ranks,
+    on_root,
+    raised_together,
+    wait_for_all,
+)
 from hpckit.run.commit import CommitProtocol
 from hpckit.run.context import TrainContext
 from hpckit.run.handover import Staging
@@ -208,8 +215,7 @@ def _train(job: TrainingJob, session: Session, owner: Experiment | None,
         if owner is not None:
             owner.end_attempt(AttemptStatus.FAILED, f"{type(exc).__name__}: {exc}",
                               session.protocol.reports)
-            size = session.context.get_world_size()
-            session.protocol.callbacks.failed(dict.fromkeys(range(size) if together else [0], exc))
+            session.protocol.callbacks.failed(failed_ranks(exc) or {0: exc})
         raise AttemptFailed(exc, together) from exc
     finally:
         activate(None)

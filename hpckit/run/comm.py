@@ -27,6 +27,8 @@ K = TypeVar("K")
 # Errors raised on every rank together by raise_failures: such an error ends the run on each
 # rank as it is, while an error of one rank alone must abort the job (see run.exit).
 _raised_together: weakref.WeakSet[BaseException] = weakref.WeakSet()
+_failed_ranks: weakref.WeakKeyDictionary[BaseException, list[RankFailure]] = \
+    weakref.WeakKeyDictionary()
 MESSAGES_SHOWN = 3  # distinct messages of hpckit errors in one failure, beyond the first
 
 
@@ -142,7 +144,18 @@ def raise_failures(failures: list[RankFailure], what: str, kind: type[HpckitErro
         return
     error = kind(describe(failures, what)) if wrap else _failure_error(failures, what, kind)
     _raised_together.add(error)
+    _failed_ranks[error] = failures
     raise error
+
+
+def failed_ranks(error: BaseException) -> dict[int, BaseException]:
+    """For an error every rank raised together: each failed rank and what it raised there
+    (its original exception where that could be sent, else ``error``)."""
+    try:
+        failures = _failed_ranks.get(error, [])
+    except TypeError:  # a built-in exception (no weak reference): not one of hpckit's
+        return {}
+    return {f.rank: f.original() or error for f in failures}
 
 
 def raised_together(error: BaseException) -> bool:

@@ -26,7 +26,7 @@ from typing import Any
 from hpckit import faults
 from hpckit.checkpoint import Checkpoint
 from hpckit.config import CheckpointConfig, CheckpointUploadMode
-from hpckit.errors import CheckpointError, CommitError, HpckitError
+from hpckit.errors import CheckpointError, CommitError, ControllerError, HpckitError
 from hpckit.experiment.experiment import Experiment
 from hpckit.experiment.manifest import checkpoint_dirname
 from hpckit.experiment.values import to_json_metrics
@@ -34,7 +34,7 @@ from hpckit.logs import log
 from hpckit.run import stop
 from hpckit.run.background import Background
 from hpckit.run.callbacks import Callbacks
-from hpckit.run.comm import all_reduce, attempt
+from hpckit.run.comm import RankFailure, all_reduce, attempt
 from hpckit.run.handover import Handed, Staging, Upload, hand_in, hand_over, release, same_filesystem
 from hpckit.run.ledger import Ledger, discard
 from hpckit.run.persist import persist, persist_in_place
@@ -82,6 +82,7 @@ class CommitProtocol:
         rank, before = self.comm.rank, self.latest
         self.reports += 1
         handed, failure = attempt(rank, lambda: self._prepare(metrics, checkpoint, upload))
+        failure = failure or self._callback_failure()
         handed = handed or Handed()
         plan = self._announce(Announcement(
             REPORT, self.reports, handed.files, failure, stop.received(), handed.in_place,
@@ -97,13 +98,26 @@ class CommitProtocol:
             self._drain()
             self._persist_now(plan, handed)
             release(handed, self.experiment.is_local)
+        self.callbacks.call_due()
         return Outcome(plan.stop, self.latest if self.latest is not before else None)
 
     def finish(self) -> None:
         """Collective end of the training function: commits what is still in the background,
         and catches ranks that reported fewer times."""
         self.background.wait()
-        self._announce(Announcement(FINISH, self.reports, finished=self.background.finished()))
+        self._announce(Announcement(FINISH, self.reports, finished=self.background.finished(),
+                                    failure=self._callback_failure()))
+        self.callbacks.call_due()
+        failure = self._callback_failure()
+        if failure is not None:  # a callback of the last reports: every rank must hear of it
+            self._announce(Announcement(FINISH, self.reports, failure=failure))
+
+    def _callback_failure(self) -> RankFailure | None:
+        """A UserCallback that raised on rank 0, as the failure every rank will raise."""
+        error, self.callbacks.error = self.callbacks.error, None
+        if error is None:
+            return None
+        return RankFailure.capture(self.comm.rank, ControllerError(error))
 
     def close(self, promptly: bool = False) -> None:
         """At the end of the attempt; ``promptly`` (after Ctrl-C) does not wait for a file

@@ -15,7 +15,7 @@ from hpckit import logs, uncaught
 from hpckit.errors import TrainingFailedError, WorkerGroupError
 from hpckit.logs import log
 from hpckit.run import stop
-from hpckit.run.comm import RankFailure, describe, world
+from hpckit.run.comm import RankFailure, describe, failed_ranks, world
 from hpckit.settings import Settings
 
 ABORT_GRACE = 0.5
@@ -78,7 +78,7 @@ def as_raised(exc: BaseException, training: bool, collective: bool, comm: Any) -
     if collective and comm.size > 1:
         return WorkerGroupError(
             f"training failed on all {comm.size} ranks: {type(exc).__name__}: {exc}",
-            dict.fromkeys(range(comm.size), exc))
+            failed_ranks(exc) or dict.fromkeys(range(comm.size), exc))
     return WorkerGroupError(describe([RankFailure.capture(comm.rank, exc)], "training"),
                             {comm.rank: exc})
 

@@ -85,4 +85,4 @@ def configure_logs(rank: int, job: TrainingJob, settings: Settings) -> None:
     if config is None:
         logs.configure(rank)
     else:
-        logs.configure(rank, settings.log_level or config.log_level, config.encoding)
+        logs.configure(rank, None if settings.log_level else config.log_level, config.encoding)

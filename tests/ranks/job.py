@@ -143,6 +143,10 @@ def main() -> None:
     try:
         result = trainer.fit()
     except hpckit.HpckitError as exc:
+        failures = getattr(exc, "worker_failures", None)
+        if failures is not None:  # as a Ray program reads WorkerGroupError
+            print("FAILED " + json.dumps({str(r): type(e).__name__ for r, e in failures.items()}),
+                  flush=True)
         print(f"ERROR {type(exc).__name__}: {exc}", flush=True)
         sys.exit(3)
     if int(os.environ.get("PMI_RANK", "0")) == 0:
