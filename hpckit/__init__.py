@@ -33,6 +33,7 @@ from hpckit.errors import (
 from hpckit.launch.trainer import DataParallelTrainer
 from hpckit.result import Result
 from hpckit.run.context import TrainContext
+from hpckit.run.preemption import PreemptionInfo, get_preemption_info
 from hpckit.run.reported import (
     CheckpointConsistencyMode,
     ReportedCheckpoint,
@@ -66,6 +67,7 @@ __all__ = [
     "ManifestError",
     "MetricsError",
     "PreemptionError",
+    "PreemptionInfo",
     "ReportMismatchError",
     "ReportedCheckpoint",
     "ReportedCheckpointStatus",
@@ -82,5 +84,6 @@ __all__ = [
     "get_all_reported_checkpoints",
     "get_checkpoint",
     "get_context",
+    "get_preemption_info",
     "report",
 ]

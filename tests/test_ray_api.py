@@ -273,3 +273,18 @@ def test_return_value_of_rank_0_reaches_python_train_py(tmp_path):
     assert out.returncode == 0 and "RETURNED Model 0" in out.stdout, out.stdout + out.stderr
     assert json.loads((tmp_path / "r" / "manifest.json").read_text())["attempts"][0]["status"] \
         == "finished"
+
+
+def test_get_preemption_info_is_none_until_the_stop_signal_then_the_same_on_every_rank(tmp_path):
+    import json
+    import socket
+
+    out = mpiexec(3, "--storage", str(tmp_path), "--signal-at", "2", "--steps", "10",
+                  "--sleep", "0.05", script=HERE / "ranks" / "preempted.py", expect=75,
+                  timeout=120)
+    seen = [(int(step), json.loads(info)) for step, info in re.findall(r"INFO (\d+) (.*?) END", out.output)]
+    assert sorted(step for step, info in seen if info is None) == [0, 0, 0, 1, 1, 1], out.output
+    told = [info for step, info in seen if info is not None]
+    assert len(told) == 3 and all(t == told[0] for t in told), out.output  # one answer for all
+    assert told[0] == {"deadline_ms": None, "nodes": {socket.gethostname(): [0, 1, 2]},
+                       "ranks": [0, 1, 2]}

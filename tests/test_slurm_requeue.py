@@ -90,3 +90,25 @@ def test_a_rank_that_dies_during_start_up_ends_the_others_within_a_minute(
     assert "rank died during start-up (injected by the test)" in text
     assert re.search(r"rank 1( \(pid \d+\))? .*exited before MPI start-up completed", text), text
     assert "rank 0] ERROR" in text and "rank 2] ERROR" in text, text
+
+
+def test_scancel_signal_is_seen_by_get_preemption_info_with_the_job_end_and_not_requeued_past_the_limit(
+        tmp_path, slurm):
+    import json
+    import socket
+
+    command = (f"{sys.executable} {HERE / 'ranks' / 'preempted.py'} --storage {tmp_path} "
+               "--max-preemption-failures 0 --poll-after 2")
+    job = sbatch(slurm, tmp_path, minimal_script(tmp_path, 2, command), "--time=10")
+    wait_for_reports(slurm, tmp_path, tmp_path / "preempted", 2, 120)
+    sent = time.time()
+    slurm.run("scancel", "--signal=USR2", job)
+    wait(slurm, tmp_path, job, 120)
+    output = output_of(tmp_path)
+    told = [json.loads(info) for info in re.findall(r"INFO \d+ (\{.*?\}) END", output)]
+    assert len(told) == 2 and told[0] == told[1], output  # both ranks, one answer
+    assert told[0]["nodes"] == {socket.gethostname(): [0, 1]}
+    assert sent < told[0]["deadline_ms"] / 1000 <= sent + 10 * 60 + 5, told  # --time=10
+    attempts = manifest(tmp_path / "preempted")["attempts"]
+    assert [a["status"] for a in attempts] == ["stopped"], attempts  # max_preemption_failures=0
+    assert "not requeued: FailureConfig(max_preemption_failures=0)" in attempts[0]["error"]

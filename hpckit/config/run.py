@@ -21,11 +21,16 @@ class FailureConfig:
     max_failures: int = 0
     """Restarts allowed after failures; 0 never restarts, -1 restarts without limit."""
 
+    max_preemption_failures: int = -1
+    """Requeues after the job was told to end (Slurm's time-limit warning, a preemption),
+    counted apart from ``max_failures``; -1 (as in Ray) requeues without limit, 0 never."""
+
     def __post_init__(self) -> None:
-        if not is_int(self.max_failures) or self.max_failures < -1:
-            raise ConfigError(
-                f"FailureConfig(max_failures={self.max_failures!r}) is invalid: use an integer "
-                ">= 0, or -1 for unlimited restarts.")
+        for name in ("max_failures", "max_preemption_failures"):
+            value = getattr(self, name)
+            if not is_int(value) or value < -1:
+                raise ConfigError(f"FailureConfig({name}={value!r}) is invalid: use an integer "
+                                  ">= 0, or -1 for no limit.")
 
 
 @dataclass(frozen=True)

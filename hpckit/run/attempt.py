@@ -197,7 +197,8 @@ def _train(job: TrainingJob, session: Session, owner: Experiment | None,
         session.protocol.finish()
         return returned
     except stop.StopRequested as requested:
-        _stop_run(session, owner, settings, str(requested))
+        _stop_run(session, owner, settings, str(requested),
+                  job.run_config.failure_config.max_preemption_failures)
     except KeyboardInterrupt:
         stop.exit_on_next_interrupt()
         interrupted = True
@@ -235,12 +236,18 @@ def sendable(value: Any) -> Any:
 
 
 def _stop_run(session: Session, owner: Experiment | None, settings: Settings,
-              signal_name: str) -> None:
-    """After the checkpoint that followed a stop request: requeue under Slurm, then exit."""
+              signal_name: str, limit: int) -> None:
+    """After the checkpoint that followed a stop request: requeue under Slurm (up to
+    ``limit`` times, FailureConfig.max_preemption_failures), then exit."""
     if owner is not None:
         reason = f"stop requested by {signal_name}"
         reports = session.protocol.reports
         job = settings.job_to_requeue
+        requeued = sum(a.status is AttemptStatus.REQUEUED for a in owner.manifest.attempts)
+        if job and limit != -1 and requeued >= limit:
+            job = None
+            reason += (f"; not requeued: FailureConfig(max_preemption_failures={limit}) reached "
+                       f"after {requeued} requeue(s)")
         # Recorded before asking: Slurm may end this job as soon as it requeues it.
         owner.end_attempt(AttemptStatus.REQUEUED if job else AttemptStatus.STOPPED, reason, reports)
         if not (job and stop.requeue(settings)):

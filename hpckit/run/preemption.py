@@ -1,0 +1,72 @@
+"""``get_preemption_info()``: whether the job has been told that it will end, as in Ray.
+
+On a cluster the job learns it from the stop signal (``HPCKIT_STOP_SIGNAL``, SIGUSR2 by
+default): Slurm's time-limit warning (``--signal=USR2@120``), a preemption whose partition
+sends it, or ``scancel --signal=USR2``. The stop machinery (:mod:`hpckit.run.stop`) already
+catches it on every rank; this asks the ranks together, so they all get one answer.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+
+from hpckit import settings as _settings
+from hpckit.errors import HpckitError
+from hpckit.run import stop
+from hpckit.run.comm import all_reduce
+from hpckit.run.session import current
+
+
+@dataclass(frozen=True)
+class PreemptionInfo:
+    """The job will end: by ``deadline_ms`` (milliseconds since the epoch; None where Slurm
+    does not say), on the nodes in ``preempted_node_to_ranks`` (every node of the job, since
+    the whole job ends), each with its world ranks."""
+
+    deadline_ms: int | None
+    preempted_node_to_ranks: dict[str, list[int]]
+
+    @property
+    def preempted_node_ids(self) -> list[str]:
+        return sorted(self.preempted_node_to_ranks)
+
+    @property
+    def preempted_ranks(self) -> list[int]:
+        return sorted({r for ranks in self.preempted_node_to_ranks.values() for r in ranks})
+
+
+def get_preemption_info() -> PreemptionInfo | None:
+    """None until a rank of the job has received the stop signal; from then on, on every
+    rank, the same :class:`PreemptionInfo`. Collective: every rank calls it the same number
+    of times. The next ``report()`` still stops the run after its checkpoint, as always."""
+    session = current("get_preemption_info")
+    topology = session.context.topology
+    return all_reduce(session.protocol.comm, "get_preemption_info()",
+                      lambda: (stop.received(), topology.hostname, topology.world_rank),
+                      _agreed, HpckitError)
+
+
+def _agreed(heard: list[tuple[str | None, str, int]]) -> PreemptionInfo | None:
+    if not any(signal for signal, _, _ in heard):
+        return None
+    nodes: dict[str, list[int]] = {}
+    for _, host, rank in heard:
+        nodes.setdefault(host, []).append(rank)
+    return PreemptionInfo(job_end_ms(_settings.current()), nodes)
+
+
+def job_end_ms(settings: _settings.Settings) -> int | None:
+    """When Slurm will end this job (its time limit), or None outside Slurm or unknown."""
+    squeue = shutil.which("squeue")
+    if not settings.slurm_job_id or not squeue:
+        return None
+    try:
+        out = subprocess.run([squeue, "-h", "-j", settings.slurm_job_id, "-o", "%e"],
+                             capture_output=True, text=True, timeout=30)
+        return int(time.mktime(time.strptime(out.stdout.strip(), "%Y-%m-%dT%H:%M:%S")) * 1000)
+    except (OSError, subprocess.TimeoutExpired, ValueError, OverflowError):
+        return None
+
