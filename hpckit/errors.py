@@ -93,7 +93,10 @@ class ControllerError(TrainingFailedError):
 
 class PreemptionError(TrainingFailedError):
     """The job was told to end (Slurm's time-limit warning, a preemption) and was not
-    requeued (Ray's name): ``preemption_info`` says when and which ranks."""
+    requeued (Ray's name): ``preemption_info`` says when and which ranks. Uncaught, it ends
+    the program with status 75 ("stopped, continue later"), as a stopped run always has."""
+
+    exit_status = 75
 
     def __init__(self, preemption_info: Any, drain_timed_out: bool = False) -> None:
         super().__init__(f"the job was preempted: {preemption_info}")

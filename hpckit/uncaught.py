@@ -18,6 +18,7 @@ before; only what reaches the top of the program is printed differently.
 
 from __future__ import annotations
 
+import os
 import sys
 from types import TracebackType
 
@@ -53,14 +54,17 @@ def hook(kind: type[BaseException], error: BaseException, trace: TracebackType |
     if current.log_level == "DEBUG":
         _previous(kind, error, trace)
     elif getattr(error, _SHOWN, False):
-        return
+        pass
     elif isinstance(error, HpckitError):
-        if _same_everywhere(error, trace) and current.launched_rank not in ("0", "?"):
-            return
-        sys.stderr.write(f"hpckit: error: {error}\n")
-        sys.stderr.flush()
+        if not (_same_everywhere(error, trace) and current.launched_rank not in ("0", "?")):
+            sys.stderr.write(f"hpckit: error: {error}\n")
     else:
         _previous(kind, error, trace)
+    status = getattr(error, "exit_status", None)
+    if isinstance(status, int):  # a stopped run: the status says "continue later"
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
 
 
 def _same_everywhere(error: BaseException, trace: TracebackType | None) -> bool:

@@ -214,7 +214,7 @@ def test_user_callbacks_see_every_ranks_metrics_and_each_committed_checkpoint(tm
 
     out = mpiexec(3, "--storage", str(tmp_path), script=HERE / "ranks" / "callbacks.py",
                   timeout=120)
-    calls = json.loads(re.search(r"CALLS (.*)", out.output).group(1))
+    calls = json.loads(re.search(r"CALLS (.*?) END", out.output).group(1))
     assert [[m["rank"] for m in metrics] for metrics, _ in calls] == [[0, 1, 2]] * 5
     assert [(metrics[0]["step"], checkpoint) for metrics, checkpoint in calls] == [
         (0, "checkpoint_000000"), (1, None), (2, "checkpoint_000001"), (3, None),

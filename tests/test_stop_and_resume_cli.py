@@ -72,9 +72,12 @@ def test_stop_agreed_at_a_report_without_checkpoint_is_visible_to_the_loop(tmp_p
         hpckit.report({"step": 2}, checkpoint=Checkpoint.from_directory(d))
         seen.append("not reached")
 
-    with pytest.raises(SystemExit) as info:
+    # Not requeued (no Slurm job), so fit() raises PreemptionError as Ray does; uncaught, it
+    # would end the program with status 75.
+    with pytest.raises(hpckit.PreemptionError) as info:
         TorchTrainer(loop, run_config=RunConfig(name="e", storage_path=str(tmp_path / "s"))).fit()
-    assert info.value.code == EXIT_STOPPED and seen == [True]
+    assert info.value.exit_status == EXIT_STOPPED and seen == [True]
+    assert info.value.preemption_info.preempted_ranks == [0]
     m = manifest(tmp_path / "s" / "e")
     assert m["latest"] == "checkpoint_000000" and m["attempts"][-1]["status"] == "stopped"
 

@@ -16,7 +16,13 @@ import tempfile
 from typing import Any, NoReturn
 
 from hpckit import uncaught
-from hpckit.errors import HpckitError, LaunchError, TrainingFailedError, WorkerGroupError
+from hpckit.errors import (
+    HpckitError,
+    LaunchError,
+    PreemptionError,
+    TrainingFailedError,
+    WorkerGroupError,
+)
 from hpckit.experiment.attempts import AttemptStatus
 from hpckit.experiment.experiment import end_abandoned_attempt, prepare
 from hpckit.experiment.reading import read_manifest
@@ -57,7 +63,7 @@ def spawn(job: TrainingJob, settings: Settings) -> Result:
             if code == 0:
                 return Result._read(experiment, _returned(payload))
             if code == EXIT_STOPPED:
-                raise SystemExit(EXIT_STOPPED)
+                _stopped(payload)
             if code == EXIT_INTERRUPTED:  # the ranks alone were interrupted: never retried
                 _interrupted(experiment, KeyboardInterrupt())
             failure = _failure(payload, code)
@@ -138,6 +144,16 @@ def _failure(payload: str, code: int) -> BaseException:
     failures = {r.failure.rank: _cause(r.failure.rank, r.failure.original())
                 or TrainingFailedError(r.failure.error) for r in reports}
     return WorkerGroupError(describe([r.failure for r in reports], "training"), failures)
+
+
+def _stopped(payload: str) -> NoReturn:
+    """The ranks stopped on request: requeued (exit 75), or not (rank 0's PreemptionError,
+    already told in the log, raised here as in Ray)."""
+    for report in read_errors(payload):
+        original = report.failure.original()
+        if isinstance(original, PreemptionError):
+            raise uncaught.shown_elsewhere(original)
+    raise SystemExit(EXIT_STOPPED)
 
 
 def _returned(payload: str) -> Any:

@@ -14,9 +14,10 @@ from typing import Any
 
 import pyarrow.fs
 
+from hpckit import uncaught
 from hpckit.checkpoint import Checkpoint
 from hpckit.config.callbacks import TrainRunContext
-from hpckit.errors import StorageError
+from hpckit.errors import PreemptionError, StorageError
 from hpckit.experiment import retention
 from hpckit.experiment.artifacts import Artifacts
 from hpckit.experiment.attempts import Attempt, AttemptStatus
@@ -32,12 +33,12 @@ from hpckit.run.comm import (
     failed_ranks,
     on_root,
     raised_together,
-    wait_for_all,
 )
 from hpckit.run.commit import CommitProtocol
 from hpckit.run.context import TrainContext
 from hpckit.run.handover import Staging
 from hpckit.run.job import TrainingJob, command_record
+from hpckit.run.preemption import preemption_info
 from hpckit.run.session import Session, activate
 from hpckit.run.startup import ready_since
 from hpckit.settings import Settings
@@ -238,24 +239,29 @@ def sendable(value: Any) -> Any:
 def _stop_run(session: Session, owner: Experiment | None, settings: Settings,
               signal_name: str, limit: int) -> None:
     """After the checkpoint that followed a stop request: requeue under Slurm (up to
-    ``limit`` times, FailureConfig.max_preemption_failures), then exit."""
+    ``limit`` times, FailureConfig.max_preemption_failures) and exit 75; not requeued,
+    raise PreemptionError on every rank (as Ray does), which exits 75 if uncaught."""
+    requeued = False
     if owner is not None:
         reason = f"stop requested by {signal_name}"
         reports = session.protocol.reports
         job = settings.job_to_requeue
-        requeued = sum(a.status is AttemptStatus.REQUEUED for a in owner.manifest.attempts)
-        if job and limit != -1 and requeued >= limit:
+        before = sum(a.status is AttemptStatus.REQUEUED for a in owner.manifest.attempts)
+        if job and limit != -1 and before >= limit:
             job = None
             reason += (f"; not requeued: FailureConfig(max_preemption_failures={limit}) reached "
-                       f"after {requeued} requeue(s)")
+                       f"after {before} requeue(s)")
         # Recorded before asking: Slurm may end this job as soon as it requeues it.
         owner.end_attempt(AttemptStatus.REQUEUED if job else AttemptStatus.STOPPED, reason, reports)
-        if not (job and stop.requeue(settings)):
+        requeued = bool(job) and stop.requeue(settings)
+        if not requeued:
             if job:
                 owner.end_attempt(AttemptStatus.STOPPED, reason, reports)
             latest = session.protocol.latest
             log.warning("stopped after committing %s (%s). To continue, run the same command "
                         "again, or: hpckit resume %s", latest.uri if latest else "-", reason,
                         owner.location.display)
-    wait_for_all(session.protocol.comm)
-    raise SystemExit(stop.EXIT_STOPPED)
+    comm = session.protocol.comm
+    if comm.bcast(requeued, root=0):
+        raise SystemExit(stop.EXIT_STOPPED)
+    raise uncaught.shown_elsewhere(PreemptionError(preemption_info(comm, session, settings)))

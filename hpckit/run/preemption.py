@@ -12,12 +12,13 @@ import shutil
 import subprocess
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from hpckit import settings as _settings
 from hpckit.errors import HpckitError
 from hpckit.run import stop
 from hpckit.run.comm import all_reduce
-from hpckit.run.session import current
+from hpckit.run.session import Session, current
 
 
 @dataclass(frozen=True)
@@ -52,10 +53,21 @@ def get_preemption_info() -> PreemptionInfo | None:
 def _agreed(heard: list[tuple[str | None, str, int]]) -> PreemptionInfo | None:
     if not any(signal for signal, _, _ in heard):
         return None
+    return _info([(host, rank) for _, host, rank in heard], job_end_ms(_settings.current()))
+
+
+def _info(ranks: list[tuple[str, int]], deadline_ms: int | None) -> PreemptionInfo:
     nodes: dict[str, list[int]] = {}
-    for _, host, rank in heard:
+    for host, rank in ranks:
         nodes.setdefault(host, []).append(rank)
-    return PreemptionInfo(job_end_ms(_settings.current()), nodes)
+    return PreemptionInfo(deadline_ms, nodes)
+
+
+def preemption_info(comm: Any, session: Session, settings: _settings.Settings) -> PreemptionInfo:
+    """Every rank, together, once a stop ended the run: what ``PreemptionError`` carries."""
+    topology = session.context.topology
+    ranks = comm.allgather((topology.hostname, topology.world_rank))
+    return _info(ranks, comm.bcast(job_end_ms(settings) if comm.rank == 0 else None, root=0))
 
 
 def job_end_ms(settings: _settings.Settings) -> int | None:

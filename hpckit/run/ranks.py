@@ -4,13 +4,13 @@ agreed, and attempts run until one succeeds or the retry policy gives up."""
 from __future__ import annotations
 
 from hpckit import logs
-from hpckit.errors import LaunchError
+from hpckit.errors import LaunchError, PreemptionError
 from hpckit.logs import log
 from hpckit.result import Result
 from hpckit.run import exit as rank_exit
 from hpckit.run import shm, stop
 from hpckit.run.attempt import AttemptFailed, Ranks, run_attempt
-from hpckit.run.comm import discover, raised_together, world
+from hpckit.run.comm import RankFailure, discover, raised_together, world
 from hpckit.run.job import TrainingJob
 from hpckit.run.retry import RetryPolicy
 from hpckit.run.watchdog import StartupWatchdog
@@ -52,6 +52,11 @@ def _run(job: TrainingJob, settings: Settings) -> Result:
         try:
             return run_attempt(job, Ranks(comm, local_comm, topology), settings, number)
         except (SystemExit, KeyboardInterrupt):
+            raise
+        except PreemptionError as stopped:  # every rank, together: the run stopped, not failed
+            if settings.worker and comm.rank == 0:  # for fit() in the process that started us
+                rank_exit.write_error(settings.worker, rank_exit.ErrorReport(
+                    RankFailure.capture(0, stopped), training=False))
             raise
         except AttemptFailed as failure:
             # Only a single rank that hpckit did not launch restarts itself; launched ranks

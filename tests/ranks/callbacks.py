@@ -46,7 +46,7 @@ def main() -> None:
                         run_config=RunConfig(name="callbacks", storage_path=args.storage,
                                              callbacks=[recorder])).fit()
     if MPI.COMM_WORLD.rank == 0:
-        print("CALLS " + json.dumps(recorder.calls), flush=True)
+        print("CALLS " + json.dumps(recorder.calls) + " END", flush=True)
     else:
         assert recorder.calls == [], recorder.calls  # called on rank 0 only
 

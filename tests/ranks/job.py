@@ -142,6 +142,8 @@ def main() -> None:
         resume_from_checkpoint=Checkpoint(args.resume_from) if args.resume_from else None)
     try:
         result = trainer.fit()
+    except hpckit.PreemptionError:
+        raise  # a stopped run: uncaught, it exits 75 ("continue later")
     except hpckit.HpckitError as exc:
         failures = getattr(exc, "worker_failures", None)
         if failures is not None:  # as a Ray program reads WorkerGroupError
