@@ -27,7 +27,6 @@ from hpckit.experiment.attempts import AttemptStatus
 from hpckit.experiment.experiment import end_abandoned_attempt, prepare
 from hpckit.experiment.reading import read_manifest
 from hpckit.launch.process import mpiexec, run_process, started_for
-from hpckit.launch.worker import RETURNED
 from hpckit.logs import log
 from hpckit.result import Result
 from hpckit.run import stop
@@ -40,6 +39,9 @@ from hpckit.run.stop import EXIT_INTERRUPTED, EXIT_STOPPED
 from hpckit.settings import Settings, variable
 from hpckit.storage.location import Location
 
+# Not in hpckit.launch.worker: importing that module here would import it before
+# ``python -m hpckit.launch.worker`` runs it, and runpy warns about that on every rank.
+RETURNED = "returned.pkl"  # rank 0's return value, in the launch payload
 
 def spawn(job: TrainingJob, settings: Settings) -> Result:
     """Start ``num_workers`` ranks on this node under mpiexec; restart them on failure."""

@@ -9,10 +9,9 @@ import sys
 
 from hpckit import settings
 from hpckit.launch.mainimport import import_main
+from hpckit.launch.spawn import RETURNED
 from hpckit.run.comm import world
 from hpckit.run.ranks import run_ranks
-
-RETURNED = "returned.pkl"  # rank 0's return value, in the launch payload
 
 
 def main() -> None:
