@@ -7,8 +7,6 @@ import json
 import os
 import tempfile
 
-from mpi4py import MPI
-
 import hpckit as train
 from hpckit import Checkpoint, DataParallelTrainer, RunConfig, ScalingConfig, UserCallback
 
@@ -37,6 +35,8 @@ def train_loop(config: dict) -> None:
 
 
 def main() -> None:
+    from mpi4py import MPI  # after hpckit, which clears a killed job step's MPI memory first
+
     p = argparse.ArgumentParser()
     p.add_argument("--storage", required=True)
     args = p.parse_args()

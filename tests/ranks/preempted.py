@@ -11,8 +11,6 @@ import signal
 import tempfile
 import time
 
-from mpi4py import MPI
-
 import hpckit as train
 from hpckit import Checkpoint, DataParallelTrainer, FailureConfig, RunConfig, ScalingConfig
 
@@ -37,6 +35,8 @@ def train_loop(config: dict) -> None:
 
 
 def main() -> None:
+    from mpi4py import MPI  # after hpckit, which clears a killed job step's MPI memory first
+
     p = argparse.ArgumentParser()
     p.add_argument("--storage", required=True)
     p.add_argument("--steps", type=int, default=200)

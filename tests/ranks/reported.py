@@ -8,8 +8,6 @@ import json
 import os
 import tempfile
 
-from mpi4py import MPI
-
 import hpckit as train
 from hpckit import Checkpoint, DataParallelTrainer, RunConfig, ScalingConfig
 
@@ -32,6 +30,8 @@ def train_loop(config: dict) -> None:
 
 
 def main() -> None:
+    from mpi4py import MPI  # after hpckit, which clears a killed job step's MPI memory first
+
     p = argparse.ArgumentParser()
     p.add_argument("--storage", required=True)
     p.add_argument("--reports", type=int, default=3)
