@@ -156,5 +156,10 @@ SlurmdLogFile={root}/slurmd.log
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
 {_node_line(host)}
-PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+# An "urgent" job preempts a "test" job as a site's high-priority queue would: Slurm sends
+# the test job's tasks SIGTERM, ends it GraceTime seconds later, and requeues it.
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=20
+PartitionName=urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
 """

@@ -3,12 +3,14 @@ time limit, job arrays, mpiexec inside an allocation, and hpckit resume --sbatch
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -100,8 +102,16 @@ def test_requeued_job_resumes_and_ends_as_an_uninterrupted_run(tmp_path, slurm, 
 def test_time_limit_warning_checkpoints_requeues_and_finishes(tmp_path, slurm, steady_reference,
                                                               cpu_burner):
     job = submit(slurm, tmp_path, "requeue.sbatch", "--ntasks=2", "--cpus-per-task=1", "--time=1",
-                 "--signal=USR2@30", args=f"--storage {tmp_path} --name tl --epoch-seconds 4")
+                 "--signal=USR2@30",
+                 args=f"--storage {tmp_path} --name tl --epoch-seconds 4 --preemption-info")
     assert wait(slurm, tmp_path, job, 400) == {job: "COMPLETED"}, output_of(tmp_path)
+    told = [json.loads(t) for t in re.findall(r"PREEMPTION (\{.*?\}) rank \d END",
+                                               output_of(tmp_path))]
+    # Each warning (one per run of the job that the limit reached) seen by both ranks, as one
+    # answer whose deadline is the job's end: its 1-minute limit.
+    deadlines = Counter(t["deadline_ms"] for t in told)
+    assert deadlines and set(deadlines.values()) == {2}, told
+    assert all(0 < t["deadline_ms"] / 1000 - t["seen"] <= 61 for t in told), told
     m = manifest(tmp_path / "tl")
     statuses = [a["status"] for a in m["attempts"]]
     assert "requeued" in statuses and statuses[-1] == "finished", m["attempts"]

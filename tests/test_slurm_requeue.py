@@ -5,14 +5,16 @@ starting; a rank that dies during start-up. Both cores are kept busy by a CPU bu
 
 from __future__ import annotations
 
+import json
 import re
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import HERE, STEADY, final_params, manifest, metrics_lines, mpiexec
+from conftest import HERE, HPCKIT, STEADY, final_params, manifest, metrics_lines, mpiexec
 from test_slurm_jobs import output_of, wait, wait_for_reports
 
 SLOW_START = HERE / "ranks" / "slow_start.py"
@@ -92,23 +94,70 @@ def test_a_rank_that_dies_during_start_up_ends_the_others_within_a_minute(
     assert "rank 0] ERROR" in text and "rank 2] ERROR" in text, text
 
 
-def test_scancel_signal_is_seen_by_get_preemption_info_with_the_job_end_and_not_requeued_past_the_limit(
-        tmp_path, slurm):
-    import json
-    import socket
+def wait_for_output(slurm, tmp_path: Path, pattern: str, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while not (found := re.search(pattern, output_of(tmp_path))):
+        assert time.monotonic() < deadline, f"no {pattern!r}:\n{output_of(tmp_path)}{slurm.logs()}"
+        time.sleep(0.5)
+    return found.group(0)
 
-    command = (f"{sys.executable} {HERE / 'ranks' / 'preempted.py'} --storage {tmp_path} "
-               "--max-preemption-failures 0 --poll-after 2")
-    job = sbatch(slurm, tmp_path, minimal_script(tmp_path, 2, command), "--time=10")
-    wait_for_reports(slurm, tmp_path, tmp_path / "preempted", 2, 120)
+
+def preemption_infos(output: str) -> list[dict]:
+    return [json.loads(info) for info in re.findall(r"INFO \d+ (\{.*?\}) END", output)]
+
+
+def test_preemption_requeues_count_apart_from_failures_and_stop_at_max_preemption_failures(
+        tmp_path, slurm):
+    # hpckit run restarts after the injected failure (max_failures=1); the first scancel
+    # --signal is then still requeued (max_preemption_failures=1: the failure did not count),
+    # and the second, in the requeued job, is not.
+    command = (f"{HPCKIT} run -n 2 --max-failures 1 {HERE / 'ranks' / 'preempted.py'} "
+               f"--storage {tmp_path} --max-preemption-failures 1 --fail-once-at 1 "
+               "--poll-after 3")
+    job = sbatch(slurm, tmp_path, minimal_script(tmp_path, 1, command), "--time=10",
+                 "--cpus-per-task=2")
+    wait_for_output(slurm, tmp_path, r"WAITING 0 1 END", 120)  # restarted after the failure
     sent = time.time()
+    slurm.run("scancel", "--signal=USR2", job)
+    wait_for_output(slurm, tmp_path, r"WAITING 1 \d+ END", 180)  # the requeued job
     slurm.run("scancel", "--signal=USR2", job)
     wait(slurm, tmp_path, job, 120)
     output = output_of(tmp_path)
-    told = [json.loads(info) for info in re.findall(r"INFO \d+ (\{.*?\}) END", output)]
-    assert len(told) == 2 and told[0] == told[1], output  # both ranks, one answer
+    told = preemption_infos(output)
+    assert len(told) == 4 and told[0] == told[1], output  # both ranks, one answer, each time
     assert told[0]["nodes"] == {socket.gethostname(): [0, 1]}
     assert sent < told[0]["deadline_ms"] / 1000 <= sent + 10 * 60 + 5, told  # --time=10
     attempts = manifest(tmp_path / "preempted")["attempts"]
-    assert [a["status"] for a in attempts] == ["stopped"], attempts  # max_preemption_failures=0
-    assert "not requeued: FailureConfig(max_preemption_failures=0)" in attempts[0]["error"]
+    # The first attempt's rank 1 failed and MPI ended rank 0 before it could record that; the
+    # next attempt found it unfinished (so "interrupted"). Neither is a requeue.
+    assert [a["status"] for a in attempts] == ["interrupted", "requeued", "stopped"], attempts
+    assert "not requeued: FailureConfig(max_preemption_failures=1)" in attempts[-1]["error"]
+
+
+def test_slurm_preemption_sigterm_stops_at_the_next_report_and_requeues_within_the_grace_time(
+        tmp_path, slurm):
+    # The job takes the whole node; an "urgent" job preempts it. Slurm sends SIGTERM and sets
+    # the job's end to now + GraceTime (20 s). Slurm would not requeue a job that ends by
+    # itself before then: hpckit does, after the checkpoint.
+    command = (f"{sys.executable} {HERE / 'ranks' / 'preempted.py'} --storage {tmp_path} "
+               "--steps 8 --poll-after 2 --poll-restarts 0")
+    job = sbatch(slurm, tmp_path, minimal_script(tmp_path, 2, command), "--time=10",
+                 "--cpus-per-task=4")
+    wait_for_output(slurm, tmp_path, r"WAITING 0 0 END", 120)
+    sent = time.time()
+    urgent = subprocess.run(["sbatch", "--parsable", "--partition=urgent", "--ntasks=1",
+                             "--cpus-per-task=8", f"--output={tmp_path}/urgent.log",
+                             "--wrap=true"], env=slurm.env, capture_output=True, text=True,
+                            timeout=30)
+    assert urgent.returncode == 0, urgent.stderr
+    wait_for_output(slurm, tmp_path, r"INFO 7 null END", 240)  # the requeued job finished
+    wait(slurm, tmp_path, job, 60)
+    output = output_of(tmp_path)
+    told = [t for t in preemption_infos(output)]
+    assert len(told) == 2 and told[0] == told[1], output
+    assert sent < told[0]["deadline_ms"] / 1000 <= sent + 20 + 10, told  # GraceTime=20
+    attempts = manifest(tmp_path / "preempted")["attempts"]
+    assert [a["status"] for a in attempts] == ["requeued", "finished"], attempts
+    assert attempts[0]["error"].startswith("stop requested by SIGTERM"), attempts
+    steps = [line["metrics"]["step"] for line in metrics_lines(tmp_path / "preempted")]
+    assert steps == list(range(8)), steps  # resumed after the checkpoint taken at SIGTERM

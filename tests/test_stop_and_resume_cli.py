@@ -32,20 +32,23 @@ def _wait_for_epochs(experiment: Path, count: int, process: subprocess.Popen) ->
         time.sleep(0.2)
 
 
-def test_stop_signal_without_slurm_stops_cleanly_and_resume_finishes_the_same(tmp_path, steady_reference):
+@pytest.mark.parametrize("signum", [signal.SIGUSR2, signal.SIGTERM])
+def test_stop_signal_without_slurm_stops_cleanly_and_resume_finishes_the_same(
+        tmp_path, steady_reference, signum):
+    # SIGUSR2 goes from the launching process to the ranks; SIGTERM through mpiexec.
     process = subprocess.Popen(
         [sys.executable, str(STEADY), "--workers", "2", "--storage", str(tmp_path), "--name", "s",
          "--epoch-seconds", "0.5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True)
     try:
         _wait_for_epochs(tmp_path / "s", 2, process)
-        process.send_signal(signal.SIGUSR2)
+        process.send_signal(signum)
         output, _ = process.communicate(timeout=60)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
     assert process.returncode == EXIT_STOPPED, output
-    assert "stop requested (SIGUSR2)" in output and "hpckit resume" in output
+    assert f"stop requested ({signum.name})" in output and "hpckit resume" in output
     m = manifest(tmp_path / "s")
     assert m["attempts"][-1]["status"] == "stopped" and m["latest"] is not None
     lines = metrics_lines(tmp_path / "s")

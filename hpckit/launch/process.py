@@ -84,13 +84,19 @@ def run_process(command: list[str], extra_env: dict[str, str], settings: Setting
     and take a second Ctrl-C as "force abort" while rank 0 still records the interrupt).
     SIGTERM goes to the launcher, and SIGHUP (the terminal closing) as SIGTERM, so a killed
     parent does not orphan its ranks. The stop signal goes to the ranks, since mpiexec
-    (hydra) dies of SIGUSR2 instead of forwarding it. Ranks record their PIDs in
+    (hydra) would die of SIGUSR2 instead of forwarding it. Ranks record their PIDs in
     $HPCKIT_PID_DIR."""
     pids = tempfile.mkdtemp(prefix="hpckit-pids-")
-    process = subprocess.Popen(command, env={**os.environ, **extra_env,
-                                             variable("pid_dir"): pids}, cwd=cwd,
-                               start_new_session=True)
     stop = settings.stop_signal
+    # Ignored from the start in mpiexec and its proxies (ranks install their own handler):
+    # Slurm signals every process of a job step, and hydra would die of it.
+    before = signal.signal(stop, signal.SIG_IGN)
+    try:
+        process = subprocess.Popen(command, env={**os.environ, **extra_env,
+                                                 variable("pid_dir"): pids}, cwd=cwd,
+                                   start_new_session=True)
+    finally:
+        signal.signal(stop, before)
 
     def forward(signum: int, _frame: Any) -> None:
         if signum == stop:

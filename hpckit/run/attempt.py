@@ -38,7 +38,7 @@ from hpckit.run.commit import CommitProtocol
 from hpckit.run.context import TrainContext
 from hpckit.run.handover import Staging
 from hpckit.run.job import TrainingJob, command_record
-from hpckit.run.preemption import preemption_info
+from hpckit.run.preemption import preempted_by_slurm, preemption_info
 from hpckit.run.session import Session, activate
 from hpckit.run.startup import ready_since
 from hpckit.settings import Settings
@@ -247,7 +247,10 @@ def _stop_run(session: Session, owner: Experiment | None, settings: Settings,
         reports = session.protocol.reports
         job = settings.job_to_requeue
         before = sum(a.status is AttemptStatus.REQUEUED for a in owner.manifest.attempts)
-        if job and limit != -1 and before >= limit:
+        if job and signal_name == stop.TERMINATED and not preempted_by_slurm(settings):
+            job = None
+            reason += "; not requeued: SIGTERM without a Slurm preemption (scancel, time limit)"
+        elif job and limit != -1 and before >= limit:
             job = None
             reason += (f"; not requeued: FailureConfig(max_preemption_failures={limit}) reached "
                        f"after {before} requeue(s)")

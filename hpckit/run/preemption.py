@@ -1,13 +1,16 @@
 """``get_preemption_info()``: whether the job has been told that it will end, as in Ray.
 
 On a cluster the job learns it from the stop signal (``HPCKIT_STOP_SIGNAL``, SIGUSR2 by
-default): Slurm's time-limit warning (``--signal=USR2@120``), a preemption whose partition
-sends it, or ``scancel --signal=USR2``. The stop machinery (:mod:`hpckit.run.stop`) already
-catches it on every rank; this asks the ranks together, so they all get one answer.
+default: Slurm's time-limit warning ``--signal=USR2@120``, or ``scancel --signal=USR2``) or
+from SIGTERM (Slurm's preemption, which ends the job GraceTime seconds later). The stop
+machinery (:mod:`hpckit.run.stop`) already catches both on every rank; this asks the ranks
+together, so they all get one answer. The deadline is the job's end time as Slurm gives it:
+the time limit, or the preemption time plus the grace time.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import time
@@ -68,6 +71,22 @@ def preemption_info(comm: Any, session: Session, settings: _settings.Settings) -
     topology = session.context.topology
     ranks = comm.allgather((topology.hostname, topology.world_rank))
     return _info(ranks, comm.bcast(job_end_ms(settings) if comm.rank == 0 else None, root=0))
+
+
+def preempted_by_slurm(settings: _settings.Settings) -> bool:
+    """Whether Slurm has selected this job for preemption (its PreemptTime is set): told
+    apart from a SIGTERM by ``scancel``, the time limit or ``kill``. A job that ends by itself
+    during the grace time is not requeued by Slurm, so hpckit requeues it."""
+    scontrol = shutil.which("scontrol")
+    if not settings.slurm_job_id or not scontrol:
+        return False
+    try:
+        out = subprocess.run([scontrol, "show", "job", "-o", settings.slurm_job_id],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    found = re.search(r"\bPreemptTime=(\S+)", out.stdout)
+    return found is not None and found.group(1) not in ("None", "Unknown")
 
 
 def job_end_ms(settings: _settings.Settings) -> int | None:

@@ -50,7 +50,8 @@ def _run(job: TrainingJob, settings: Settings) -> Result:
     number = settings.attempt
     while True:
         try:
-            return run_attempt(job, Ranks(comm, local_comm, topology), settings, number)
+            with stop.terminations():
+                return run_attempt(job, Ranks(comm, local_comm, topology), settings, number)
         except (SystemExit, KeyboardInterrupt):
             raise
         except PreemptionError as stopped:  # every rank, together: the run stopped, not failed

@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -25,6 +26,8 @@ from hpckit.settings import Settings
 
 EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped on request; run again (or requeued) to continue
 EXIT_INTERRUPTED = 128 + signal.SIGINT  # what a shell reports for Ctrl-C
+TERM_REPEAT_S = 5.0  # a SIGTERM this long after the first ends the rank at once
+TERMINATED = "SIGTERM"
 
 _received: str | None = None
 
@@ -47,9 +50,10 @@ def _record(number: int, _frame: Any) -> None:
 
 
 def catch_early(signum: signal.Signals) -> bool:
-    """Record the stop signal from now on, where nothing else handles it yet (main thread)."""
+    """Record the stop signal from now on, where nothing else handles it yet (main thread).
+    Ignored counts as unhandled: ``hpckit run`` starts mpiexec with it ignored."""
     try:
-        if signal.getsignal(signum) != signal.SIG_DFL:
+        if signal.getsignal(signum) not in (signal.SIG_DFL, signal.SIG_IGN):
             return False
         signal.signal(signum, _record)
     except ValueError:  # not the main thread
@@ -77,6 +81,37 @@ def handling(signum: signal.Signals) -> Iterator[signal.Signals]:
         # kill the process while it exits. SIGTERM and others keep their default.
         warning = signum in (signal.SIGUSR1, signal.SIGUSR2) and previous == signal.SIG_DFL
         signal.signal(signum, signal.SIG_IGN if warning else previous)
+
+
+@contextmanager
+def terminations() -> Iterator[None]:
+    """While an attempt runs, SIGTERM is a stop request too: Slurm sends it when it preempts
+    the job (then SIGKILL after the partition's GraceTime), as ``scancel`` and ``kill`` do.
+    The next report() commits its checkpoint and the run stops, requeued only where Slurm
+    preempted the job (:func:`hpckit.run.preemption.preempted_by_slurm`). The same signal
+    again, seconds later, ends the rank at once: the grace is over, or a person insists.
+    Copies that come together (from the launcher and from Slurm) count as one."""
+    first: list[float] = []
+
+    def terminate(number: int, frame: Any) -> None:
+        if first and time.monotonic() - first[0] > TERM_REPEAT_S:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        if not first:
+            first.append(time.monotonic())
+            if _received is None:
+                _record(number, frame)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, terminate)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def requeue(settings: Settings) -> bool:

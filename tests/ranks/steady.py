@@ -42,6 +42,9 @@ def train_loop(config: dict) -> None:
             optimizer.step()
             total += loss.item()
         time.sleep(config["epoch_seconds"])
+        if config["preemption_info"] and (info := hpckit.get_preemption_info()):
+            print(f"PREEMPTION {json.dumps({'deadline_ms': info.deadline_ms, 'seen': time.time()})}"
+                  f" rank {ctx.get_world_rank()} END", flush=True)
         with tempfile.TemporaryDirectory() as d:
             checkpoint = None
             if ctx.get_world_rank() == 0:
@@ -62,10 +65,12 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--epoch-seconds", type=float, default=0.0)
     p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--preemption-info", action="store_true",
+                   help="ask get_preemption_info() every epoch; print it once the job is told")
     args = p.parse_args()
     TorchTrainer(train_loop,
                  train_loop_config={"epochs": args.epochs, "epoch_seconds": args.epoch_seconds,
-                                    "lr": args.lr},
+                                    "lr": args.lr, "preemption_info": args.preemption_info},
                  scaling_config=ScalingConfig(num_workers=args.workers),
                  run_config=RunConfig(name=args.name, storage_path=args.storage)).fit()
 
