@@ -202,6 +202,10 @@ def test_ls_of_a_storage_root_lists_experiments(experiment):
     assert rows[0]["last_metrics"]["epoch"] == 2
     header, row = invoke("ls", root).output.splitlines()
     assert header.startswith("EXPERIMENT ") and row.startswith("e ")
+    typo = root.replace("?", "/typo?", 1) if "?" in root else f"{root}/typo"
+    missing = invoke("ls", "--root", typo)
+    assert missing.exit_code == 2 and "/typo" in missing.output, missing.output
+    assert missing.output.rstrip().endswith("does not exist"), missing.output
 
 
 def test_metrics_dataframe(experiment):

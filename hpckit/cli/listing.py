@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import click
+import pyarrow.fs
 
 from hpckit import settings
 from hpckit.cli.app import main
@@ -16,6 +17,7 @@ from hpckit.experiment.manifest import Manifest
 from hpckit.experiment.reading import list_experiments, read_last_metrics
 from hpckit.logs import log
 from hpckit.run.job import DEFAULT_STORAGE
+from hpckit.storage import files
 from hpckit.storage.location import Location, resolve
 
 
@@ -37,7 +39,10 @@ def ls(experiment: str | None, root: str | None, metrics: tuple[str, ...], as_js
     Example: hpckit ls ~/hpckit_results/resnet-fmnist --metric loss
     """
     if experiment is None:
-        _experiments(resolve(root or settings.current().storage or DEFAULT_STORAGE), as_json)
+        location = resolve(root or settings.current().storage or DEFAULT_STORAGE)
+        if root is not None and files.file_type(location) == pyarrow.fs.FileType.NotFound:
+            raise click.BadParameter(f"{location.display} does not exist", param_hint="--root")
+        _experiments(location, as_json)
         return
     location, manifest = open_experiment(experiment, allow_root=True)
     if manifest is None:

@@ -42,7 +42,7 @@ def ready_since(settings: _settings.Settings, began: float) -> tuple[float, str]
     if not _first:
         return began, "since the attempt began"
     _first = False
-    return settings.started_at or processes.started_at() or IMPORTED_AT, "since the command started"
+    return process_started(settings), "since the command started"
 
 
 def process_started(settings: _settings.Settings) -> float:
