@@ -109,6 +109,7 @@ TABLE: dict[str, tuple[str, Callable[[str], Any]]] = {
     "attempt": ("HPCKIT_ATTEMPT", _count),
     "started_at": ("HPCKIT_STARTED_AT", _seconds),
     "restarts": ("HPCKIT_RESTARTS", _switch),
+    "previous_failure": ("HPCKIT_PREVIOUS_FAILURE", _text),
     "stop_signal": ("HPCKIT_STOP_SIGNAL", parse_signal),
     "fault": ("HPCKIT_FAULT", parse_fault),
     "tensorboard": ("HPCKIT_TENSORBOARD", _switch),
@@ -155,6 +156,7 @@ class Settings:
     attempt: int = 0
     started_at: float | None = None  # when the user's command started (set for hpckit's ranks)
     restarts: bool = False  # the launching process restarts the ranks if they fail
+    previous_failure: str | None = None  # how the launcher saw the ranks before these fail
     stop_signal: signal.Signals = DEFAULT_STOP_SIGNAL
     fault: FaultPoint | None = None
     tensorboard: bool = True

@@ -89,7 +89,9 @@ def test_hpckit_run_restarts_after_a_failure(tmp_path):
     out = run([HPCKIT, "run", "-n", "2", "--max-failures", "1", str(JOB), "--storage", str(tmp_path),
                "--epochs", "3", "--fail-rank", "1", "--fail-epoch", "1"], timeout=150)
     assert "SEEN [1, 2]" in out.output and "restarting (restart 1 of 1)" in out.output
-    assert [a["status"] for a in manifest(tmp_path / "exp")["attempts"]] == ["interrupted", "finished"]
+    attempts = manifest(tmp_path / "exp")["attempts"]
+    assert [a["status"] for a in attempts] == ["failed", "finished"], attempts
+    assert attempts[0]["error"].startswith("the ranks exited with status 1"), attempts
 
 
 def test_hpckit_run_gives_up_after_max_failures(tmp_path):

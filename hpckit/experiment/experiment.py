@@ -55,6 +55,7 @@ class Opening:
     retention: dict[str, Any]
     verify_on_resume: bool
     attempt: Attempt
+    previous_failure: str | None = None  # what ended the attempt before, as its launcher saw it
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,8 @@ class Experiment:
                                     opening.config, opening.retention, time.time())
             else:
                 manifest = _resumable(location, found, opening)
-            manifest = manifest.with_attempt(_numbered(opening, manifest, found))
+            manifest = manifest.with_attempt(_numbered(opening, manifest, found),
+                                             opening.previous_failure)
             _write(location, manifest)
             if found is not None:
                 remove_leftovers(location, manifest)

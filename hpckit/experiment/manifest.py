@@ -112,10 +112,19 @@ class Manifest:
         gone = {r.index for r in records}
         return replace(self, checkpoints=tuple(r for r in self.checkpoints if r.index not in gone))
 
-    def with_attempt(self, attempt: Attempt) -> Manifest:
-        """A new attempt begins: earlier ones still marked running were interrupted."""
-        earlier = tuple(a.ended(AttemptStatus.INTERRUPTED) if a.status is AttemptStatus.RUNNING
-                        else a for a in self.attempts)
+    def with_attempt(self, attempt: Attempt, previous_failure: str | None = None) -> Manifest:
+        """A new attempt begins: earlier ones still marked running were interrupted, or, for
+        the one just before, failed as its launcher saw (``previous_failure``): its ranks died
+        before rank 0 could record why."""
+        def ended(a: Attempt, last: bool) -> Attempt:
+            if a.status is not AttemptStatus.RUNNING:
+                return a
+            if last and previous_failure:
+                return a.ended(AttemptStatus.FAILED, previous_failure)
+            return a.ended(AttemptStatus.INTERRUPTED)
+
+        count = len(self.attempts)
+        earlier = tuple(ended(a, i == count - 1) for i, a in enumerate(self.attempts))
         return replace(self, attempts=(*earlier, attempt))
 
     def with_last_attempt(self, attempt: Attempt) -> Manifest:

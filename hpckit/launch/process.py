@@ -53,10 +53,11 @@ def run_script(ranks: int, argv: list[str], policy: RetryPolicy, cwd: str | None
     command = [*mpiexec(settings), "-n", str(ranks), sys.executable, *argv]
     ids = {variable("run_id"): settings.run_id or f"run-{uuid.uuid4().hex}"}
     attempt = 0
+    failed: dict[str, str] = {}
     while True:
         log.info("starting %d rank(s): %s", ranks, redact(" ".join(command)))
         try:
-            code = run_process(command, {**(extra_env or {}), **ids,
+            code = run_process(command, {**(extra_env or {}), **ids, **failed,
                                          variable("attempt"): str(attempt),
                                          variable("restarts"): str(int(policy.allows(attempt))),
                                          variable("started_at"): started_for(attempt, settings)},
@@ -66,6 +67,8 @@ def run_script(ranks: int, argv: list[str], policy: RetryPolicy, cwd: str | None
         if code in (0, EXIT_STOPPED, EXIT_INTERRUPTED) or not policy.allows(attempt):
             return code
         attempt += 1
+        failed = {variable("previous_failure"): f"the ranks exited with status {code}; the "
+                                                "failed rank's error is in the run's output"}
         log.warning("the ranks exited with status %d; restarting (%s)", code,
                     policy.describe(attempt))
 

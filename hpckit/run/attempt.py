@@ -110,7 +110,8 @@ def _open(job: TrainingJob, root: Location, world_size: int, settings: Settings,
                       settings.launcher or "python", socket.gethostname(), os.getpid(),
                       tuple(redact(a) for a in sys.argv), settings.slurm())
     opening = Opening(job.name, world_size, command_record(settings), job.config_record(root),
-                      retention.record(config), config.verify_on_resume, attempt)
+                      retention.record(config), config.verify_on_resume, attempt,
+                      settings.previous_failure)
     owner = Experiment.open(root, opening, settings, job.run_config.sync_config)
     try:
         marker = f".hpckit-visible-{uuid.uuid4().hex}"
