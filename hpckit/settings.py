@@ -110,6 +110,7 @@ TABLE: dict[str, tuple[str, Callable[[str], Any]]] = {
     "started_at": ("HPCKIT_STARTED_AT", _seconds),
     "restarts": ("HPCKIT_RESTARTS", _switch),
     "previous_failure": ("HPCKIT_PREVIOUS_FAILURE", _text),
+    "previous_pids": ("HPCKIT_PREVIOUS_PIDS", _text),
     "stop_signal": ("HPCKIT_STOP_SIGNAL", parse_signal),
     "fault": ("HPCKIT_FAULT", parse_fault),
     "tensorboard": ("HPCKIT_TENSORBOARD", _switch),
@@ -157,6 +158,7 @@ class Settings:
     started_at: float | None = None  # when the user's command started (set for hpckit's ranks)
     restarts: bool = False  # the launching process restarts the ranks if they fail
     previous_failure: str | None = None  # how the launcher saw the ranks before these fail
+    previous_pids: str | None = None  # theirs, comma-separated
     stop_signal: signal.Signals = DEFAULT_STOP_SIGNAL
     fault: FaultPoint | None = None
     tensorboard: bool = True

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 
 import hpckit
-from hpckit import Checkpoint, CheckpointConfig, Result, RunConfig
+from hpckit import Checkpoint, CheckpointConfig, DataParallelTrainer, Result, RunConfig
 from hpckit.errors import ManifestError
 from hpckit.torch import TorchTrainer
 
@@ -63,3 +64,24 @@ def test_result_from_fit_and_from_path_agree(tmp_path):
 def test_result_from_a_path_that_is_not_an_experiment(tmp_path):
     with pytest.raises(ManifestError, match="not an hpckit experiment"):
         Result.from_path(tmp_path)
+
+
+def _same_name_twice(config: dict) -> None:
+    for epoch in range(2):
+        with tempfile.TemporaryDirectory() as d:
+            hpckit.report({"epoch": epoch}, checkpoint=Checkpoint.from_directory(d),
+                          checkpoint_dir_name="model")
+
+
+def test_two_reports_with_the_same_checkpoint_dir_name_fail_clearly_keeping_the_first(tmp_path):
+    trainer = DataParallelTrainer(_same_name_twice,
+                                  run_config=RunConfig(name="same", storage_path=str(tmp_path)))
+    with pytest.raises(hpckit.TrainingFailedError) as caught:
+        trainer.fit()
+    failure = caught.value.worker_failures[0]
+    assert isinstance(failure, hpckit.CheckpointError), failure
+    assert f"report(checkpoint_dir_name='model'): {tmp_path / 'same' / 'model'} already exists" \
+        in str(failure), failure
+    result = Result.from_path(tmp_path / "same")
+    assert result.checkpoint.path == str(tmp_path / "same" / "model")
+    assert [c.path for c, _ in result.best_checkpoints] == [result.checkpoint.path]

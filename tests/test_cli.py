@@ -205,7 +205,7 @@ def test_ls_of_a_storage_root_lists_experiments(experiment):
     typo = root.replace("?", "/typo?", 1) if "?" in root else f"{root}/typo"
     missing = invoke("ls", "--root", typo)
     assert missing.exit_code == 2 and "/typo" in missing.output, missing.output
-    assert missing.output.rstrip().endswith("does not exist"), missing.output
+    assert "does not exist; check the path" in missing.output, missing.output
 
 
 def test_metrics_dataframe(experiment):

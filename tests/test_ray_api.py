@@ -141,27 +141,6 @@ def test_a_training_failure_is_a_worker_group_error_with_each_rank(tmp_path):
     assert isinstance(caught.value.worker_failures[0], KeyError)
 
 
-def _same_name_twice(config: dict) -> None:
-    for epoch in range(2):
-        with tempfile.TemporaryDirectory() as d:
-            train.report({"epoch": epoch}, checkpoint=Checkpoint.from_directory(d),
-                         checkpoint_dir_name="model")
-
-
-def test_two_reports_with_the_same_checkpoint_dir_name_fail_clearly_keeping_the_first(tmp_path):
-    trainer = DataParallelTrainer(_same_name_twice,
-                                  run_config=RunConfig(name="same", storage_path=str(tmp_path)))
-    with pytest.raises(train.TrainingFailedError) as caught:
-        trainer.fit()
-    failure = caught.value.worker_failures[0]
-    assert isinstance(failure, train.CheckpointError), failure
-    assert f"report(checkpoint_dir_name='model'): {tmp_path / 'same' / 'model'} already exists" \
-        in str(failure), failure
-    result = Result.from_path(tmp_path / "same")
-    assert result.checkpoint.path == str(tmp_path / "same" / "model")
-    assert [c.path for c, _ in result.best_checkpoints] == [result.checkpoint.path]
-
-
 def test_all_reported_checkpoints_on_every_rank_and_after_a_resume(tmp_path):
     out = mpiexec(3, "--storage", str(tmp_path), "--reports", "3", script=RANKS, timeout=120)
     assert re.findall(r"SEEN (\[[^]]*\] \w+)", out.output) == ["[0, 1, 2] COMMITTED"] * 3, out.output

@@ -35,14 +35,18 @@ def _wait_for_epochs(experiment: Path, count: int, process: subprocess.Popen) ->
 @pytest.mark.parametrize("signum", [signal.SIGUSR2, signal.SIGTERM])
 def test_stop_signal_without_slurm_stops_cleanly_and_resume_finishes_the_same(
         tmp_path, steady_reference, signum):
-    # SIGUSR2 goes from the launching process to the ranks; SIGTERM through mpiexec.
+    # SIGUSR2 goes from the launching process to the ranks; SIGTERM through mpiexec, and to
+    # the whole process group: the data loader's worker must not die of it.
     process = subprocess.Popen(
         [sys.executable, str(STEADY), "--workers", "2", "--storage", str(tmp_path), "--name", "s",
-         "--epoch-seconds", "0.5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True)
+         "--epoch-seconds", "0.5", "--loader-workers", str(int(signum == signal.SIGTERM))],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         _wait_for_epochs(tmp_path / "s", 2, process)
-        process.send_signal(signum)
+        if signum == signal.SIGTERM:
+            os.killpg(process.pid, signum)  # as Slurm signals every process of a job step
+        else:
+            process.send_signal(signum)
         output, _ = process.communicate(timeout=60)
     finally:
         if process.poll() is None:
@@ -59,6 +63,49 @@ def test_stop_signal_without_slurm_stops_cleanly_and_resume_finishes_the_same(
     m = manifest(tmp_path / "s")
     assert [a["status"] for a in m["attempts"]] == ["stopped", "finished"]
     assert [l["metrics"]["epoch"] for l in metrics_lines(tmp_path / "s")] == list(range(8))
+
+
+STUCK = """
+import sys, time
+import hpckit
+from hpckit import DataParallelTrainer, RunConfig, ScalingConfig
+
+def loop(config):
+    hpckit.report({"step": 0})
+    print("STUCK", flush=True)
+    time.sleep(600)  # never reaches its next report
+
+DataParallelTrainer(loop, scaling_config=ScalingConfig(num_workers=2),
+                    run_config=RunConfig(name="stuck", storage_path=sys.argv[1])).fit()
+"""
+
+
+def test_a_second_sigterm_kills_ranks_that_never_reach_a_report_and_nothing_restarts(tmp_path):
+    script = tmp_path / "stuck.py"
+    script.write_text(STUCK)
+    process = subprocess.Popen([sys.executable, str(script), str(tmp_path)],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    try:
+        lines = []
+        while not any("STUCK" in line for line in lines):
+            line = process.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        process.send_signal(signal.SIGTERM)
+        time.sleep(6)  # the ranks took it, and wait in vain for their next report
+        assert process.poll() is None, "".join(lines)
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 128 + signal.SIGTERM, "".join(lines) + output
+    assert time.monotonic() - started < 10
+    assert "killed after a second SIGTERM" in output and "hpckit resume" in output, output
+    attempts = manifest(tmp_path / "stuck")["attempts"]
+    assert [a["status"] for a in attempts] == ["interrupted"], attempts  # not restarted
 
 
 def test_stop_agreed_at_a_report_without_checkpoint_is_visible_to_the_loop(tmp_path):

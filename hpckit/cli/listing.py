@@ -41,7 +41,8 @@ def ls(experiment: str | None, root: str | None, metrics: tuple[str, ...], as_js
     if experiment is None:
         location = resolve(root or settings.current().storage or DEFAULT_STORAGE)
         if root is not None and files.file_type(location) == pyarrow.fs.FileType.NotFound:
-            raise click.BadParameter(f"{location.display} does not exist", param_hint="--root")
+            raise click.BadParameter(f"{location.display} does not exist; check the path, or "
+                                     "leave --root out for $HPCKIT_STORAGE", param_hint="--root")
         _experiments(location, as_json)
         return
     location, manifest = open_experiment(experiment, allow_root=True)

@@ -55,7 +55,8 @@ class Opening:
     retention: dict[str, Any]
     verify_on_resume: bool
     attempt: Attempt
-    previous_failure: str | None = None  # what ended the attempt before, as its launcher saw it
+    # What ended the attempt before, as its launcher saw it, and its ranks' PIDs.
+    previous_failure: tuple[str, frozenset[int]] | None = None
 
 
 @dataclass(frozen=True)

@@ -112,19 +112,19 @@ class Manifest:
         gone = {r.index for r in records}
         return replace(self, checkpoints=tuple(r for r in self.checkpoints if r.index not in gone))
 
-    def with_attempt(self, attempt: Attempt, previous_failure: str | None = None) -> Manifest:
-        """A new attempt begins: earlier ones still marked running were interrupted, or, for
-        the one just before, failed as its launcher saw (``previous_failure``): its ranks died
-        before rank 0 could record why."""
-        def ended(a: Attempt, last: bool) -> Attempt:
+    def with_attempt(self, attempt: Attempt,
+                     previous_failure: tuple[str, frozenset[int]] | None = None) -> Manifest:
+        """A new attempt begins: earlier ones still marked running were interrupted, or
+        failed as their launcher saw (``previous_failure``: why, and the PIDs of the ranks
+        that died before rank 0 could record it)."""
+        def ended(a: Attempt) -> Attempt:
             if a.status is not AttemptStatus.RUNNING:
                 return a
-            if last and previous_failure:
-                return a.ended(AttemptStatus.FAILED, previous_failure)
+            if previous_failure and a.pid in previous_failure[1]:
+                return a.ended(AttemptStatus.FAILED, previous_failure[0])
             return a.ended(AttemptStatus.INTERRUPTED)
 
-        count = len(self.attempts)
-        earlier = tuple(ended(a, i == count - 1) for i, a in enumerate(self.attempts))
+        earlier = tuple(ended(a) for a in self.attempts)
         return replace(self, attempts=(*earlier, attempt))
 
     def with_last_attempt(self, attempt: Attempt) -> Manifest:

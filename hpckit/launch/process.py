@@ -3,7 +3,6 @@ resume`` and ``fit()`` from ``python train.py`` all come here."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -16,6 +15,12 @@ from typing import Any
 
 from hpckit import settings as _settings
 from hpckit.errors import LaunchError
+from hpckit.launch.forwarding import (
+    EXIT_TERMINATED,
+    Forwarding,
+    signal_ranks,
+    stop_signal_ignored,
+)
 from hpckit.logs import log
 from hpckit.run.exit import INTERRUPT_GRACE
 from hpckit.run.retry import RetryPolicy
@@ -54,6 +59,7 @@ def run_script(ranks: int, argv: list[str], policy: RetryPolicy, cwd: str | None
     ids = {variable("run_id"): settings.run_id or f"run-{uuid.uuid4().hex}"}
     attempt = 0
     failed: dict[str, str] = {}
+    seen: list[int] = []
     while True:
         log.info("starting %d rank(s): %s", ranks, redact(" ".join(command)))
         try:
@@ -61,14 +67,16 @@ def run_script(ranks: int, argv: list[str], policy: RetryPolicy, cwd: str | None
                                          variable("attempt"): str(attempt),
                                          variable("restarts"): str(int(policy.allows(attempt))),
                                          variable("started_at"): started_for(attempt, settings)},
-                               settings, cwd)
+                               settings, cwd, seen)
         except KeyboardInterrupt:
             return EXIT_INTERRUPTED  # rank 0 said what was kept and how to resume
-        if code in (0, EXIT_STOPPED, EXIT_INTERRUPTED) or not policy.allows(attempt):
+        if code in (0, EXIT_STOPPED, EXIT_INTERRUPTED, EXIT_TERMINATED) or \
+                not policy.allows(attempt):
             return code
         attempt += 1
         failed = {variable("previous_failure"): f"the ranks exited with status {code}; the "
-                                                "failed rank's error is in the run's output"}
+                                                "failed rank's error is in the run's output",
+                  variable("previous_pids"): ",".join(map(str, seen))}
         log.warning("the ranks exited with status %d; restarting (%s)", code,
                     policy.describe(attempt))
 
@@ -79,35 +87,32 @@ def started_for(attempt: int, settings: Settings) -> str:
 
 
 def run_process(command: list[str], extra_env: dict[str, str], settings: Settings,
-                cwd: str | None = None) -> int:
-    """Run the ranks' launcher and wait.
+                cwd: str | None = None, seen: list[int] | None = None) -> int:
+    """Run the ranks' launcher and wait; its exit status, or EXIT_TERMINATED where a SIGTERM
+    that reached this process ended the ranks before they stopped by themselves.
 
     The launcher runs in a session of its own, so a terminal's Ctrl-C reaches this process
     alone, which passes it to the ranks themselves (mpiexec would print two lines of its own,
     and take a second Ctrl-C as "force abort" while rank 0 still records the interrupt).
-    SIGTERM goes to the launcher, and SIGHUP (the terminal closing) as SIGTERM, so a killed
-    parent does not orphan its ranks. The stop signal goes to the ranks, since mpiexec
-    (hydra) would die of SIGUSR2 instead of forwarding it. Ranks record their PIDs in
-    $HPCKIT_PID_DIR."""
+    Other signals: :mod:`hpckit.launch.forwarding`. Ranks record their PIDs in
+    $HPCKIT_PID_DIR; ``seen`` receives them."""
     pids = tempfile.mkdtemp(prefix="hpckit-pids-")
-    stop = settings.stop_signal
-    # Ignored from the start in mpiexec and its proxies (ranks install their own handler):
-    # Slurm signals every process of a job step, and hydra would die of it.
-    before = signal.signal(stop, signal.SIG_IGN)
-    try:
+    with stop_signal_ignored(settings.stop_signal):
         process = subprocess.Popen(command, env={**os.environ, **extra_env,
                                                  variable("pid_dir"): pids}, cwd=cwd,
                                    start_new_session=True)
+    try:
+        with Forwarding(process, pids, settings.stop_signal) as forwarding:
+            code = _wait(process, pids)
+        stopped = code in (0, EXIT_STOPPED, EXIT_INTERRUPTED)
+        return EXIT_TERMINATED if forwarding.terminated and not stopped else code
     finally:
-        signal.signal(stop, before)
+        if seen is not None:
+            seen[:] = [int(name) for name in os.listdir(pids) if name.isdigit()]
+        shutil.rmtree(pids, ignore_errors=True)
 
-    def forward(signum: int, _frame: Any) -> None:
-        if signum == stop:
-            _signal_ranks(pids, signum)
-        else:
-            process.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
 
-    previous = {s: signal.signal(s, forward) for s in {signal.SIGTERM, signal.SIGHUP, stop}}
+def _wait(process: subprocess.Popen[bytes], pids: str) -> int:
     try:
         return process.wait()
     except KeyboardInterrupt:
@@ -120,32 +125,18 @@ def run_process(command: list[str], extra_env: dict[str, str], settings: Setting
         except subprocess.TimeoutExpired:
             process.kill()
         raise
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        shutil.rmtree(pids, ignore_errors=True)
-
-
-def _signal_ranks(pids: str, signum: int) -> bool:
-    """Send ``signum`` to every rank that recorded its PID; whether there was one."""
-    sent = False
-    for name in os.listdir(pids):
-        with contextlib.suppress(ValueError, OSError):
-            os.kill(int(name), signum)
-            sent = True
-    return sent
 
 
 def _interrupted(process: subprocess.Popen[bytes], pids: str) -> None:
     """Ctrl-C reached this process: pass it to the ranks, which stop by themselves once rank
     0 has recorded it. A second Ctrl-C, or ranks that do not end in time, are killed."""
     def kill(*_: Any) -> None:
-        _signal_ranks(pids, signal.SIGKILL)
+        signal_ranks(pids, signal.SIGKILL)
         process.kill()
 
     previous = signal.signal(signal.SIGINT, kill)
     try:
-        if not _signal_ranks(pids, signal.SIGINT):
+        if not signal_ranks(pids, signal.SIGINT):
             process.send_signal(signal.SIGINT)  # no rank is up yet: mpiexec passes it on
         try:
             process.wait(timeout=INTERRUPT_GRACE + STOP_MARGIN)

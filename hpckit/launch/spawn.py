@@ -26,6 +26,7 @@ from hpckit.errors import (
 from hpckit.experiment.attempts import AttemptStatus
 from hpckit.experiment.experiment import end_abandoned_attempt, prepare
 from hpckit.experiment.reading import read_manifest
+from hpckit.launch.forwarding import EXIT_TERMINATED
 from hpckit.launch.process import mpiexec, run_process, started_for
 from hpckit.logs import log
 from hpckit.result import Result
@@ -68,6 +69,8 @@ def spawn(job: TrainingJob, settings: Settings) -> Result:
                 _stopped(payload)
             if code == EXIT_INTERRUPTED:  # the ranks alone were interrupted: never retried
                 _interrupted(experiment, KeyboardInterrupt())
+            if code == EXIT_TERMINATED:  # killed after a second SIGTERM: never retried
+                _terminated(experiment)
             failure = _failure(payload, code)
             if isinstance(failure, HpckitError) and not isinstance(failure, TrainingFailedError):
                 raise failure
@@ -146,6 +149,14 @@ def _failure(payload: str, code: int) -> BaseException:
     failures = {r.failure.rank: _cause(r.failure.rank, r.failure.original())
                 or TrainingFailedError(r.failure.error) for r in reports}
     return WorkerGroupError(describe([r.failure for r in reports], "training"), failures)
+
+
+def _terminated(experiment: Location) -> NoReturn:
+    end_abandoned_attempt(experiment, "killed after a second SIGTERM, before its next report",
+                          AttemptStatus.INTERRUPTED)
+    log.warning("the ranks were killed after a second SIGTERM. To continue from the last "
+                "committed checkpoint: hpckit resume %s", experiment.display)
+    raise SystemExit(EXIT_TERMINATED)
 
 
 def _stopped(payload: str) -> NoReturn:

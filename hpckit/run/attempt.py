@@ -38,7 +38,7 @@ from hpckit.run.commit import CommitProtocol
 from hpckit.run.context import TrainContext
 from hpckit.run.handover import Staging
 from hpckit.run.job import TrainingJob, command_record
-from hpckit.run.preemption import preempted_by_slurm, preemption_info
+from hpckit.run.preemption import not_requeued_after, preemption_info
 from hpckit.run.session import Session, activate
 from hpckit.run.startup import ready_since
 from hpckit.settings import Settings
@@ -111,7 +111,7 @@ def _open(job: TrainingJob, root: Location, world_size: int, settings: Settings,
                       tuple(redact(a) for a in sys.argv), settings.slurm())
     opening = Opening(job.name, world_size, command_record(settings), job.config_record(root),
                       retention.record(config), config.verify_on_resume, attempt,
-                      settings.previous_failure)
+                      previous_failure(settings))
     owner = Experiment.open(root, opening, settings, job.run_config.sync_config)
     try:
         marker = f".hpckit-visible-{uuid.uuid4().hex}"
@@ -122,6 +122,15 @@ def _open(job: TrainingJob, root: Location, world_size: int, settings: Settings,
     latest = owner.manifest.latest
     return owner, Start(latest.directory if latest else None, owner.manifest.next_step,
                         owner.manifest.next_checkpoint_index, marker)
+
+
+def previous_failure(settings: Settings) -> tuple[str, frozenset[int]] | None:
+    """How the attempt before this one ended, where its launcher (``hpckit run``) restarted
+    its ranks after seeing them fail, with their PIDs."""
+    if not settings.previous_failure:
+        return None
+    pids = frozenset(int(p) for p in (settings.previous_pids or "").split(",") if p.isdigit())
+    return settings.previous_failure, pids
 
 
 def _check_shared(comm: Any, location: Location, marker: str, topology: Topology) -> None:
@@ -248,9 +257,10 @@ def _stop_run(session: Session, owner: Experiment | None, settings: Settings,
         reports = session.protocol.reports
         job = settings.job_to_requeue
         before = sum(a.status is AttemptStatus.REQUEUED for a in owner.manifest.attempts)
-        if job and signal_name == stop.TERMINATED and not preempted_by_slurm(settings):
+        refused = job and not_requeued_after(signal_name, settings)
+        if refused:
             job = None
-            reason += "; not requeued: SIGTERM without a Slurm preemption (scancel, time limit)"
+            reason += f"; not requeued: {refused}"
         elif job and limit != -1 and before >= limit:
             job = None
             reason += (f"; not requeued: FailureConfig(max_preemption_failures={limit}) reached "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -73,24 +74,34 @@ def preemption_info(comm: Any, session: Session, settings: _settings.Settings) -
     return _info(ranks, comm.bcast(job_end_ms(settings) if comm.rank == 0 else None, root=0))
 
 
-def preempted_by_slurm(settings: _settings.Settings) -> bool:
-    """Whether Slurm has selected this job for preemption (its PreemptTime is set): told
-    apart from a SIGTERM by ``scancel``, the time limit or ``kill``. A job that ends by itself
-    during the grace time is not requeued by Slurm, so hpckit requeues it."""
+def not_requeued_after(signal_name: str, settings: _settings.Settings) -> str | None:
+    """Why a run stopped by ``signal_name`` must not be requeued, or None. A SIGTERM (where
+    it is not the stop signal itself) is requeued only when Slurm preempted the job (its
+    PreemptTime is set): Slurm does not requeue a preempted job that ends by itself within
+    its grace time, and a job cancelled (``scancel``), at its time limit, or killed must
+    stay ended."""
+    if signal_name != signal.SIGTERM.name or settings.stop_signal == signal.SIGTERM:
+        return None
     scontrol = shutil.which("scontrol")
-    if not settings.slurm_job_id or not scontrol:
-        return False
+    if not scontrol:
+        return "SIGTERM, and there is no scontrol to ask Slurm whether it preempted the job"
     try:
-        out = subprocess.run([scontrol, "show", "job", "-o", settings.slurm_job_id],
+        out = subprocess.run([scontrol, "show", "job", "-o", str(settings.slurm_job_id)],
                              capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"SIGTERM, and asking Slurm whether it preempted the job failed: {exc}"
     found = re.search(r"\bPreemptTime=(\S+)", out.stdout)
-    return found is not None and found.group(1) not in ("None", "Unknown")
+    if out.returncode != 0 or found is None:
+        return ("SIGTERM, and `scontrol show job` did not say whether Slurm preempted the job: "
+                f"{out.stderr.strip() or 'no PreemptTime'}")
+    if found.group(1) in ("None", "Unknown"):
+        return "SIGTERM without a Slurm preemption (scancel, the time limit, or kill)"
+    return None
 
 
 def job_end_ms(settings: _settings.Settings) -> int | None:
-    """When Slurm will end this job (its time limit), or None outside Slurm or unknown."""
+    """When Slurm will end this job (its time limit, or the preemption time plus the grace
+    time), or None outside Slurm or unknown."""
     squeue = shutil.which("squeue")
     if not settings.slurm_job_id or not squeue:
         return None

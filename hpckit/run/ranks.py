@@ -50,7 +50,7 @@ def _run(job: TrainingJob, settings: Settings) -> Result:
     number = settings.attempt
     while True:
         try:
-            with stop.terminations():
+            with stop.terminations(settings.stop_signal):
                 return run_attempt(job, Ranks(comm, local_comm, topology), settings, number)
         except (SystemExit, KeyboardInterrupt):
             raise

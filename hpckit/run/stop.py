@@ -16,7 +16,7 @@ import os
 import shutil
 import signal
 import subprocess
-import time
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -26,8 +26,6 @@ from hpckit.settings import Settings
 
 EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped on request; run again (or requeued) to continue
 EXIT_INTERRUPTED = 128 + signal.SIGINT  # what a shell reports for Ctrl-C
-TERM_REPEAT_S = 5.0  # a SIGTERM this long after the first ends the rank at once
-TERMINATED = "SIGTERM"
 
 _received: str | None = None
 
@@ -66,12 +64,10 @@ def handling(signum: signal.Signals) -> Iterator[signal.Signals]:
     """Install the stop-signal handler for the duration of a run (main thread only). A
     signal caught earlier in this process (:func:`catch_early`) counts for this run."""
     global _received
-    handler = _record
-    try:
-        previous = signal.signal(signum, handler)
-    except ValueError:  # not the main thread: stop requests cannot be handled here
-        yield signum
+    if threading.current_thread() is not threading.main_thread():
+        yield signum  # stop requests cannot be handled here
         return
+    previous = signal.signal(signum, _record)
     try:
         yield signum
     finally:
@@ -84,30 +80,28 @@ def handling(signum: signal.Signals) -> Iterator[signal.Signals]:
 
 
 @contextmanager
-def terminations() -> Iterator[None]:
-    """While an attempt runs, SIGTERM is a stop request too: Slurm sends it when it preempts
-    the job (then SIGKILL after the partition's GraceTime), as ``scancel`` and ``kill`` do.
-    The next report() commits its checkpoint and the run stops, requeued only where Slurm
-    preempted the job (:func:`hpckit.run.preemption.preempted_by_slurm`). The same signal
-    again, seconds later, ends the rank at once: the grace is over, or a person insists.
-    Copies that come together (from the launcher and from Slurm) count as one."""
-    first: list[float] = []
+def terminations(stop_signal: signal.Signals) -> Iterator[None]:
+    """While an attempt runs (from its start, once MPI is up, to its end), SIGTERM is a stop
+    request too: Slurm sends it to the job steps when it preempts the job, then SIGKILL
+    after the partition's GraceTime; ``scancel`` sends it, then SIGKILL after KillWait. The
+    next report() commits its checkpoint and the run stops, requeued only where Slurm
+    preempted the job (:func:`hpckit.run.preemption.preempted_by_slurm`). A rank that never
+    reaches report() is ended by the SIGKILL that follows (or, under ``hpckit run`` and
+    ``python train.py``, by a second SIGTERM to that process). Processes the rank forks
+    (multiprocessing) keep SIGTERM's default."""
+    if stop_signal == signal.SIGTERM or threading.current_thread() is not threading.main_thread():
+        yield  # handling() has it already, or signals cannot be handled here
+        return
+    owner = os.getpid()
 
     def terminate(number: int, frame: Any) -> None:
-        if first and time.monotonic() - first[0] > TERM_REPEAT_S:
+        if os.getpid() != owner:  # a forked child that inherited the handler
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
-            return
-        if not first:
-            first.append(time.monotonic())
-            if _received is None:
-                _record(number, frame)
+        elif _received is None:
+            _record(number, frame)
 
-    try:
-        previous = signal.signal(signal.SIGTERM, terminate)
-    except ValueError:  # not the main thread
-        yield
-        return
+    previous = signal.signal(signal.SIGTERM, terminate)
     try:
         yield
     finally:

@@ -23,7 +23,9 @@ def train_loop(config: dict) -> None:
     torch.manual_seed(0)
     model = prepare_model(torch.nn.Linear(8, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)
-    loader = prepare_data_loader(torch.utils.data.DataLoader(data, batch_size=16, shuffle=True))
+    loader = prepare_data_loader(torch.utils.data.DataLoader(
+        data, batch_size=16, shuffle=True, num_workers=config["loader_workers"],
+        persistent_workers=config["loader_workers"] > 0))
     start = 0
     if checkpoint := hpckit.get_checkpoint():
         with checkpoint.as_directory() as d:
@@ -65,12 +67,14 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--epoch-seconds", type=float, default=0.0)
     p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--loader-workers", type=int, default=0)
     p.add_argument("--preemption-info", action="store_true",
                    help="ask get_preemption_info() every epoch; print it once the job is told")
     args = p.parse_args()
     TorchTrainer(train_loop,
                  train_loop_config={"epochs": args.epochs, "epoch_seconds": args.epoch_seconds,
-                                    "lr": args.lr, "preemption_info": args.preemption_info},
+                                    "lr": args.lr, "preemption_info": args.preemption_info,
+                                    "loader_workers": args.loader_workers},
                  scaling_config=ScalingConfig(num_workers=args.workers),
                  run_config=RunConfig(name=args.name, storage_path=args.storage)).fit()
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import signal
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -32,8 +33,12 @@ def prepare_data_loader(loader: DataLoader, move_to_device: bool = True) -> Iter
     """Give each rank its own share of ``loader``'s dataset, and move batches to the device.
 
     The sampler's epoch advances each time the loader is iterated, so every epoch shuffles
-    differently while all ranks agree on the order.
+    differently while all ranks agree on the order. Its worker processes ignore SIGTERM:
+    Slurm sends it to every process of the job step when it preempts the job, and the rank
+    stops at its next report (the workers end with it), where a worker would die at once.
     """
+    if not isinstance(loader.worker_init_fn, _IgnoringTerm):
+        loader.worker_init_fn = _IgnoringTerm(loader.worker_init_fn)
     if _world_size() > 1 and not isinstance(loader.sampler, DistributedSampler):
         shuffle = isinstance(loader.sampler, RandomSampler)
         sampler: DistributedSampler = DistributedSampler(loader.dataset, shuffle=shuffle)
@@ -45,6 +50,19 @@ def prepare_data_loader(loader: DataLoader, move_to_device: bool = True) -> Iter
             multiprocessing_context=loader.multiprocessing_context,
             persistent_workers=loader.persistent_workers)
     return _DeviceLoader(loader, _distributed.device() if move_to_device else None)
+
+
+class _IgnoringTerm:
+    """A DataLoader's ``worker_init_fn`` that first sets SIGTERM aside (picklable, for the
+    spawn start method)."""
+
+    def __init__(self, init: Callable[[int], None] | None) -> None:
+        self.init = init
+
+    def __call__(self, worker_id: int) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if self.init is not None:
+            self.init(worker_id)
 
 
 class _DeviceLoader:
