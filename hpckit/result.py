@@ -123,6 +123,6 @@ def _worst_to_best(manifest: Manifest) -> list[Any]:
 
 def _attempt_error(manifest: Manifest) -> BaseException | None:
     last = manifest.last_attempt
-    if last is not None and last.status is AttemptStatus.FAILED:
+    if last is not None and last.status in (AttemptStatus.FAILED, AttemptStatus.HUNG):
         return TrainingFailedError(last.error or "the last attempt failed")
     return None

@@ -111,6 +111,7 @@ TABLE: dict[str, tuple[str, Callable[[str], Any]]] = {
     "restarts": ("HPCKIT_RESTARTS", _switch),
     "previous_failure": ("HPCKIT_PREVIOUS_FAILURE", _text),
     "previous_pids": ("HPCKIT_PREVIOUS_PIDS", _text),
+    "previous_hung": ("HPCKIT_PREVIOUS_HUNG", _switch),
     "stop_signal": ("HPCKIT_STOP_SIGNAL", parse_signal),
     "fault": ("HPCKIT_FAULT", parse_fault),
     "tensorboard": ("HPCKIT_TENSORBOARD", _switch),
@@ -159,6 +160,7 @@ class Settings:
     restarts: bool = False  # the launching process restarts the ranks if they fail
     previous_failure: str | None = None  # how the launcher saw the ranks before these fail
     previous_pids: str | None = None  # theirs, comma-separated
+    previous_hung: bool = False  # they were ended by the hang watchdog
     stop_signal: signal.Signals = DEFAULT_STOP_SIGNAL
     fault: FaultPoint | None = None
     tensorboard: bool = True

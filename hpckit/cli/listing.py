@@ -31,7 +31,7 @@ from hpckit.storage.location import Location, resolve
 def ls(experiment: str | None, root: str | None, metrics: tuple[str, ...], as_json: bool) -> None:
     """List the committed checkpoints of EXPERIMENT (a path or URI), or, given a storage root
     or nothing, its experiments, newest first: status (running, finished, failed,
-    interrupted, requeued, stopped), attempts, last step, best metric, latest checkpoint,
+    hung, interrupted, requeued, stopped), attempts, last step, best metric, latest checkpoint,
     last update and the size of the kept checkpoints.
 
     Markers: * latest, + best by the experiment's retention score.

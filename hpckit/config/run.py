@@ -25,12 +25,25 @@ class FailureConfig:
     """Requeues after the job was told to end (Slurm's time-limit warning, a preemption),
     counted apart from ``max_failures``; -1 (as in Ray) requeues without limit, 0 never."""
 
+    hang_timeout_s: float | None = None
+    """End a rank on which no ``report()`` completes within this many seconds (from the
+    start of the training function, then from each report), leaving every thread's stack in
+    ``{experiment}/logs/``; the attempt is recorded as ``hung`` and restarted as
+    ``max_failures`` allows. None (the default) never does: choose several times the
+    longest gap between two reports, checkpoint included."""
+
     def __post_init__(self) -> None:
         for name in ("max_failures", "max_preemption_failures"):
             value = getattr(self, name)
             if not is_int(value) or value < -1:
                 raise ConfigError(f"FailureConfig({name}={value!r}) is invalid: use an integer "
                                   ">= 0, or -1 for no limit.")
+        timeout = self.hang_timeout_s
+        if timeout is not None and (isinstance(timeout, bool) or
+                                    not isinstance(timeout, (int, float)) or not timeout > 0):
+            raise ConfigError(f"FailureConfig(hang_timeout_s={timeout!r}) is invalid: use a "
+                              "number of seconds > 0 (several times the longest gap between "
+                              "two reports), or None to never end a hung rank.")
 
 
 @dataclass(frozen=True)

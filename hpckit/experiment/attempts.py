@@ -21,6 +21,7 @@ class AttemptStatus(StrEnum):
     INTERRUPTED = "interrupted"
     REQUEUED = "requeued"
     STOPPED = "stopped"
+    HUNG = "hung"
 
 
 @dataclass(frozen=True)

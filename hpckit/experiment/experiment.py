@@ -55,8 +55,8 @@ class Opening:
     retention: dict[str, Any]
     verify_on_resume: bool
     attempt: Attempt
-    # What ended the attempt before, as its launcher saw it, and its ranks' PIDs.
-    previous_failure: tuple[str, frozenset[int]] | None = None
+    # How the attempt before ended (failed or hung), as its launcher saw it, and its ranks' PIDs.
+    previous_failure: tuple[AttemptStatus, str, frozenset[int]] | None = None
 
 
 @dataclass(frozen=True)

@@ -113,15 +113,16 @@ class Manifest:
         return replace(self, checkpoints=tuple(r for r in self.checkpoints if r.index not in gone))
 
     def with_attempt(self, attempt: Attempt,
-                     previous_failure: tuple[str, frozenset[int]] | None = None) -> Manifest:
+                     previous_failure: tuple[AttemptStatus, str, frozenset[int]] | None = None,
+                     ) -> Manifest:
         """A new attempt begins: earlier ones still marked running were interrupted, or
-        failed as their launcher saw (``previous_failure``: why, and the PIDs of the ranks
-        that died before rank 0 could record it)."""
+        failed (or hung) as their launcher saw (``previous_failure``: how, why, and the PIDs
+        of the ranks that died before rank 0 could record it)."""
         def ended(a: Attempt) -> Attempt:
             if a.status is not AttemptStatus.RUNNING:
                 return a
-            if previous_failure and a.pid in previous_failure[1]:
-                return a.ended(AttemptStatus.FAILED, previous_failure[0])
+            if previous_failure and a.pid in previous_failure[2]:
+                return a.ended(previous_failure[0], previous_failure[1])
             return a.ended(AttemptStatus.INTERRUPTED)
 
         earlier = tuple(ended(a) for a in self.attempts)

@@ -23,6 +23,7 @@ from hpckit.launch.forwarding import (
 )
 from hpckit.logs import log
 from hpckit.run.exit import INTERRUPT_GRACE
+from hpckit.run.hang import EXIT_HUNG, hung_line
 from hpckit.run.retry import RetryPolicy
 from hpckit.run.startup import process_started
 from hpckit.run.stop import EXIT_INTERRUPTED, EXIT_STOPPED
@@ -74,11 +75,17 @@ def run_script(ranks: int, argv: list[str], policy: RetryPolicy, cwd: str | None
                 not policy.allows(attempt):
             return code
         attempt += 1
-        failed = {variable("previous_failure"): f"the ranks exited with status {code}; the "
-                                                "failed rank's error is in the run's output",
-                  variable("previous_pids"): ",".join(map(str, seen))}
+        failed = _failure_of(code, seen)
         log.warning("the ranks exited with status %d; restarting (%s)", code,
                     policy.describe(attempt))
+
+
+def _failure_of(code: int, pids: list[int]) -> dict[str, str]:
+    """What the next attempt records of this one, whose ranks ended with ``code``."""
+    said = (hung_line() if code == EXIT_HUNG else
+            f"the ranks exited with status {code}; the failed rank's error is in the run's output")
+    return {variable("previous_failure"): said, variable("previous_pids"): ",".join(map(str, pids)),
+            variable("previous_hung"): str(int(code == EXIT_HUNG))}
 
 
 def started_for(attempt: int, settings: Settings) -> str:

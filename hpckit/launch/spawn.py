@@ -33,6 +33,7 @@ from hpckit.result import Result
 from hpckit.run import stop
 from hpckit.run.comm import describe
 from hpckit.run.exit import ERRORS, RESUME_HINT, read_errors
+from hpckit.run.hang import EXIT_HUNG, hung_line
 from hpckit.run.job import TrainingJob
 from hpckit.run.ranks import configure_logs
 from hpckit.run.retry import RetryPolicy
@@ -74,7 +75,8 @@ def spawn(job: TrainingJob, settings: Settings) -> Result:
             failure = _failure(payload, code)
             if isinstance(failure, HpckitError) and not isinstance(failure, TrainingFailedError):
                 raise failure
-            end_abandoned_attempt(experiment, str(failure).split("\n", 1)[0])
+            end_abandoned_attempt(experiment, str(failure).split("\n", 1)[0],
+                                  AttemptStatus.HUNG if code == EXIT_HUNG else AttemptStatus.FAILED)
             if not policy.allows(attempt):
                 log.error("%s", RESUME_HINT)
                 raise failure
@@ -137,6 +139,8 @@ def _run(command: list[str], payload: str, attempt: int, settings: Settings) -> 
 def _failure(payload: str, code: int) -> BaseException:
     """The exception that fit() raises for the ranks' failure."""
     reports = read_errors(payload)
+    if code == EXIT_HUNG:
+        return WorkerGroupError(hung_line(), {})
     if not reports:
         return WorkerGroupError(
             f"mpiexec exited with status {code} and no rank reported an exception: a rank was "

@@ -37,6 +37,7 @@ from hpckit.run.comm import (
 from hpckit.run.commit import CommitProtocol
 from hpckit.run.context import TrainContext
 from hpckit.run.handover import Staging
+from hpckit.run.hang import HangWatch
 from hpckit.run.job import TrainingJob, command_record
 from hpckit.run.preemption import not_requeued_after, preemption_info
 from hpckit.run.session import Session, activate
@@ -55,6 +56,7 @@ class Start:
     next_step: int
     next_index: int
     marker: str
+    attempt: int  # the attempt's number in the manifest, across every run of the experiment
 
 
 class AttemptFailed(Exception):
@@ -120,17 +122,20 @@ def _open(job: TrainingJob, root: Location, world_size: int, settings: Settings,
         owner.close()
         raise
     latest = owner.manifest.latest
+    last = owner.manifest.last_attempt
     return owner, Start(latest.directory if latest else None, owner.manifest.next_step,
-                        owner.manifest.next_checkpoint_index, marker)
+                        owner.manifest.next_checkpoint_index, marker,
+                        last.attempt if last else 0)
 
 
-def previous_failure(settings: Settings) -> tuple[str, frozenset[int]] | None:
+def previous_failure(settings: Settings) -> tuple[AttemptStatus, str, frozenset[int]] | None:
     """How the attempt before this one ended, where its launcher (``hpckit run``) restarted
-    its ranks after seeing them fail, with their PIDs."""
+    its ranks after seeing them fail or hang, with their PIDs."""
     if not settings.previous_failure:
         return None
     pids = frozenset(int(p) for p in (settings.previous_pids or "").split(",") if p.isdigit())
-    return settings.previous_failure, pids
+    status = AttemptStatus.HUNG if settings.previous_hung else AttemptStatus.FAILED
+    return status, settings.previous_failure, pids
 
 
 def _check_shared(comm: Any, location: Location, marker: str, topology: Topology) -> None:
@@ -187,7 +192,8 @@ def _session(job: TrainingJob, ranks: Ranks, settings: Settings, number: int,
                            settings.slurm(), artifact_dir=lambda: artifacts.directory,
                            stop_requested=lambda: session.stop_requested is not None,
                            checkpoint_dir=protocol.checkpoint_dir)
-    session = Session(context, protocol, job.resume_from_checkpoint, artifacts)
+    watch = HangWatch(job.run_config.failure_config.hang_timeout_s, location, start.attempt, rank)
+    session = Session(context, protocol, job.resume_from_checkpoint, artifacts, watch)
     return session
 
 
@@ -204,7 +210,8 @@ def _train(job: TrainingJob, session: Session, owner: Experiment | None,
     activate(session)
     interrupted = False
     try:
-        returned = job.call_train_loop()
+        with session.watch:
+            returned = job.call_train_loop()
         session.protocol.finish()
         return returned
     except stop.StopRequested as requested:

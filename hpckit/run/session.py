@@ -14,6 +14,7 @@ from hpckit.logs import log
 from hpckit.run.commit import CommitProtocol
 from hpckit.run.context import TrainContext
 from hpckit.run.handover import Upload
+from hpckit.run.hang import HangWatch
 from hpckit.run.stop import StopRequested
 
 
@@ -25,12 +26,14 @@ class Session:
     protocol: CommitProtocol
     seed: Checkpoint | None
     artifacts: Artifacts
+    watch: HangWatch
     stop_requested: str | None = None
 
     def report(self, metrics: Any, checkpoint: Checkpoint | None, upload: Upload) -> None:
         if self.stop_requested and upload.mode is CheckpointUploadMode.ASYNC:
             upload = replace(upload, mode=CheckpointUploadMode.SYNC)
         outcome = self.protocol.report(metrics, checkpoint, upload)
+        self.watch.progressed()
         self.artifacts.sync()
         if outcome.stop and not self.stop_requested:
             self.stop_requested = outcome.stop

@@ -1,0 +1,116 @@
+"""The hang watchdog, ``FailureConfig(hang_timeout_s=...)``: a rank on which no ``report()``
+completes in time (a peer stuck in a collective, a deadlocked data loader) writes every
+thread's Python stack to ``{experiment}/logs/`` and ends with :data:`EXIT_HUNG`. Its
+launcher (``hpckit run``, ``python train.py``) records the attempt as ``hung`` and restarts
+it from the newest checkpoint as ``max_failures`` allows; under ``srun``/``mpirun`` every
+rank ends, so the job does not sit idle until its time limit.
+
+Each rank watches itself. A rank waiting inside ``report()`` for a stuck peer has not
+completed one either, so every rank leaves its stacks, and the stuck rank's show where it
+is. The clock starts with the training function (its first report may come after loading
+data) and restarts at each completed report. A Python thread does the work; faulthandler's
+own C thread is the backstop for a main thread that never lets go of the GIL: it dumps the
+stacks to stderr and ends the rank :data:`BACKSTOP_S` later.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from types import TracebackType
+
+from hpckit.logs import log
+from hpckit.processes import children
+from hpckit.storage import files
+from hpckit.storage.location import Location
+
+EXIT_HUNG = 124  # as timeout(1) ends a command that ran too long
+BACKSTOP_S = 60.0
+LINGER_S = 2.0  # before ending: the other ranks' watchdogs, firing too, write their stacks
+LOGS = "logs"
+
+
+def stacks_name(attempt: int, rank: int) -> str:
+    return f"{LOGS}/hang-attempt{attempt}-rank{rank}.txt"
+
+
+def hung_line() -> str:
+    """What the attempt's record says, written by whoever saw the ranks end."""
+    return ("hung: no report() completed within FailureConfig(hang_timeout_s); every rank's "
+            f"stacks are in the experiment's {LOGS}/")
+
+
+class HangWatch:
+    """Ends this rank when no report completes within ``timeout`` seconds (None: never)."""
+
+    def __init__(self, timeout: float | None, experiment: Location, attempt: int, rank: int):
+        self.timeout = timeout
+        self.target = experiment.join(stacks_name(attempt, rank))
+        self.rank = rank
+        self._last = time.monotonic()
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> HangWatch:
+        if self.timeout is not None:
+            self.progressed()
+            self._thread = threading.Thread(target=self._watch, name="hpckit-hang-watch",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        if self._thread is not None:
+            self._done.set()
+            faulthandler.cancel_dump_traceback_later()
+            self._thread.join()
+
+    def progressed(self) -> None:
+        """A report completed: the clock starts again."""
+        if self.timeout is None:
+            return
+        self._last = time.monotonic()
+        faulthandler.dump_traceback_later(self.timeout + BACKSTOP_S, exit=True)
+
+    def _watch(self) -> None:
+        assert self.timeout is not None
+        every = min(1.0, self.timeout / 10)
+        while not self._done.wait(every):
+            if time.monotonic() - self._last > self.timeout:
+                self._hung()
+
+    def _hung(self) -> None:
+        """Keep every thread's stack where the experiment is, say so, and end the rank."""
+        with tempfile.TemporaryFile() as dump:
+            faulthandler.dump_traceback(dump, all_threads=True)
+            dump.seek(0)
+            stacks = dump.read()
+        try:
+            files.make_dir(self.target.parent)
+            files.write_bytes(self.target, stacks)
+            kept = self.target.display
+        except Exception as exc:  # the storage may be what hangs: the stacks go to stderr
+            kept = f"stderr (writing {self.target.display} failed: {exc})"
+            sys.stderr.buffer.write(stacks)
+        log.error("rank %d: no report() completed within %.0f s (FailureConfig(hang_timeout_s="
+                  "%r)); every thread's stack is in %s. Ending this rank (exit status %d); "
+                  "the run restarts from its last committed checkpoint where max_failures "
+                  "allows.", self.rank, self.timeout, self.timeout, kept, EXIT_HUNG)
+        sys.stderr.flush()
+        time.sleep(LINGER_S)
+        _kill_descendants(os.getpid())  # a deadlocked data loader's workers would outlive it
+        os._exit(EXIT_HUNG)
+
+
+def _kill_descendants(pid: int) -> None:
+    for child in children(pid):
+        _kill_descendants(child.pid)
+        with contextlib.suppress(OSError):
+            os.kill(child.pid, signal.SIGKILL)
