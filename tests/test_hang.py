@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run
+from conftest import mpiexec, run
 
 from hpckit import FailureConfig
 from hpckit.errors import ConfigError
@@ -95,6 +95,15 @@ def test_a_rank_stuck_in_a_collective_ends_the_attempt_as_hung_and_it_restarts(t
     steps = [json.loads(line)["metrics"]["step"]
              for line in (experiment / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1, 2], steps
+
+
+def test_under_mpirun_the_job_ends_and_the_next_run_records_the_attempt_as_hung(tmp_path):
+    script = Path(_script(tmp_path, STUCK_IN_A_COLLECTIVE))
+    hung = mpiexec(2, str(tmp_path), script=script, timeout=120, expect=None)
+    assert hung.returncode == 124, hung.output  # nobody restarts ranks that mpirun started
+    mpiexec(2, str(tmp_path), script=script, timeout=120)
+    attempts = json.loads((tmp_path / "stuck" / "manifest.json").read_text())["attempts"]
+    assert [a["status"] for a in attempts] == ["hung", "finished"], attempts
 
 
 def test_a_deadlocked_data_loader_ends_the_rank_with_its_stacks(tmp_path):

@@ -61,7 +61,16 @@ class CheckpointConfig:
     """Asynchronous checkpoints persisted in the background and not yet committed, at most;
     when as many are in flight, the next ``report()`` with a checkpoint waits for the oldest."""
 
+    mtbf_s: float = 86400.0
+    """Mean time between failures of the job, in seconds, for
+    ``get_context().should_checkpoint()`` (Young/Daly's interval √(2·C·MTBF)). One day by
+    default; a job on many nodes fails more often: about a node's MTBF divided by the nodes."""
+
     def __post_init__(self) -> None:
+        mtbf = self.mtbf_s
+        if isinstance(mtbf, bool) or not isinstance(mtbf, (int, float)) or not mtbf > 0:
+            raise ConfigError(f"CheckpointConfig(mtbf_s={mtbf!r}) is invalid: use the job's mean "
+                              "time between failures in seconds (> 0), e.g. 86400 for a day.")
         in_flight = self.max_checkpoints_in_flight
         if not is_int(in_flight) or in_flight < 1:
             raise ConfigError(

@@ -20,6 +20,7 @@ from hpckit.config import CheckpointConfig, SyncConfig
 from hpckit.errors import ExperimentLockedError, HpckitError, StorageError
 from hpckit.experiment import verify
 from hpckit.experiment.attempts import Attempt, AttemptStatus
+from hpckit.experiment.hangs import hung_unrecorded
 from hpckit.experiment.lock import LOCK_NAME, Lock
 from hpckit.experiment.lock import read as read_lock
 from hpckit.experiment.manifest import (
@@ -112,8 +113,9 @@ class Experiment:
                                     opening.config, opening.retention, time.time())
             else:
                 manifest = _resumable(location, found, opening)
-            manifest = manifest.with_attempt(_numbered(opening, manifest, found),
-                                             opening.previous_failure)
+            manifest = manifest.with_attempt(
+                _numbered(opening, manifest, found),
+                opening.previous_failure or hung_unrecorded(location, manifest))
             _write(location, manifest)
             if found is not None:
                 remove_leftovers(location, manifest)

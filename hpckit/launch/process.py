@@ -15,6 +15,7 @@ from typing import Any
 
 from hpckit import settings as _settings
 from hpckit.errors import LaunchError
+from hpckit.experiment.hangs import HUNG
 from hpckit.launch.forwarding import (
     EXIT_TERMINATED,
     Forwarding,
@@ -23,7 +24,7 @@ from hpckit.launch.forwarding import (
 )
 from hpckit.logs import log
 from hpckit.run.exit import INTERRUPT_GRACE
-from hpckit.run.hang import EXIT_HUNG, hung_line
+from hpckit.run.hang import EXIT_HUNG
 from hpckit.run.retry import RetryPolicy
 from hpckit.run.startup import process_started
 from hpckit.run.stop import EXIT_INTERRUPTED, EXIT_STOPPED
@@ -82,7 +83,7 @@ def run_script(ranks: int, argv: list[str], policy: RetryPolicy, cwd: str | None
 
 def _failure_of(code: int, pids: list[int]) -> dict[str, str]:
     """What the next attempt records of this one, whose ranks ended with ``code``."""
-    said = (hung_line() if code == EXIT_HUNG else
+    said = (HUNG if code == EXIT_HUNG else
             f"the ranks exited with status {code}; the failed rank's error is in the run's output")
     return {variable("previous_failure"): said, variable("previous_pids"): ",".join(map(str, pids)),
             variable("previous_hung"): str(int(code == EXIT_HUNG))}

@@ -25,6 +25,7 @@ from hpckit.errors import (
 )
 from hpckit.experiment.attempts import AttemptStatus
 from hpckit.experiment.experiment import end_abandoned_attempt, prepare
+from hpckit.experiment.hangs import HUNG
 from hpckit.experiment.reading import read_manifest
 from hpckit.launch.forwarding import EXIT_TERMINATED
 from hpckit.launch.process import mpiexec, run_process, started_for
@@ -33,7 +34,7 @@ from hpckit.result import Result
 from hpckit.run import stop
 from hpckit.run.comm import describe
 from hpckit.run.exit import ERRORS, RESUME_HINT, read_errors
-from hpckit.run.hang import EXIT_HUNG, hung_line
+from hpckit.run.hang import EXIT_HUNG
 from hpckit.run.job import TrainingJob
 from hpckit.run.ranks import configure_logs
 from hpckit.run.retry import RetryPolicy
@@ -140,7 +141,7 @@ def _failure(payload: str, code: int) -> BaseException:
     """The exception that fit() raises for the ranks' failure."""
     reports = read_errors(payload)
     if code == EXIT_HUNG:
-        return WorkerGroupError(hung_line(), {})
+        return WorkerGroupError(HUNG, {})
     if not reports:
         return WorkerGroupError(
             f"mpiexec exited with status {code} and no rank reported an exception: a rank was "

@@ -38,6 +38,7 @@ from hpckit.run.commit import CommitProtocol
 from hpckit.run.context import TrainContext
 from hpckit.run.handover import Staging
 from hpckit.run.hang import HangWatch
+from hpckit.run.interval import CheckpointClock, agreed_due
 from hpckit.run.job import TrainingJob, command_record
 from hpckit.run.preemption import not_requeued_after, preemption_info
 from hpckit.run.session import Session, activate
@@ -191,9 +192,12 @@ def _session(job: TrainingJob, ranks: Ranks, settings: Settings, number: int,
     context = TrainContext(ranks.topology, job.name, location, number, settings.launcher,
                            settings.slurm(), artifact_dir=lambda: artifacts.directory,
                            stop_requested=lambda: session.stop_requested is not None,
-                           checkpoint_dir=protocol.checkpoint_dir)
+                           checkpoint_dir=protocol.checkpoint_dir,
+                           checkpoint_due=lambda: agreed_due(
+                               ranks.comm, clock, lambda: session.stop_requested is not None))
     watch = HangWatch(job.run_config.failure_config.hang_timeout_s, location, start.attempt, rank)
-    session = Session(context, protocol, job.resume_from_checkpoint, artifacts, watch)
+    clock = CheckpointClock(job.run_config.checkpoint_config.mtbf_s)
+    session = Session(context, protocol, job.resume_from_checkpoint, artifacts, watch, clock)
     return session
 
 

@@ -24,6 +24,7 @@ class TrainContext:
     artifact_dir: Callable[[], str] = field(default=lambda: "", repr=False)
     stop_requested: Callable[[], bool] = field(default=lambda: False, repr=False)
     checkpoint_dir: Callable[[], str] = field(default=lambda: "", repr=False)
+    checkpoint_due: Callable[[], bool] = field(default=lambda: True, repr=False)
 
     def get_world_rank(self) -> int:
         return self.topology.world_rank
@@ -79,6 +80,14 @@ class TrainContext:
         files are then committed without a copy (only hashed and synced; uploaded on object
         storage). Files written there belong to the next checkpoint reported."""
         return self.checkpoint_dir()
+
+    def should_checkpoint(self) -> bool:
+        """Whether to pass a checkpoint to the next ``report()``: True once Young/Daly's
+        interval √(2·C·MTBF) has passed since the last committed checkpoint (C: what a
+        checkpoint blocked, as measured; MTBF: ``CheckpointConfig(mtbf_s)``), before the first
+        checkpoint, and when a stop was requested. Collective: every rank calls it the same
+        number of times, and all get the same answer. (hpckit's own; Ray has no such call.)"""
+        return self.checkpoint_due()
 
     def should_stop(self) -> bool:
         """True once the ranks agreed a stop was requested (e.g. Slurm's time-limit warning)."""

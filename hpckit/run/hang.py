@@ -25,6 +25,7 @@ import threading
 import time
 from types import TracebackType
 
+from hpckit.experiment.hangs import stacks_name
 from hpckit.logs import log
 from hpckit.processes import children
 from hpckit.storage import files
@@ -33,17 +34,6 @@ from hpckit.storage.location import Location
 EXIT_HUNG = 124  # as timeout(1) ends a command that ran too long
 BACKSTOP_S = 60.0
 LINGER_S = 2.0  # before ending: the other ranks' watchdogs, firing too, write their stacks
-LOGS = "logs"
-
-
-def stacks_name(attempt: int, rank: int) -> str:
-    return f"{LOGS}/hang-attempt{attempt}-rank{rank}.txt"
-
-
-def hung_line() -> str:
-    """What the attempt's record says, written by whoever saw the ranks end."""
-    return ("hung: no report() completed within FailureConfig(hang_timeout_s); every rank's "
-            f"stacks are in the experiment's {LOGS}/")
 
 
 class HangWatch:

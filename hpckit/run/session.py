@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -15,6 +16,7 @@ from hpckit.run.commit import CommitProtocol
 from hpckit.run.context import TrainContext
 from hpckit.run.handover import Upload
 from hpckit.run.hang import HangWatch
+from hpckit.run.interval import CheckpointClock
 from hpckit.run.stop import StopRequested
 
 
@@ -27,12 +29,16 @@ class Session:
     seed: Checkpoint | None
     artifacts: Artifacts
     watch: HangWatch
+    clock: CheckpointClock
     stop_requested: str | None = None
 
     def report(self, metrics: Any, checkpoint: Checkpoint | None, upload: Upload) -> None:
         if self.stop_requested and upload.mode is CheckpointUploadMode.ASYNC:
             upload = replace(upload, mode=CheckpointUploadMode.SYNC)
+        began = time.perf_counter()
         outcome = self.protocol.report(metrics, checkpoint, upload)
+        self.clock.reported(None if checkpoint is None else time.perf_counter() - began,
+                            outcome.committed is not None)
         self.watch.progressed()
         self.artifacts.sync()
         if outcome.stop and not self.stop_requested:
