@@ -41,7 +41,7 @@ DataParallelTrainer(loop, train_loop_config={"storage": sys.argv[1]},
                     scaling_config=ScalingConfig(num_workers=2),
                     run_config=RunConfig(name="stuck", storage_path=sys.argv[1],
                                          failure_config=FailureConfig(max_failures=1,
-                                                                      hang_timeout_s=3))).fit()
+                                                                      hang_timeout_s=5))).fit()
 print("FINISHED")
 """
 
@@ -65,7 +65,22 @@ def loop(config):
 
 DataParallelTrainer(loop, run_config=RunConfig(
     name="loader", storage_path=sys.argv[1],
-    failure_config=FailureConfig(hang_timeout_s=3))).fit()
+    failure_config=FailureConfig(hang_timeout_s=5))).fit()
+"""
+
+
+FINISHES_THEN_WAITS = """
+import sys, time
+import hpckit
+from hpckit import DataParallelTrainer, FailureConfig, RunConfig
+
+def loop(config):
+    hpckit.report({"step": 0})
+
+DataParallelTrainer(loop, run_config=RunConfig(
+    name="done", storage_path=sys.argv[1], failure_config=FailureConfig(hang_timeout_s=1))).fit()
+time.sleep(3)
+print("STILL HERE")
 """
 
 
@@ -82,7 +97,7 @@ def _script(tmp_path: Path, text: str) -> str:
 def test_a_rank_stuck_in_a_collective_ends_the_attempt_as_hung_and_it_restarts(tmp_path):
     out = run([sys.executable, _script(tmp_path, STUCK_IN_A_COLLECTIVE), str(tmp_path)],
               timeout=120)
-    assert "FINISHED" in out.output and "no report() completed within 3 s" in out.output
+    assert "FINISHED" in out.output and "no report() completed within 5 s" in out.output
     experiment = tmp_path / "stuck"
     attempts = json.loads((experiment / "manifest.json").read_text())["attempts"]
     assert [a["status"] for a in attempts] == ["hung", "finished"], attempts
@@ -109,9 +124,17 @@ def test_under_mpirun_the_job_ends_and_the_next_run_records_the_attempt_as_hung(
 def test_a_deadlocked_data_loader_ends_the_rank_with_its_stacks(tmp_path):
     out = run([sys.executable, _script(tmp_path, DEADLOCKED_LOADER), str(tmp_path)],
               timeout=120, expect=124)
-    assert "no report() completed within 3 s" in out.output, out.output
+    assert "no report() completed within 5 s" in out.output, out.output
     stacks = (tmp_path / "loader" / "logs" / "hang-attempt0-rank0.txt").read_text()
     assert "dataloader.py" in stacks and "in loop" in stacks, stacks
+
+
+def test_a_run_that_ends_leaves_no_watch_behind(tmp_path):
+    # The watch (and faulthandler's backstop) stop with the training function: the program
+    # goes on well past the timeout after fit() and ends normally.
+    script = _script(tmp_path, FINISHES_THEN_WAITS)
+    out = run([sys.executable, script, str(tmp_path)], timeout=60)
+    assert "STILL HERE" in out.output and "no report() completed" not in out.output
 
 
 @pytest.mark.parametrize("bad", [0, -1, "60", True])

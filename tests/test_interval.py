@@ -61,20 +61,50 @@ def test_every_rank_gets_one_answer_due_first_then_by_the_interval_and_at_a_stop
     assert committed == ["checkpoint_000000", "checkpoint_000001"], committed
 
 
+ASKED_ON_RANK_0_ALONE = """
+import sys
+import hpckit
+from hpckit import DataParallelTrainer, ReportMismatchError, RunConfig, ScalingConfig
+
+def loop(config):
+    ctx = hpckit.get_context()
+    if ctx.get_world_rank() == 0 and ctx.should_checkpoint():
+        pass
+    hpckit.report({"step": 0})
+
+try:
+    DataParallelTrainer(loop, scaling_config=ScalingConfig(num_workers=2), run_config=RunConfig(
+        name="alone", storage_path=sys.argv[1])).fit()
+except hpckit.TrainingFailedError as exc:
+    print("CAUGHT", type(exc.worker_failures[0]).__name__, exc.worker_failures[0], "END")
+"""
+
+
+def test_asking_on_one_rank_alone_is_a_clear_mismatch_on_every_rank(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(ASKED_ON_RANK_0_ALONE)
+    out = run([sys.executable, str(script), str(tmp_path)], timeout=120, expect=None)
+    assert re.search(r"CAUGHT ReportMismatchError rank\(s\) 1 made another collective call "
+                     r"where the others called get_context\(\)\.should_checkpoint\(\)",
+                     out.output), out.output
+
+
 def test_the_clock_measures_the_median_blocking_cost_and_times_the_interval():
     clock = CheckpointClock(mtbf_s=1e6)
     assert clock.due() == (True, None)  # nothing measured yet
     for blocked in (0.9, 0.5, 0.1):
-        clock.reported(blocked, committed=True)
-    clock.reported(None, committed=False)  # a report without a checkpoint measures nothing
+        clock.reported(blocked)
+    clock.reported(None)  # a report without a checkpoint measures nothing
     due, interval = clock.due()
     assert not due and interval == pytest.approx(math.sqrt(2 * 0.5 * 1e6))
 
 
-def test_a_tiny_mtbf_makes_every_step_due():
-    clock = CheckpointClock(mtbf_s=1e-9)
-    clock.reported(0.001, committed=True)
-    assert clock.due()[0] is True  # √(2·0.001·1e-9) s passed long ago
+def test_the_checkpoint_is_due_once_the_interval_has_passed():
+    clock = CheckpointClock(mtbf_s=3600)
+    clock.reported(1.0)
+    assert clock.due() == (False, pytest.approx(84.85, abs=0.01))
+    clock.committed_at -= 85  # as if 85 s had passed since that checkpoint
+    assert clock.due()[0] is True
 
 
 def test_the_interval_is_young_and_dalys():

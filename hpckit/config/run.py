@@ -28,9 +28,9 @@ class FailureConfig:
     hang_timeout_s: float | None = None
     """End a rank on which no ``report()`` completes within this many seconds (from the
     start of the training function, then from each report), leaving every thread's stack in
-    ``{experiment}/logs/``; the attempt is recorded as ``hung`` and restarted as
-    ``max_failures`` allows. None (the default) never does: choose several times the
-    longest gap between two reports, checkpoint included."""
+    ``{experiment}/logs/``; the attempt is recorded as ``hung`` and, where hpckit started
+    the ranks, restarted as ``max_failures`` allows. None (the default) never does: choose
+    several times the longest gap between two reports, checkpoint included."""
 
     def __post_init__(self) -> None:
         for name in ("max_failures", "max_preemption_failures"):

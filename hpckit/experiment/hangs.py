@@ -5,11 +5,10 @@ later run tells that the attempt before it hung although nobody could record it:
 from __future__ import annotations
 
 from hpckit.experiment.attempts import AttemptStatus
-from hpckit.experiment.manifest import Manifest
+from hpckit.experiment.manifest import LOGS, Manifest
 from hpckit.storage import files
 from hpckit.storage.location import Location
 
-LOGS = "logs"
 HUNG = ("hung: no report() completed within FailureConfig(hang_timeout_s); every rank's "
         f"stacks are in the experiment's {LOGS}/")
 

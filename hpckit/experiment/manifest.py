@@ -26,7 +26,9 @@ _CUSTOM = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]{0,199}")
 # Directories of the experiment that are never checkpoints (artifacts/, tensorboard/ and the
 # staging area), and the marker that makes a custom-named checkpoint directory a leftover
 # until its commit.
-RESERVED_NAMES = frozenset({"artifacts", "tensorboard", STAGING_NAME, MANIFEST_NAME, METRICS_NAME})
+LOGS = "logs"  # the hang watchdog's stacks (experiment.hangs)
+RESERVED_NAMES = frozenset({"artifacts", "tensorboard", LOGS, STAGING_NAME, MANIFEST_NAME,
+                            METRICS_NAME})
 PENDING_MARKER = ".hpckit-pending"
 
 
@@ -45,8 +47,8 @@ def custom_dirname_problem(name: str) -> str | None:
         return ("use one directory name of letters, digits and . _ = + - (not starting with a "
                 "dot or a dash, at most 200 characters), e.g. 'checkpoint_epoch_3'")
     if name in RESERVED_NAMES or is_checkpoint_dirname(name):
-        return (f"{name!r} is hpckit's own (its numbered checkpoints, artifacts, tensorboard); "
-                "choose another name, e.g. 'epoch_3'")
+        return (f"{name!r} is hpckit's own (its numbered checkpoints, artifacts, tensorboard, "
+                "logs); choose another name, e.g. 'epoch_3'")
     return None
 
 

@@ -216,7 +216,7 @@ def _train(job: TrainingJob, session: Session, owner: Experiment | None,
     try:
         with session.watch:
             returned = job.call_train_loop()
-        session.protocol.finish()
+            session.protocol.finish()
         return returned
     except stop.StopRequested as requested:
         _stop_run(session, owner, settings, str(requested),

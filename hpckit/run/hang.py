@@ -8,9 +8,12 @@ rank ends, so the job does not sit idle until its time limit.
 Each rank watches itself. A rank waiting inside ``report()`` for a stuck peer has not
 completed one either, so every rank leaves its stacks, and the stuck rank's show where it
 is. The clock starts with the training function (its first report may come after loading
-data) and restarts at each completed report. A Python thread does the work; faulthandler's
-own C thread is the backstop for a main thread that never lets go of the GIL: it dumps the
-stacks to stderr and ends the rank :data:`BACKSTOP_S` later.
+data) and restarts at each completed report; the collective end of the function (which
+commits background checkpoints) is watched too. A Python thread does the work;
+faulthandler's own C thread is the backstop for a main thread that never lets go of the GIL
+(or a storage write that hangs): it dumps the stacks to stderr and ends the rank
+:data:`BACKSTOP_S` later, with status 1. faulthandler's timer is one per process: a
+program's own ``dump_traceback_later`` is replaced while the watch runs.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import tempfile
 import threading
 import time
 from types import TracebackType
+from typing import Any
 
 from hpckit.experiment.hangs import stacks_name
 from hpckit.logs import log
@@ -34,6 +38,7 @@ from hpckit.storage.location import Location
 EXIT_HUNG = 124  # as timeout(1) ends a command that ran too long
 BACKSTOP_S = 60.0
 LINGER_S = 2.0  # before ending: the other ranks' watchdogs, firing too, write their stacks
+WRITE_WAIT_S = 10.0
 
 
 class HangWatch:
@@ -43,13 +48,15 @@ class HangWatch:
         self.timeout = timeout
         self.target = experiment.join(stacks_name(attempt, rank))
         self.rank = rank
-        self._last = time.monotonic()
+        self._last = self._armed = time.monotonic()
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
+        self._stderr: Any = None
 
     def __enter__(self) -> HangWatch:
         if self.timeout is not None:
-            self.progressed()
+            self._stderr = _stderr()
+            self._arm()
             self._thread = threading.Thread(target=self._watch, name="hpckit-hang-watch",
                                             daemon=True)
             self._thread.start()
@@ -59,15 +66,25 @@ class HangWatch:
                  trace: TracebackType | None) -> None:
         if self._thread is not None:
             self._done.set()
-            faulthandler.cancel_dump_traceback_later()
-            self._thread.join()
+            self._thread.join(WRITE_WAIT_S)
+            if self._stderr is not None:
+                faulthandler.cancel_dump_traceback_later()
 
     def progressed(self) -> None:
-        """A report completed: the clock starts again."""
+        """A report completed: the clock starts again (the backstop is re-armed now and then,
+        not at every report: each arming starts a thread)."""
         if self.timeout is None:
             return
         self._last = time.monotonic()
-        faulthandler.dump_traceback_later(self.timeout + BACKSTOP_S, exit=True)
+        if self._last - self._armed > self.timeout / 4:
+            self._arm()
+
+    def _arm(self) -> None:
+        assert self.timeout is not None
+        self._armed = time.monotonic()
+        if self._stderr is not None:
+            faulthandler.dump_traceback_later(self.timeout + BACKSTOP_S, exit=True,
+                                              file=self._stderr)
 
     def _watch(self) -> None:
         assert self.timeout is not None
@@ -82,24 +99,55 @@ class HangWatch:
             faulthandler.dump_traceback(dump, all_threads=True)
             dump.seek(0)
             stacks = dump.read()
-        try:
-            files.make_dir(self.target.parent)
-            files.write_bytes(self.target, stacks)
-            kept = self.target.display
-        except Exception as exc:  # the storage may be what hangs: the stacks go to stderr
-            kept = f"stderr (writing {self.target.display} failed: {exc})"
-            sys.stderr.buffer.write(stacks)
+        kept = _keep(self.target, stacks)
         log.error("rank %d: no report() completed within %.0f s (FailureConfig(hang_timeout_s="
-                  "%r)); every thread's stack is in %s. Ending this rank (exit status %d); "
-                  "the run restarts from its last committed checkpoint where max_failures "
-                  "allows.", self.rank, self.timeout, self.timeout, kept, EXIT_HUNG)
+                  "%r)); every thread's stack is in %s. Ending this rank and its child "
+                  "processes (exit status %d).", self.rank, self.timeout, self.timeout, kept,
+                  EXIT_HUNG)
         sys.stderr.flush()
         time.sleep(LINGER_S)
-        _kill_descendants(os.getpid())  # a deadlocked data loader's workers would outlive it
+        _kill_descendants(os.getpid())
         os._exit(EXIT_HUNG)
 
 
+def _stderr() -> Any:
+    """A real file for faulthandler's backstop (the program may have replaced sys.stderr),
+    or None: then the watch runs without it."""
+    stream = sys.__stderr__
+    try:
+        if stream is None:
+            raise ValueError("no stderr")
+        stream.fileno()
+    except (ValueError, OSError) as exc:
+        log.warning("the hang watchdog runs without its backstop: stderr has no file (%s)", exc)
+        return None
+    return stream
+
+
+def _keep(target: Location, stacks: bytes) -> str:
+    """Write the stacks to ``target`` within WRITE_WAIT_S (the storage may be what hangs),
+    else to stderr; where they went."""
+    failure: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            files.make_dir(target.parent)
+            files.write_bytes(target, stacks)
+        except BaseException as exc:
+            failure.append(exc)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    writer.join(WRITE_WAIT_S)
+    if not writer.is_alive() and not failure:
+        return target.display
+    sys.stderr.buffer.write(stacks)
+    why = failure[0] if failure else f"no answer within {WRITE_WAIT_S:.0f} s"
+    return f"stderr (writing {target.display} failed: {why})"
+
+
 def _kill_descendants(pid: int) -> None:
+    """Children of a hung rank (a deadlocked data loader's workers) would outlive it."""
     for child in children(pid):
         _kill_descendants(child.pid)
         with contextlib.suppress(OSError):

@@ -21,6 +21,7 @@ from hpckit.errors import HpckitError
 from hpckit.logs import log
 from hpckit.run import stop
 from hpckit.run.comm import all_reduce
+from hpckit.run.plan import check_agreed
 
 MEASURED = 5  # blocking times the median is taken over
 
@@ -39,12 +40,12 @@ class CheckpointClock:
         self.costs: deque[float] = deque(maxlen=MEASURED)
         self._said: float | None = None
 
-    def reported(self, blocked_s: float | None, committed: bool) -> None:
-        """A report returned: it blocked for ``blocked_s`` with a checkpoint (None without),
-        and committed one (its own or an earlier asynchronous one) if ``committed``."""
+    def reported(self, blocked_s: float | None) -> None:
+        """A report returned: it blocked for ``blocked_s`` with a checkpoint (None without).
+        The interval counts from there, not from the commit of an asynchronous one, which
+        comes later."""
         if blocked_s is not None:
             self.costs.append(blocked_s)
-        if committed:
             self.committed_at = time.monotonic()
 
     def due(self) -> tuple[bool, float | None]:
@@ -71,6 +72,7 @@ def agreed_due(comm: Any, clock: CheckpointClock, stopping: Callable[[], bool]) 
     committed checkpoint (by rank 0's clock, so every rank gets the same answer), when no
     checkpoint has been measured yet, or when a stop was requested. Collective."""
     def decide(heard: list[tuple[bool, bool, float | None]]) -> bool:
+        check_agreed(heard, tuple, "get_context().should_checkpoint()")
         due, interval = heard[0][1], heard[0][2]
         if interval is not None:
             clock.say(interval)

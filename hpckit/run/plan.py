@@ -138,7 +138,23 @@ def raise_background_failure(directory: str, failures: list[RankFailure]) -> Non
     raise_failures(failures, f"persisting {directory} in the background", CommitError, wrap=True)
 
 
+def check_agreed(heard: list[Any], kind: type, call: str) -> None:
+    """Every rank made the same collective call: a rank in ``report()`` while another asks
+    ``should_checkpoint()`` (say, on rank 0 alone) pairs two different calls."""
+    other = [rank for rank, value in enumerate(heard) if not isinstance(value, kind)]
+    if other:
+        raise ReportMismatchError(
+            f"rank(s) {_ranks(other)} made another collective call where the others called "
+            f"{call}; every rank must call {call} and report() the same number of times, in "
+            "the same order (ask on every rank, then act on rank 0 alone if you like).")
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks))
+
+
 def check_counts(announcements: list[Announcement]) -> None:
+    check_agreed(announcements, Announcement, "report()")
     kinds = {(a.kind, a.count) for a in announcements}
     if len(kinds) == 1:
         return

@@ -37,8 +37,7 @@ class Session:
             upload = replace(upload, mode=CheckpointUploadMode.SYNC)
         began = time.perf_counter()
         outcome = self.protocol.report(metrics, checkpoint, upload)
-        self.clock.reported(None if checkpoint is None else time.perf_counter() - began,
-                            outcome.committed is not None)
+        self.clock.reported(None if checkpoint is None else time.perf_counter() - began)
         self.watch.progressed()
         self.artifacts.sync()
         if outcome.stop and not self.stop_requested:
