@@ -69,15 +69,15 @@ class CheckpointClock:
 
 def agreed_due(comm: Any, clock: CheckpointClock, stopping: Callable[[], bool]) -> bool:
     """``should_checkpoint()``: True when Young/Daly's interval has passed since the last
-    committed checkpoint (by rank 0's clock, so every rank gets the same answer), when no
-    checkpoint has been measured yet, or when a stop was requested. Collective."""
-    def decide(heard: list[tuple[bool, bool, float | None]]) -> bool:
-        check_agreed(heard, tuple, "get_context().should_checkpoint()")
-        due, interval = heard[0][1], heard[0][2]
+    checkpointed report (by rank 0's clock, so every rank gets the same answer), when no
+    checkpoint has been measured yet, or when a stop was requested on any rank. Collective:
+    each rank sends whether it heard a stop; rank 0 decides."""
+    def decide(heard: list[bool]) -> bool:
+        check_agreed(heard, bool, "get_context().should_checkpoint()")
+        due, interval = clock.due()
         if interval is not None:
             clock.say(interval)
-        return due or any(stop_requested for stop_requested, _, _ in heard)
+        return due or any(heard)
 
     return all_reduce(comm, "get_context().should_checkpoint()",
-                      lambda: (stop.received() is not None or stopping(), *clock.due()),
-                      decide, HpckitError)
+                      lambda: stop.received() is not None or stopping(), decide, HpckitError)
