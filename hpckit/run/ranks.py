@@ -58,6 +58,7 @@ def _run(job: TrainingJob, settings: Settings) -> Result:
             if settings.worker and comm.rank == 0:  # for fit() in the process that started us
                 rank_exit.write_error(settings.worker, rank_exit.ErrorReport(
                     RankFailure.capture(0, stopped), training=False))
+            comm.barrier()  # a rank that exits (75) first would have mpiexec end rank 0 mid-write
             raise
         except AttemptFailed as failure:
             # Only a single rank that hpckit did not launch restarts itself; launched ranks
