@@ -85,6 +85,27 @@ def checkpoint_dirs(experiment: Path) -> list[str]:
     return sorted(p.name for p in experiment.iterdir() if p.name.startswith("checkpoint_"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_leftovers(tmp_path_factory: pytest.TempPathFactory):
+    """What the ranks that tests SIGKILL cannot clean up does not outlive the suite. Their
+    temporary files go to this session's own TMPDIR, which pytest prunes with its other
+    temporary directories. The MPICH shared memory they leave in /dev/shm is RAM: a suite's
+    worth is about 1 GB, and a few runs on one machine once starved CI of memory. It is
+    removed before and after the session once no process maps it."""
+    from hpckit.run.shm import SHM_DIR, remove_unmapped
+
+    segments = [os.path.join(SHM_DIR, "mpich_*")]
+    remove_unmapped(segments, idle_s=60)
+    previous = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("tmp"))
+    yield
+    if previous is None:
+        del os.environ["TMPDIR"]
+    else:
+        os.environ["TMPDIR"] = previous
+    remove_unmapped(segments, idle_s=10)
+
+
 @pytest.fixture(params=[1, 2, 3], ids=lambda n: f"np{n}")
 def world(request: pytest.FixtureRequest) -> int:
     """Each multi-rank test runs on one rank, an even and an odd number of ranks (odd sizes

@@ -19,6 +19,7 @@ import contextlib
 import fcntl
 import glob
 import os
+import time
 from collections.abc import Iterator
 
 from hpckit.logs import log
@@ -54,7 +55,7 @@ def clear_stale_segments(settings: Settings, shm_dir: str = SHM_DIR) -> list[str
     with _locked(f"{prefix}.lock"):
         if os.path.exists(marker):
             return []
-        removed = _remove_unmapped(segment_patterns(job_step, shm_dir))
+        removed = remove_unmapped(segment_patterns(job_step, shm_dir))
         for earlier in glob.glob(f"{prefix}-incarnation-*"):
             with contextlib.suppress(OSError):
                 os.unlink(earlier)
@@ -65,9 +66,11 @@ def clear_stale_segments(settings: Settings, shm_dir: str = SHM_DIR) -> list[str
     return removed
 
 
-def _remove_unmapped(patterns: list[str]) -> list[str]:
-    candidates = [p for pattern in patterns for p in glob.glob(pattern)
-                  if os.stat(p).st_uid == os.getuid()]
+def remove_unmapped(patterns: list[str], idle_s: float = 0.0) -> list[str]:
+    """Remove this user's segments matching ``patterns`` that no live process maps (and that
+    nothing changed in the last ``idle_s`` seconds); returns their names."""
+    quiet_since = time.time() - idle_s
+    candidates = [path for path, changed in _owned(patterns) if changed <= quiet_since]
     if not candidates:
         return []
     mapped = _mapped_paths()
@@ -78,6 +81,17 @@ def _remove_unmapped(patterns: list[str]) -> list[str]:
                 os.unlink(path)
                 removed.append(os.path.basename(path))
     return sorted(removed)
+
+
+def _owned(patterns: list[str]) -> list[tuple[str, float]]:
+    """This user's files matching ``patterns``, with when each last changed."""
+    found = []
+    for path in (p for pattern in patterns for p in glob.glob(pattern)):
+        with contextlib.suppress(FileNotFoundError):
+            status = os.stat(path)
+            if status.st_uid == os.getuid():
+                found.append((path, status.st_mtime))
+    return found
 
 
 def _mapped_paths() -> set[str]:
