@@ -95,7 +95,7 @@ def no_leftovers(tmp_path_factory: pytest.TempPathFactory):
     from hpckit.run.shm import SHM_DIR, remove_unmapped
 
     segments = [os.path.join(SHM_DIR, "mpich_*")]
-    remove_unmapped(segments, idle_s=60)
+    remove_unmapped(segments)
     previous = os.environ.get("TMPDIR")
     os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("tmp"))
     yield
@@ -103,7 +103,7 @@ def no_leftovers(tmp_path_factory: pytest.TempPathFactory):
         del os.environ["TMPDIR"]
     else:
         os.environ["TMPDIR"] = previous
-    remove_unmapped(segments, idle_s=10)
+    remove_unmapped(segments)
 
 
 @pytest.fixture(params=[1, 2, 3], ids=lambda n: f"np{n}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import signal
@@ -83,6 +84,7 @@ def test_single_rank_retries_in_process(tmp_path):
 
 def test_a_killed_rank_is_restarted_and_the_run_resumes(tmp_path):
     marker = tmp_path / "hanging"
+    segments_before = set(glob.glob("/dev/shm/mpich_*"))
     process = subprocess.Popen(
         [sys.executable, str(JOB), "--workers", "3", "--storage", str(tmp_path), "--epochs", "4",
          "--hang-rank", "1", "--hang-epoch", "2", "--hang-file", str(marker), "--max-failures", "1"],
@@ -102,3 +104,5 @@ def test_a_killed_rank_is_restarted_and_the_run_resumes(tmp_path):
     m = manifest(tmp_path / "exp")
     assert [a["status"] for a in m["attempts"]] == ["failed", "finished"]
     assert m["latest"] == "checkpoint_000003"
+    left = set(glob.glob("/dev/shm/mpich_*")) - segments_before
+    assert not left, f"the killed attempt's shared memory is still in RAM: {left}"

@@ -129,20 +129,21 @@ def test_s3_uris_decode_their_keys_and_keep_tls_options():
     assert location.join("exp").path == "b/my runs/exp"
 
 
-def test_only_shared_memory_that_nothing_maps_and_nobody_just_made_is_removed():
+def test_only_shared_memory_that_nothing_maps_is_removed():
     from hpckit.run.shm import SHM_DIR, remove_unmapped
 
     prefix = f"mpich_shm_test{os.getpid()}"
-    old, fresh, mapped = (Path(SHM_DIR, f"{prefix}{name}_0") for name in ("old", "new", "mapped"))
+    old, new, mapped = (Path(SHM_DIR, f"{prefix}{name}_0") for name in ("old", "new", "mapped"))
+    pattern = [f"{SHM_DIR}/{prefix}*"]
     try:
-        for segment in (old, fresh, mapped):
+        for segment in (old, new, mapped):
             segment.write_bytes(b"\0" * mmap.PAGESIZE)
-        for segment in (old, mapped):
-            os.utime(segment, (time.time() - 120, time.time() - 120))
+        os.utime(old, (time.time() - 120, time.time() - 120))
         with open(mapped, "r+b") as f, mmap.mmap(f.fileno(), 0):
-            removed = remove_unmapped([f"{SHM_DIR}/{prefix}*"], idle_s=60)
-        assert removed == [old.name]
-        assert not old.exists() and fresh.exists() and mapped.exists()
+            assert remove_unmapped(pattern, since=time.time() - 60) == [new.name]
+            assert old.exists() and not new.exists()
+            assert remove_unmapped(pattern) == [old.name]
+        assert not old.exists() and mapped.exists()
     finally:
-        for segment in (old, fresh, mapped):
+        for segment in (old, new, mapped):
             segment.unlink(missing_ok=True)

@@ -26,6 +26,7 @@ from hpckit.logs import log
 from hpckit.run.exit import INTERRUPT_GRACE
 from hpckit.run.hang import EXIT_HUNG
 from hpckit.run.retry import RetryPolicy
+from hpckit.run.shm import remove_left_by_ranks
 from hpckit.run.startup import process_started
 from hpckit.run.stop import EXIT_INTERRUPTED, EXIT_STOPPED
 from hpckit.settings import Settings, variable
@@ -105,6 +106,7 @@ def run_process(command: list[str], extra_env: dict[str, str], settings: Setting
     Other signals: :mod:`hpckit.launch.forwarding`. Ranks record their PIDs in
     $HPCKIT_PID_DIR; ``seen`` receives them."""
     pids = tempfile.mkdtemp(prefix="hpckit-pids-")
+    started = time.time()
     with stop_signal_ignored(settings.stop_signal):
         process = subprocess.Popen(command, env={**os.environ, **extra_env,
                                                  variable("pid_dir"): pids}, cwd=cwd,
@@ -115,9 +117,11 @@ def run_process(command: list[str], extra_env: dict[str, str], settings: Setting
         stopped = code in (0, EXIT_STOPPED, EXIT_INTERRUPTED)
         return EXIT_TERMINATED if forwarding.terminated and not stopped else code
     finally:
+        ranks = [int(name) for name in os.listdir(pids) if name.isdigit()]
         if seen is not None:
-            seen[:] = [int(name) for name in os.listdir(pids) if name.isdigit()]
+            seen[:] = ranks
         shutil.rmtree(pids, ignore_errors=True)
+        remove_left_by_ranks(started, ranks)
 
 
 def _wait(process: subprocess.Popen[bytes], pids: str) -> int:

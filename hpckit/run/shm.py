@@ -23,10 +23,12 @@ import time
 from collections.abc import Iterator
 
 from hpckit.logs import log
-from hpckit.processes import ancestor
+from hpckit.processes import alive, ancestor
 from hpckit.settings import Settings
 
 SHM_DIR = "/dev/shm"
+EXIT_WAIT_S = 5.0
+RECHECK_S = 0.2
 
 
 def fnv1a(text: str) -> int:
@@ -66,21 +68,36 @@ def clear_stale_segments(settings: Settings, shm_dir: str = SHM_DIR) -> list[str
     return removed
 
 
-def remove_unmapped(patterns: list[str], idle_s: float = 0.0) -> list[str]:
-    """Remove this user's segments matching ``patterns`` that no live process maps (and that
-    nothing changed in the last ``idle_s`` seconds); returns their names."""
-    quiet_since = time.time() - idle_s
-    candidates = [path for path, changed in _owned(patterns) if changed <= quiet_since]
-    if not candidates:
-        return []
-    mapped = _mapped_paths()
+def remove_unmapped(patterns: list[str], since: float = 0.0) -> list[str]:
+    """Remove this user's segments matching ``patterns``, changed since ``since``, that no
+    live process maps; returns their names. A segment must be unmapped in two looks
+    RECHECK_S apart: one that another job's rank has just created is mapped by then."""
+    candidates = [path for path, changed in _owned(patterns) if changed >= since]
+    unmapped = [path for path in candidates if path not in _mapped_paths()] if candidates else []
+    if unmapped:
+        time.sleep(RECHECK_S)
+        mapped = _mapped_paths()
+        unmapped = [path for path in unmapped if path not in mapped]
     removed = []
-    for path in candidates:
-        if path not in mapped:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-                removed.append(os.path.basename(path))
+    for path in unmapped:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+            removed.append(os.path.basename(path))
     return sorted(removed)
+
+
+def remove_left_by_ranks(since: float, ranks: list[int]) -> None:
+    """After the launcher of ``ranks`` (PIDs) on this node returned: the segments that those
+    of them that died left since ``since`` (MPICH removes a segment in MPI_Finalize). Each
+    holds megabytes of RAM until the node reboots. Ranks the launcher killed may take a
+    moment to be gone, and they map the segment until then."""
+    deadline = time.monotonic() + EXIT_WAIT_S
+    while any(alive(pid) for pid in ranks) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    removed = remove_unmapped([os.path.join(SHM_DIR, "mpich_*")], since=since)
+    if removed:
+        log.info("removed the MPICH shared memory that ended ranks left in %s: %s", SHM_DIR,
+                 ", ".join(removed))
 
 
 def _owned(patterns: list[str]) -> list[tuple[str, float]]:
