@@ -11,7 +11,6 @@ import sys
 import time
 
 import pytest
-
 from conftest import JOB, checkpoint_dirs, manifest, mpiexec, python
 
 

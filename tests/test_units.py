@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 
+from hpckit.errors import ConfigError, LaunchError, MetricsError, StorageError
+from hpckit.experiment.values import to_json_metrics
 from hpckit.integrations.torch.devices import assign_gpus, cpu_threads
 from hpckit.settings import Settings
-from hpckit.experiment.values import to_json_metrics
 from hpckit.storage.location import resolve
 from hpckit.storage.uris import parent, redact, restore_credentials
-from hpckit.errors import ConfigError, LaunchError, MetricsError, StorageError
 
 
 def test_metrics_conversion():

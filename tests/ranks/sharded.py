@@ -8,6 +8,7 @@ import argparse
 import hashlib
 import json
 import os
+import socket
 import tempfile
 import time
 
@@ -15,8 +16,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hpckit
-from hpckit import (Checkpoint, CheckpointConfig, DataParallelTrainer, RunConfig, ScalingConfig,
-                    SyncConfig)
+from hpckit import Checkpoint, CheckpointConfig, DataParallelTrainer, RunConfig, ScalingConfig, SyncConfig
 
 
 def train_loop(config: dict) -> None:
@@ -26,6 +26,11 @@ def train_loop(config: dict) -> None:
     state = np.random.default_rng(rank).standard_normal(n)
     momentum = np.zeros(n)
     start = 0
+    if config["topology"]:
+        place = {"rank": rank, "node_rank": ctx.get_node_rank(), "local_rank": ctx.get_local_rank(),
+                 "local_world_size": ctx.get_local_world_size(), "host": socket.gethostname()}
+        open(os.path.join(os.environ["HPCKIT_LOCAL_DIR"], f"rank-{rank}-was-here"), "w").close()
+        print("PLACE " + json.dumps(place) + " END", flush=True)
     if checkpoint := hpckit.get_checkpoint():
         with checkpoint.as_directory() as d:
             state = np.load(os.path.join(d, f"state-rank{rank}.npy"))
@@ -97,12 +102,14 @@ def main() -> None:
     p.add_argument("--mode", choices=["sync", "async", "in-place", "in-place-async"], default="sync")
     p.add_argument("--every", type=int, default=1, help="checkpoint every N epochs")
     p.add_argument("--in-flight", type=int, default=1)
+    p.add_argument("--topology", action="store_true", help="each rank prints PLACE {json} END")
     args = p.parse_args()
     trainer = DataParallelTrainer(
         train_loop,
         train_loop_config={"epochs": args.epochs, "epoch_seconds": args.epoch_seconds,
                            "shard_floats": args.shard_floats, "artifacts": args.artifacts,
-                           "mode": args.mode, "every": args.every},
+                           "mode": args.mode, "every": args.every,
+                           "topology": args.topology},
         scaling_config=ScalingConfig(num_workers=MPI.COMM_WORLD.size),
         run_config=RunConfig(name=args.name, storage_path=args.storage,
                              sync_config=SyncConfig(
