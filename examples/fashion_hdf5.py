@@ -36,16 +36,18 @@ def write_dataset(path: str, n_train: int = 6000, n_test: int = 1000, seed: int 
         labels = rng.integers(0, 10, n)
         images = prototypes[labels] * rng.uniform(0.6, 1.4, (n, 1, 1)).astype(np.float32)
         shifts = rng.integers(-2, 3, (n, 2))
-        images = np.stack([np.roll(img, tuple(s), axis=(0, 1)) for img, s in zip(images, shifts)])
+        images = np.stack([np.roll(img, tuple(s), axis=(0, 1))
+                           for img, s in zip(images, shifts, strict=True)])
         images += rng.normal(0, 0.35, images.shape).astype(np.float32)
         return (np.clip(images, 0, 1.5) * 170).astype(np.uint8), labels.astype(np.int64)
 
-    with h5py.File(path + ".tmp", "w") as f:
+    partial = f"{path}.{os.getpid()}.tmp"  # ranks started by mpiexec may all write it at once
+    with h5py.File(partial, "w") as f:
         for name, n in (("train", n_train), ("test", n_test)):
             images, labels = split(n)
             f.create_dataset(f"{name}/images", data=images[:, None], chunks=(64, 1, 28, 28))
             f.create_dataset(f"{name}/labels", data=labels)
-    os.replace(path + ".tmp", path)
+    os.replace(partial, path)
 
 
 class Net(nn.Module):
@@ -117,15 +119,21 @@ def evaluate(model: nn.Module, test: object) -> tuple[float, float]:
     return (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description="FashionMNIST-shaped HDF5 training with hpckit")
+def arguments(description: str, name: str) -> argparse.ArgumentParser:
+    """The command line this example and lightning_mnist_like.py share."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "hpckit-fashion.h5"))
+    parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "hpckit-fashion.h5"),
+                        help="the HDF5 file, written first if it does not exist")
     parser.add_argument("--storage", default=None, help="storage path or URI (default ~/hpckit_results)")
-    parser.add_argument("--name", default="fashion-hdf5")
-    args = parser.parse_args()
+    parser.add_argument("--name", default=name)
+    return parser
+
+
+def main() -> None:
+    args = arguments("FashionMNIST-shaped HDF5 training with hpckit", "fashion-hdf5").parse_args()
     if not os.path.exists(args.data):
         write_dataset(args.data)
     trainer = TorchTrainer(
