@@ -11,7 +11,7 @@ ROOT = Path(__file__).parent.parent
 
 
 def test_ruff():
-    out = subprocess.run([sys.executable, "-m", "ruff", "check", "hpckit"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "ruff", "check", "hpckit", "examples"], cwd=ROOT,
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
 

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import hpckit
+import hpckit.lightning
 import hpckit.torch
 
 PAGE = Path(__file__).parent.parent / "docs" / "ray-compatibility.md"
@@ -27,6 +28,13 @@ RAY_TRAIN_TORCH = {
     "enable_reproducibility",
 }
 
+# ray.train.lightning: the names Ray Train's Lightning guide uses, and its other strategies
+# (the legacy LightningTrainer and its companions left Ray in 2.x and are not listed).
+RAY_TRAIN_LIGHTNING = {
+    "RayDDPStrategy", "RayDeepSpeedStrategy", "RayFSDPStrategy", "RayLightningEnvironment",
+    "RayTrainReportCallback", "prepare_trainer",
+}
+
 
 def _table(heading: str) -> dict[str, str]:
     section = PAGE.read_text().split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
@@ -39,7 +47,9 @@ def _table(heading: str) -> dict[str, str]:
 def test_every_ray_name_is_in_the_table_once_and_supported_means_exported():
     for heading, names, module in (("`ray.train` → `hpckit`", RAY_TRAIN, hpckit),
                                    ("`ray.train.torch` → `hpckit.torch`", RAY_TRAIN_TORCH,
-                                    hpckit.torch)):
+                                    hpckit.torch),
+                                   ("`ray.train.lightning` → `hpckit.lightning`",
+                                    RAY_TRAIN_LIGHTNING, hpckit.lightning)):
         table = _table(heading)
         assert set(table) == names, set(table) ^ names
         assert set(table.values()) <= {"yes", "yes, differs", "no: not applicable", "not yet"}

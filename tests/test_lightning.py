@@ -1,0 +1,115 @@
+"""PyTorch Lightning through hpckit.lightning: checkpoints committed by report(), the best
+two kept, and a resumed run that continues at the next epoch and global step."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import MPIEXEC, checkpoint_dirs, manifest, metrics_lines, run
+
+pl = pytest.importorskip("lightning.pytorch", reason="pip install 'hpckit[lightning]'")
+
+from hpckit import Result, RunConfig, ScalingConfig  # noqa: E402
+from hpckit.errors import ConfigError  # noqa: E402
+from hpckit.lightning import (  # noqa: E402
+    RayDDPStrategy,
+    RayLightningEnvironment,
+    RayTrainReportCallback,
+    prepare_trainer,
+)
+from hpckit.torch import TorchTrainer  # noqa: E402
+
+EXAMPLE = Path(__file__).parent.parent / "examples" / "lightning_mnist_like.py"
+QUIET = {"HPCKIT_TENSORBOARD": "0"}
+
+
+def example(ranks: int, tmp_path: Path, epochs: int) -> list[str]:
+    return [MPIEXEC, "-n", str(ranks), sys.executable, str(EXAMPLE), "--workers", str(ranks),
+            "--epochs", str(epochs), "--samples", "1024", "--storage", str(tmp_path),
+            "--data", str(tmp_path / "fashion.h5")]
+
+
+def stopped_after_first_checkpoint(command: list[str], pids: Path) -> str:
+    """Run ``command``; once it committed a checkpoint, send its ranks the stop signal, as
+    Slurm's ``--signal`` does before the time limit."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, start_new_session=True,
+                               env={**os.environ, **QUIET, "HPCKIT_PID_DIR": str(pids)})
+    lines = []
+    try:
+        for line in process.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            if "committed checkpoint_000000" in line:
+                for pid in os.listdir(pids):
+                    os.kill(int(pid), signal.SIGUSR2)
+        process.wait(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    output = "".join(lines)
+    assert process.returncode == 75, f"exit status {process.returncode}:\n{output}"
+    return output
+
+
+def test_lightning_stops_keeps_the_best_two_and_resumes_at_the_next_epoch_and_step(tmp_path):
+    """Stopped (the stop signal) after its first checkpoint, a 2-rank run commits the next
+    one and exits 75; a 3-rank run resumes it at the next epoch and global step."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    first = stopped_after_first_checkpoint(example(2, tmp_path, epochs=3), pids)
+    assert "stopped after committing" in first and "checkpoint_000001" in first, first
+    experiment = tmp_path / "lightning-mnist-like"
+    resumed = run(example(3, tmp_path, epochs=3), timeout=180, env=QUIET).output
+    assert resumed.count("val_loss ") == 1, resumed  # the Result, printed by rank 0 only
+    assert re.search(r"Restored all states from the checkpoint at \S+/checkpoint_000001/"
+                     r"checkpoint\.ckpt", resumed), resumed
+    lines = metrics_lines(experiment)
+    # 1024 images: 8 steps an epoch on 2 ranks, then 6 (1024 / 3 / 64, rounded up) on 3.
+    assert [(m["metrics"]["epoch"], m["metrics"]["step"]) for m in lines] == \
+        [(0, 8), (1, 16), (2, 22)]
+    body = manifest(experiment)
+    by_loss = sorted(lines, key=lambda m: m["metrics"]["val_loss"])[:2]
+    assert checkpoint_dirs(experiment) == sorted(m["checkpoint"] for m in by_loss)
+    for entry in body["checkpoints"]:
+        assert [(f["path"], f["rank"]) for f in entry["files"]] == [("checkpoint.ckpt", 0)]
+    assert body["latest"] == "checkpoint_000002"
+
+
+def test_prepare_trainer_says_what_to_change(tmp_path):
+    def train_func(config: dict) -> None:
+        quiet = {"accelerator": "cpu", "logger": False, "enable_progress_bar": False}
+        for options, fix in ((dict(strategy="ddp"), "strategy is DDPStrategy"),
+                             (dict(strategy=RayDDPStrategy()), "cluster environment is "
+                                                                 "LightningEnvironment")):
+            with pytest.raises(ConfigError, match=fix) as raised:
+                prepare_trainer(pl.Trainer(**quiet, **options))
+            assert "plugins=[RayLightningEnvironment()]" in str(raised.value)
+        good = pl.Trainer(**quiet, strategy=RayDDPStrategy(), plugins=[RayLightningEnvironment()])
+        assert prepare_trainer(good) is good
+        assert good.world_size == 1 and good.global_rank == 0
+
+    result = TorchTrainer(train_func, scaling_config=ScalingConfig(num_workers=1),
+                          run_config=RunConfig(name="prepare", storage_path=str(tmp_path))).fit()
+    assert isinstance(result, Result) and result.error is None
+
+
+@pytest.mark.parametrize("options", [dict(every_n_epochs=-1), dict(every_n_train_steps=1.5),
+                                     dict(every_n_epochs=True)])
+def test_report_callback_refuses_bad_intervals(options):
+    with pytest.raises(ConfigError, match=next(iter(options))):
+        RayTrainReportCallback(**options)
+
+
+def test_the_ray_names_are_all_there():
+    import hpckit.lightning
+
+    assert sorted(hpckit.lightning.__all__) == sorted(
+        ["RayDDPStrategy", "RayLightningEnvironment", "RayTrainReportCallback", "prepare_trainer"])
+    assert json.dumps(RayTrainReportCallback.CHECKPOINT_NAME) == '"checkpoint.ckpt"'
