@@ -7,8 +7,9 @@ Each name is imported when first used, so importing this module costs nothing un
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from hpckit.integrations.optional import lazy_names
 
 if TYPE_CHECKING:
     from hpckit.integrations.lightning.callback import RayTrainReportCallback
@@ -27,21 +28,4 @@ __all__ = ["RayDDPStrategy", "RayLightningEnvironment", "RayTrainReportCallback"
            "prepare_trainer"]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module 'hpckit.lightning' has no attribute {name!r}")
-    try:
-        module = importlib.import_module(_WHERE[name])
-    except ModuleNotFoundError as exc:
-        if exc.name is None or not exc.name.startswith("lightning"):
-            raise
-        raise ModuleNotFoundError(f"hpckit.lightning.{name} needs PyTorch Lightning, which is "
-                                  "not installed: pip install 'hpckit[lightning]'",
-                                  name=exc.name) from None
-    value = getattr(module, name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_WHERE])
+__getattr__, __dir__ = lazy_names(__name__, _WHERE, "lightning", ("lightning",))

@@ -73,6 +73,29 @@ def python(*args: str, timeout: float = 120, env: dict[str, str] | None = None,
     return run([sys.executable, str(script), *args], timeout, env, expect)
 
 
+def stopped_after_first_checkpoint(command: list[str], pids: Path,
+                                   env: dict[str, str]) -> str:
+    """Run ``command``; once it committed a checkpoint, send its ranks the stop signal, as
+    Slurm's ``--signal`` does before the time limit."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, start_new_session=True,
+                               env={**os.environ, **env, "HPCKIT_PID_DIR": str(pids)})
+    lines = []
+    try:
+        for line in process.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            if "committed checkpoint_000000" in line:
+                for pid in os.listdir(pids):
+                    os.kill(int(pid), signal.SIGUSR2)
+        process.wait(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    output = "".join(lines)
+    assert process.returncode == 75, f"exit status {process.returncode}:\n{output}"
+    return output
+
+
 def manifest(experiment: Path) -> dict:
     return json.loads((experiment / "manifest.json").read_text())
 

@@ -4,15 +4,12 @@ two kept, and a resumed run that continues at the next epoch and global step."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import MPIEXEC, checkpoint_dirs, manifest, metrics_lines, run
+from conftest import MPIEXEC, checkpoint_dirs, manifest, metrics_lines, run, stopped_after_first_checkpoint
 
 pl = pytest.importorskip("lightning.pytorch", reason="pip install 'hpckit[lightning]'")
 
@@ -36,34 +33,12 @@ def example(ranks: int, tmp_path: Path, epochs: int) -> list[str]:
             "--data", str(tmp_path / "fashion.h5")]
 
 
-def stopped_after_first_checkpoint(command: list[str], pids: Path) -> str:
-    """Run ``command``; once it committed a checkpoint, send its ranks the stop signal, as
-    Slurm's ``--signal`` does before the time limit."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, start_new_session=True,
-                               env={**os.environ, **QUIET, "HPCKIT_PID_DIR": str(pids)})
-    lines = []
-    try:
-        for line in process.stdout:  # type: ignore[union-attr]
-            lines.append(line)
-            if "committed checkpoint_000000" in line:
-                for pid in os.listdir(pids):
-                    os.kill(int(pid), signal.SIGUSR2)
-        process.wait(timeout=120)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-    output = "".join(lines)
-    assert process.returncode == 75, f"exit status {process.returncode}:\n{output}"
-    return output
-
-
 def test_lightning_stops_keeps_the_best_two_and_resumes_at_the_next_epoch_and_step(tmp_path):
     """Stopped (the stop signal) after its first checkpoint, a 2-rank run commits the next
     one and exits 75; a 3-rank run resumes it at the next epoch and global step."""
     pids = tmp_path / "pids"
     pids.mkdir()
-    first = stopped_after_first_checkpoint(example(2, tmp_path, epochs=3), pids)
+    first = stopped_after_first_checkpoint(example(2, tmp_path, epochs=3), pids, QUIET)
     assert "stopped after committing" in first and "checkpoint_000001" in first, first
     experiment = tmp_path / "lightning-mnist-like"
     resumed = run(example(3, tmp_path, epochs=3), timeout=180, env=QUIET).output

@@ -9,6 +9,7 @@ from pathlib import Path
 import hpckit
 import hpckit.lightning
 import hpckit.torch
+import hpckit.transformers
 
 PAGE = Path(__file__).parent.parent / "docs" / "ray-compatibility.md"
 
@@ -35,6 +36,8 @@ RAY_TRAIN_LIGHTNING = {
     "RayTrainReportCallback", "prepare_trainer",
 }
 
+RAY_TRAIN_TRANSFORMERS = {"RayTrainReportCallback", "prepare_trainer"}
+
 
 def _table(heading: str) -> dict[str, str]:
     section = PAGE.read_text().split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
@@ -49,7 +52,10 @@ def test_every_ray_name_is_in_the_table_once_and_supported_means_exported():
                                    ("`ray.train.torch` → `hpckit.torch`", RAY_TRAIN_TORCH,
                                     hpckit.torch),
                                    ("`ray.train.lightning` → `hpckit.lightning`",
-                                    RAY_TRAIN_LIGHTNING, hpckit.lightning)):
+                                    RAY_TRAIN_LIGHTNING, hpckit.lightning),
+                                   ("`ray.train.huggingface.transformers` → "
+                                    "`hpckit.transformers`", RAY_TRAIN_TRANSFORMERS,
+                                    hpckit.transformers)):
         table = _table(heading)
         assert set(table) == names, set(table) ^ names
         assert set(table.values()) <= {"yes", "yes, differs", "no: not applicable", "not yet"}

@@ -61,8 +61,19 @@ def setup(comm: Any, local_comm: Any, topology: Topology, scaling: ScalingConfig
     if not scaling.use_gpu:
         threads = cpu_threads(scaling.cpus_per_worker, len(os.sched_getaffinity(0)), topology.local_size)
         torch.set_num_threads(threads)
-    if dist.is_initialized():
-        return _devices[0]
+    if not dist.is_initialized():
+        backend = config.backend or ("nccl" if scaling.use_gpu else "gloo")
+        _join(comm, topology, settings, backend, timeout)
+    return _devices[0]
+
+
+def _join(comm: Any, topology: Topology, settings: Settings, backend: str,
+          timeout: timedelta) -> None:
+    """Join the process group through a TCP store whose address goes over MPI, and set the
+    variables torch's launchers set (Ray sets them too): Accelerate, and with it the
+    Transformers Trainer, tell from them that the process group is theirs to use."""
+    import torch.distributed as dist
+
     store = None
     if comm.rank == 0:
         store = dist.TCPStore(_rendezvous_host(topology, settings), 0, topology.world_size,
@@ -70,11 +81,14 @@ def setup(comm: Any, local_comm: Any, topology: Topology, scaling: ScalingConfig
     host, port = comm.bcast((store.host, store.port) if store else None, root=0)
     if store is None:
         store = dist.TCPStore(host, port, topology.world_size, is_master=False, timeout=timeout)
-    backend = config.backend or ("nccl" if scaling.use_gpu else "gloo")
     dist.init_process_group(backend, store=store, rank=comm.rank, world_size=comm.size,
                             timeout=timeout)
     log.debug("process group %s ready at %s:%d", backend, host, port)
-    return _devices[0]
+    os.environ.update({"RANK": str(topology.world_rank), "WORLD_SIZE": str(topology.world_size),
+                       "LOCAL_RANK": str(topology.local_rank),
+                       "LOCAL_WORLD_SIZE": str(topology.local_size),
+                       "NODE_RANK": str(topology.node_rank), "MASTER_ADDR": host,
+                       "MASTER_PORT": str(port)})
 
 
 def _choose_devices(topology: Topology, scaling: ScalingConfig,

@@ -1,0 +1,36 @@
+"""The public face of an optional integration (``hpckit.lightning``, ``hpckit.transformers``):
+each name imported when first used, and a missing extra named with its install command."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+from typing import Any
+
+
+def lazy_names(face: str, where: dict[str, str], extra: str,
+               packages: tuple[str, ...]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """``__getattr__`` and ``__dir__`` for module ``face``, whose public names live in the
+    modules ``where`` gives; ``packages`` are those that ``pip install 'hpckit[extra]'``
+    brings."""
+
+    def getattr_(name: str) -> Any:
+        if name not in where:
+            raise AttributeError(f"module {face!r} has no attribute {name!r}")
+        try:
+            module = importlib.import_module(where[name])
+        except ModuleNotFoundError as exc:
+            if exc.name is None or exc.name.split(".")[0] not in packages:
+                raise
+            raise ModuleNotFoundError(f"{face}.{name} needs {exc.name.split('.')[0]}, which is "
+                                      f"not installed: pip install 'hpckit[{extra}]'",
+                                      name=exc.name) from None
+        value = getattr(module, name)
+        setattr(sys.modules[face], name, value)
+        return value
+
+    def dir_() -> list[str]:
+        return sorted([*vars(sys.modules[face]), *where])
+
+    return getattr_, dir_

@@ -1,0 +1,27 @@
+"""Hugging Face Transformers on hpckit, with Ray Train's names
+(``ray.train.huggingface.transformers``): a Ray program's Trainer code runs after
+``from ray.train.huggingface.transformers import ...`` becomes
+``from hpckit.transformers import ...``. Needs the extra: ``pip install 'hpckit[transformers]'``.
+
+Each name is imported when first used, so importing this module costs nothing until then.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hpckit.integrations.optional import lazy_names
+
+if TYPE_CHECKING:
+    from hpckit.integrations.transformers.callback import RayTrainReportCallback
+    from hpckit.integrations.transformers.prepare import prepare_trainer
+
+_WHERE = {
+    "RayTrainReportCallback": "hpckit.integrations.transformers.callback",
+    "prepare_trainer": "hpckit.integrations.transformers.prepare",
+}
+
+__all__ = ["RayTrainReportCallback", "prepare_trainer"]
+
+
+__getattr__, __dir__ = lazy_names(__name__, _WHERE, "transformers", ("transformers", "accelerate"))
