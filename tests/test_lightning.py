@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -27,22 +28,26 @@ EXAMPLE = Path(__file__).parent.parent / "examples" / "lightning_mnist_like.py"
 QUIET = {"HPCKIT_TENSORBOARD": "0"}
 
 
-def example(ranks: int, tmp_path: Path, epochs: int) -> list[str]:
-    return [MPIEXEC, "-n", str(ranks), sys.executable, str(EXAMPLE), "--workers", str(ranks),
-            "--epochs", str(epochs), "--samples", "1024", "--storage", str(tmp_path),
-            "--data", str(tmp_path / "fashion.h5")]
+def example(ranks: int, tmp_path: Path, epochs: int, launcher: list[str]) -> list[str]:
+    return [*launcher, sys.executable, str(EXAMPLE), "--workers", str(ranks), "--epochs",
+            str(epochs), "--samples", "1024", "--storage", str(tmp_path), "--data",
+            str(tmp_path / "fashion.h5")]
 
 
 def test_lightning_stops_keeps_the_best_two_and_resumes_at_the_next_epoch_and_step(tmp_path):
-    """Stopped (the stop signal) after its first checkpoint, a 2-rank run commits the next
-    one and exits 75; a 3-rank run resumes it at the next epoch and global step."""
+    """Stopped (the stop signal) after its first checkpoint, a 2-rank run under mpiexec
+    commits the next one and exits 75; ``python example.py --workers 3`` (hpckit starts the
+    ranks) resumes it at the next epoch and global step."""
     pids = tmp_path / "pids"
     pids.mkdir()
-    first = stopped_after_first_checkpoint(example(2, tmp_path, epochs=3), pids, QUIET)
+    first = stopped_after_first_checkpoint(example(2, tmp_path, 3, [MPIEXEC, "-n", "2"]), pids,
+                                           QUIET)
     assert "stopped after committing" in first and "checkpoint_000001" in first, first
+    if shutil.which("srun"):  # Lightning's hint to "prepend srun" is wrong under mpiexec
+        assert "prepend your python command with `srun`" not in first, first
     experiment = tmp_path / "lightning-mnist-like"
-    resumed = run(example(3, tmp_path, epochs=3), timeout=180, env=QUIET).output
-    assert resumed.count("val_loss ") == 1, resumed  # the Result, printed by rank 0 only
+    resumed = run(example(3, tmp_path, 3, []), timeout=180, env=QUIET).output
+    assert resumed.count("val_loss ") == 1, resumed  # the Result, printed once
     assert re.search(r"Restored all states from the checkpoint at \S+/checkpoint_000001/"
                      r"checkpoint\.ckpt", resumed), resumed
     lines = metrics_lines(experiment)
@@ -88,3 +93,19 @@ def test_the_ray_names_are_all_there():
     assert sorted(hpckit.lightning.__all__) == sorted(
         ["RayDDPStrategy", "RayLightningEnvironment", "RayTrainReportCallback", "prepare_trainer"])
     assert json.dumps(RayTrainReportCallback.CHECKPOINT_NAME) == '"checkpoint.ckpt"'
+
+
+def test_under_srun_lightning_takes_hpckit_ranks_and_not_slurm_environment(tmp_path, slurm):
+    """The example under the user's own sbatch script (a plain srun): Lightning uses the two
+    ranks srun started (each trains on half the data) and commits."""
+    from test_slurm_jobs import output_of, wait
+    from test_slurm_requeue import minimal_script, sbatch
+
+    command = " ".join(example(2, tmp_path, 2, []))
+    job = sbatch(slurm, tmp_path, minimal_script(tmp_path, 2, command), "--time=5", **QUIET)
+    assert wait(slurm, tmp_path, job, 180) == {job: "COMPLETED"}, output_of(tmp_path)
+    body = manifest(tmp_path / "lightning-mnist-like")
+    assert [(a["status"], a["launcher"], a["world_size"]) for a in body["attempts"]] == \
+        [("finished", "srun", 2)]
+    assert [m["metrics"]["step"] for m in metrics_lines(tmp_path / "lightning-mnist-like")] == \
+        [8, 16]

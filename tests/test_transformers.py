@@ -50,6 +50,29 @@ def test_trainer_checkpoints_are_committed_kept_by_eval_loss_and_resumed(tmp_pat
     assert state["global_step"] == 8 * STEPS_PER_EPOCH
 
 
+def test_under_srun_the_stop_signal_requeues_and_the_job_resumes_at_the_committed_step(tmp_path,
+                                                                                      slurm):
+    """The example under the user's own sbatch script (a plain srun): Slurm's stop signal
+    mid-run commits the next save, hpckit requeues the job, and the requeued job resumes at
+    the step it committed and finishes."""
+    from test_slurm_jobs import output_of, wait, wait_for_reports
+    from test_slurm_requeue import minimal_script, sbatch
+
+    epochs = 12
+    command = (f"{sys.executable} {EXAMPLE} --workers 2 --epochs {epochs} --samples 512 "
+               f"--storage {tmp_path}")
+    job = sbatch(slurm, tmp_path, minimal_script(tmp_path, 2, command), "--time=5", **QUIET)
+    experiment = tmp_path / "transformers-tiny"
+    wait_for_reports(slurm, tmp_path, experiment, 2, 180)
+    slurm.run("scancel", "--signal=USR2", job)
+    assert wait(slurm, tmp_path, job, 240) == {job: "COMPLETED"}, output_of(tmp_path)
+    attempts = manifest(experiment)["attempts"]
+    assert [a["status"] for a in attempts] == ["requeued", "finished"], attempts
+    assert {a["launcher"] for a in attempts} == {"srun"}
+    assert [m["metrics"]["step"] for m in metrics_lines(experiment)] == \
+        [STEPS_PER_EPOCH * epoch for epoch in range(1, epochs + 1)], output_of(tmp_path)
+
+
 def test_each_rank_hands_in_the_files_it_wrote(tmp_path):
     folder = tmp_path / "checkpoint-8"
     (folder / "sub").mkdir(parents=True)

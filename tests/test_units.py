@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import mmap
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -147,3 +149,15 @@ def test_only_shared_memory_that_nothing_maps_is_removed():
     finally:
         for segment in (old, new, mapped):
             segment.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("face,name,package", [("lightning", "RayDDPStrategy", "lightning"),
+                                               ("transformers", "prepare_trainer", "transformers")])
+def test_a_missing_extra_is_named_with_its_install_command(face, name, package):
+    """As on a machine without the extra: the package cannot be imported."""
+    code = (f"import sys; sys.modules[{package!r}] = None\n"
+            f"import hpckit.{face}\n"
+            f"try:\n    hpckit.{face}.{name}\nexcept ModuleNotFoundError as e:\n    print(e)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == (f"hpckit.{face}.{name} needs {package}, which is not "
+                                  f"installed: pip install 'hpckit[{face}]'"), out.stderr
