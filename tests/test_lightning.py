@@ -109,3 +109,39 @@ def test_under_srun_lightning_takes_hpckit_ranks_and_not_slurm_environment(tmp_p
         [("finished", "srun", 2)]
     assert [m["metrics"]["step"] for m in metrics_lines(tmp_path / "lightning-mnist-like")] == \
         [8, 16]
+
+
+@pytest.mark.parametrize("options,steps", [
+    (dict(every_n_epochs=0, every_n_train_steps=3), [3, 6, 9, 12, 15]),
+    (dict(every_n_train_steps=4), [4, 8, 12, 16]),
+    (dict(every_n_epochs=2), [16])])
+def test_report_callback_reports_every_n_steps_or_epochs_once_per_step(tmp_path, options, steps):
+    """8 steps an epoch, 2 epochs, one rank in this process: steps 8 and 16 are both step
+    and epoch triggers, and are reported once."""
+    import torch
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, _):  # type: ignore[no-untyped-def]
+            return self.layer(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self):  # type: ignore[no-untyped-def]
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_func(config: dict) -> None:
+        data = torch.utils.data.TensorDataset(torch.randn(64, 2))
+        trainer = prepare_trainer(pl.Trainer(
+            max_epochs=2, accelerator="cpu",
+            logger=False, enable_progress_bar=False, enable_checkpointing=False,
+            strategy=RayDDPStrategy(), plugins=[RayLightningEnvironment()],
+            callbacks=[RayTrainReportCallback(**options)]))
+        trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=8))
+
+    result = TorchTrainer(train_func, scaling_config=ScalingConfig(num_workers=1),
+                          run_config=RunConfig(name="steps", storage_path=str(tmp_path))).fit()
+    assert result.error is None
+    reported = [m["metrics"]["step"] for m in metrics_lines(tmp_path / "steps")]
+    assert reported == steps
