@@ -42,11 +42,11 @@ class Run:
 
 
 def run(command: list[str], timeout: float, env: dict[str, str] | None = None,
-        expect: int | None = 0) -> Run:
+        expect: int | None = 0, cwd: Path | None = None) -> Run:
     """Run a command in its own process group; kill the group and show the output on timeout."""
     environ = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, env=environ, start_new_session=True)
+                               text=True, env=environ, start_new_session=True, cwd=cwd)
     try:
         output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
