@@ -33,6 +33,7 @@ def test_trainer_checkpoints_are_committed_kept_by_eval_loss_and_resumed(tmp_pat
     experiment = tmp_path / "transformers-tiny"
     stopped_at = manifest(experiment)["latest"]
     assert f"stopped after committing {experiment / stopped_at}" in first, first
+    assert "OMP_NUM_THREADS/MKL_NUM_THREADS unset" not in first, "Accelerate reset the threads"
     resumed = run(example(tmp_path, epochs=8), timeout=180, env=QUIET).output
     assert re.search(rf"resuming experiment \S+ from {stopped_at}", resumed), resumed
     lines = metrics_lines(experiment)

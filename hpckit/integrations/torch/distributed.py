@@ -61,6 +61,7 @@ def setup(comm: Any, local_comm: Any, topology: Topology, scaling: ScalingConfig
     if not scaling.use_gpu:
         threads = cpu_threads(scaling.cpus_per_worker, len(os.sched_getaffinity(0)), topology.local_size)
         torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # Accelerate would reset an unset one
     if not dist.is_initialized():
         backend = config.backend or ("nccl" if scaling.use_gpu else "gloo")
         _join(comm, topology, settings, backend, timeout)
