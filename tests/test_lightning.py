@@ -117,7 +117,7 @@ def test_under_srun_lightning_takes_hpckit_ranks_and_not_slurm_environment(tmp_p
     (dict(every_n_epochs=2), [16])])
 def test_report_callback_reports_every_n_steps_or_epochs_once_per_step(tmp_path, options, steps):
     """8 steps an epoch, 2 epochs, one rank in this process: steps 8 and 16 are both step
-    and epoch triggers, and are reported once."""
+    and epoch triggers, and are reported once, after the epoch's validation."""
     import torch
 
     class Tiny(pl.LightningModule):
@@ -127,6 +127,9 @@ def test_report_callback_reports_every_n_steps_or_epochs_once_per_step(tmp_path,
 
         def training_step(self, batch, _):  # type: ignore[no-untyped-def]
             return self.layer(batch[0]).pow(2).mean()
+
+        def validation_step(self, batch, _):  # type: ignore[no-untyped-def]
+            self.log("val_loss", self.layer(batch[0]).pow(2).mean())
 
         def configure_optimizers(self):  # type: ignore[no-untyped-def]
             return torch.optim.SGD(self.parameters(), lr=0.1)
@@ -138,10 +141,13 @@ def test_report_callback_reports_every_n_steps_or_epochs_once_per_step(tmp_path,
             logger=False, enable_progress_bar=False, enable_checkpointing=False,
             strategy=RayDDPStrategy(), plugins=[RayLightningEnvironment()],
             callbacks=[RayTrainReportCallback(**options)]))
-        trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=8))
+        loader = torch.utils.data.DataLoader(data, batch_size=8)
+        trainer.fit(Tiny(), loader, torch.utils.data.DataLoader(data, batch_size=32))
 
     result = TorchTrainer(train_func, scaling_config=ScalingConfig(num_workers=1),
                           run_config=RunConfig(name="steps", storage_path=str(tmp_path))).fit()
     assert result.error is None
-    reported = [m["metrics"]["step"] for m in metrics_lines(tmp_path / "steps")]
-    assert reported == steps
+    lines = metrics_lines(tmp_path / "steps")
+    assert [m["metrics"]["step"] for m in lines] == steps
+    for m in lines:  # an epoch's end is reported after its validation
+        assert ("val_loss" in m["metrics"]) == (m["metrics"]["step"] >= 8), m

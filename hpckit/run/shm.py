@@ -94,7 +94,11 @@ def remove_left_by_ranks(since: float, ranks: list[int]) -> None:
     deadline = time.monotonic() + EXIT_WAIT_S
     while any(alive(pid) for pid in ranks) and time.monotonic() < deadline:
         time.sleep(0.05)
-    removed = remove_unmapped([os.path.join(SHM_DIR, "mpich_*")], since=since)
+    try:
+        removed = remove_unmapped([os.path.join(SHM_DIR, "mpich_*")], since=since)
+    except OSError as exc:  # tidying up must not hide how the ranks ended
+        log.debug("could not look for MPICH shared memory in %s: %s", SHM_DIR, exc)
+        return
     if removed:
         log.info("removed the MPICH shared memory that ended ranks left in %s: %s", SHM_DIR,
                  ", ".join(removed))

@@ -43,13 +43,17 @@ class RayTrainReportCallback(Callback):
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:
         steps = self.every_n_train_steps
-        if steps and trainer.global_step % steps == 0:
-            self._report(trainer)
+        if steps and trainer.global_step % steps == 0 and not (
+                trainer.is_last_batch and self._epoch_due(trainer)):
+            self._report(trainer)  # at an epoch's last batch, the epoch's report, after validation
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        epochs = self.every_n_epochs
-        if epochs and (trainer.current_epoch + 1) % epochs == 0:
+        if self._epoch_due(trainer):
             self._report(trainer)
+
+    def _epoch_due(self, trainer: pl.Trainer) -> bool:
+        epochs = self.every_n_epochs
+        return bool(epochs) and (trainer.current_epoch + 1) % epochs == 0
 
     def _report(self, trainer: pl.Trainer) -> None:
         if trainer.sanity_checking or self._last_step == trainer.global_step:
