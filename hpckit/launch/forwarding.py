@@ -19,8 +19,6 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 INSIST_AFTER_S = 5.0
@@ -35,20 +33,6 @@ def signal_ranks(pids: str, signum: int) -> bool:
             os.kill(int(name), signum)
             sent = True
     return sent
-
-
-@contextmanager
-def stop_signal_ignored(stop: signal.Signals) -> Iterator[None]:
-    """Around starting mpiexec: it and its proxies inherit the stop signal ignored (ranks
-    install their own handler)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    before = signal.signal(stop, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(stop, before)
 
 
 class Forwarding:

@@ -20,7 +20,6 @@ from hpckit.launch.forwarding import (
     EXIT_TERMINATED,
     Forwarding,
     signal_ranks,
-    stop_signal_ignored,
 )
 from hpckit.logs import log
 from hpckit.run.exit import INTERRUPT_GRACE
@@ -28,7 +27,7 @@ from hpckit.run.hang import EXIT_HUNG
 from hpckit.run.retry import RetryPolicy
 from hpckit.run.shm import remove_left_by_ranks
 from hpckit.run.startup import process_started
-from hpckit.run.stop import EXIT_INTERRUPTED, EXIT_STOPPED
+from hpckit.run.stop import EXIT_INTERRUPTED, EXIT_STOPPED, ignored
 from hpckit.settings import Settings, variable
 from hpckit.storage.uris import redact
 
@@ -107,7 +106,7 @@ def run_process(command: list[str], extra_env: dict[str, str], settings: Setting
     $HPCKIT_PID_DIR; ``seen`` receives them."""
     pids = tempfile.mkdtemp(prefix="hpckit-pids-")
     started = time.time()
-    with stop_signal_ignored(settings.stop_signal):
+    with ignored(settings.stop_signal):  # the ranks install their own handler
         process = subprocess.Popen(command, env={**os.environ, **extra_env,
                                                  variable("pid_dir"): pids}, cwd=cwd,
                                    start_new_session=True)

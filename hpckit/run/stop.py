@@ -108,13 +108,30 @@ def terminations(stop_signal: signal.Signals) -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextmanager
+def ignored(signum: signal.Signals) -> Iterator[None]:
+    """Around starting a child that must inherit ``signum`` ignored (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signum, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signum, before)
+
+
 def requeue(settings: Settings) -> bool:
-    """Ask Slurm to requeue this job; the requeued job resumes from the manifest."""
+    """Ask Slurm to requeue this job; the requeued job resumes from the manifest. Slurm ends
+    the job's steps with SIGTERM as it requeues, ``scontrol`` among them: it ignores SIGTERM,
+    so that it lives to say that the requeue succeeded."""
     job = settings.job_to_requeue
     scontrol = shutil.which("scontrol")
     if not job or not scontrol:
         return False
-    out = subprocess.run([scontrol, "requeue", job], capture_output=True, text=True, timeout=60)
+    with ignored(signal.SIGTERM):
+        out = subprocess.run([scontrol, "requeue", job], capture_output=True, text=True,
+                             timeout=60)
     if out.returncode != 0:
         log.error("scontrol requeue %s failed (%s); the job was submitted without --requeue? "
                   "Resume it by hand: hpckit resume EXPERIMENT", job, out.stderr.strip())
