@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -74,8 +75,11 @@ def handling(signum: signal.Signals) -> Iterator[signal.Signals]:
         _received = None
         # Slurm may send its warning up to a minute early, or twice (once per incarnation of
         # a requeued job): a USR1/USR2 warning that comes after the run has ended must not
-        # kill the process while it exits. SIGTERM and others keep their default.
-        warning = signum in (signal.SIGUSR1, signal.SIGUSR2) and previous == signal.SIG_DFL
+        # kill the process while it exits. Ignored, not recorded: Python puts the default
+        # back for every signal it catches when the interpreter finalizes, and the default
+        # ends the process. SIGTERM and others keep what they had.
+        ours = previous in (signal.SIG_DFL, _record)
+        warning = signum in (signal.SIGUSR1, signal.SIGUSR2) and ours
         signal.signal(signum, signal.SIG_IGN if warning else previous)
 
 
@@ -143,11 +147,24 @@ def requeue(settings: Settings) -> bool:
 _before_interrupt: Any = None
 
 
+SAME_PRESS_S = 0.25
+
+
 def exit_on_next_interrupt() -> None:
-    """After a first Ctrl-C, while the process stops: a second one ends it at once."""
+    """After a first Ctrl-C, while the process stops: a second one ends it at once. One
+    press often arrives twice: a terminal sends it to the whole process group, ranks
+    included, and mpiexec passes on what it got; a SIGINT within SAME_PRESS_S of the first
+    is that copy (a person's second press takes longer), else the rank would exit before
+    the others and mpiexec would kill them."""
     global _before_interrupt
+    first = time.monotonic()
+
+    def again(*_: Any) -> None:
+        if time.monotonic() - first >= SAME_PRESS_S:
+            os._exit(EXIT_INTERRUPTED)
+
     try:
-        previous = signal.signal(signal.SIGINT, lambda *_: os._exit(EXIT_INTERRUPTED))
+        previous = signal.signal(signal.SIGINT, again)
     except ValueError:  # not the main thread
         return
     if _before_interrupt is None:
