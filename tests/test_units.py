@@ -161,3 +161,43 @@ def test_a_missing_extra_is_named_with_its_install_command(face, name, package):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == (f"hpckit.{face}.{name} needs {package}, which is not "
                                   f"installed: pip install 'hpckit[{face}]'"), out.stderr
+
+
+def test_a_slurm_warning_after_the_run_is_ignored_through_the_interpreter_exit():
+    """Caught early (at import hpckit), then handled by a run: afterwards the warning is
+    ignored, not caught, since Python resets caught signals to their default (terminate)
+    when it finalizes, and Slurm's warning may come while the rank exits."""
+    import signal
+
+    from hpckit.run import stop
+
+    before = signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+    try:
+        assert stop.catch_early(signal.SIGUSR2)
+        with stop.handling(signal.SIGUSR2):
+            assert signal.getsignal(signal.SIGUSR2) is not signal.SIG_DFL
+        assert signal.getsignal(signal.SIGUSR2) is signal.SIG_IGN
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        with stop.handling(signal.SIGUSR1):
+            pass
+        assert signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGUSR2, before)
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+
+
+def test_finalize_with_hydra_speaks_pmi_1_only_to_hydra(monkeypatch):
+    """Slurm's PMI-2 also sets PMI_FD, but not MPI_LOCALRANKID: nothing is sent there."""
+    from hpckit.run import pmi
+
+    ours, theirs = os.pipe()
+    try:
+        monkeypatch.setenv("PMI_FD", str(theirs))
+        monkeypatch.delenv("MPI_LOCALRANKID", raising=False)
+        assert not pmi.finalize_with_hydra()
+        os.set_blocking(ours, False)
+        with pytest.raises(BlockingIOError):
+            os.read(ours, 64)
+    finally:
+        os.close(ours)
+        os.close(theirs)

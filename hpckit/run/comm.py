@@ -189,25 +189,26 @@ def on_root(comm: Any, fn: Callable[[], tuple[K, T]], what: str,
         result, failure = attempt(0, fn)
         kept, shared = result if result is not None else (None, None)
         outcome = (shared, failure)
+    wait_for_all(comm)  # while rank 0 works: see all_reduce
     value, failure = comm.bcast(outcome, root=0)
     raise_failures([failure] if failure else [], what, kind)
     return kept, value
 
 
 def all_reduce(comm: Any, what: str, local: Callable[[], T], reduce: Callable[[list[T]], R],
-               kind: type[HpckitError] = HpckitError, patient: bool = False,
+               kind: type[HpckitError] = HpckitError,
                undo: Callable[[], None] | None = None) -> R:
     """One collective step, as torch DCP's ``_DistWrapper.all_reduce``: every rank runs
     ``local``; rank 0 runs ``reduce`` over every rank's value; every rank receives its result.
     A failure anywhere is raised on every rank as one error naming the failed ranks.
 
     Ranks meet in a barrier that sleeps while it waits (:func:`wait_for_all`) before the
-    gather: a rank waiting for a slower one stays in Python, so Ctrl-C reaches it at once
-    (inside MPI's blocking gather it would not, until the slowest rank arrived). ``patient``
-    ranks also wait that way while rank 0's ``reduce`` works, instead of busy-polling inside
-    MPI and taking the CPU that work needs. ``undo`` runs on
-    rank 0 when a rank's ``local`` failed, and the error is then always a ``kind`` naming the
-    failed ranks (``reduce`` raises and undoes its own failures).
+    gather and again while rank 0's ``reduce`` works: a rank waiting for a slower one stays
+    in Python, so Ctrl-C reaches it at once (inside MPI's blocking collectives it would not,
+    until the slowest rank arrived: never, if Ctrl-C stopped rank 0), and it does not
+    busy-poll the CPU that rank 0's work needs. ``undo`` runs on rank 0 when a rank's
+    ``local`` failed, and the error is then always a ``kind`` naming the failed ranks
+    (``reduce`` raises and undoes its own failures).
     """
     value, failure = attempt(comm.rank, local)
     wait_for_all(comm)
@@ -219,8 +220,7 @@ def all_reduce(comm: Any, what: str, local: Callable[[], T], reduce: Callable[[l
             undo()
         outcome = ((None, failures, undo is not None) if failures else
                    _reduced(lambda: reduce([v for v, _ in gathered])))
-    if patient:
-        wait_for_all(comm)
+    wait_for_all(comm)
     result, failures, wrap = comm.bcast(outcome, root=0)
     raise_failures(failures, what, kind, wrap)
     return cast(R, result)
@@ -234,6 +234,8 @@ def _reduced(fn: Callable[[], R]) -> tuple[R | None, list[RankFailure], bool]:
 def everywhere(comm: Any, fn: Callable[[], T], what: str,
                kind: type[HpckitError] = HpckitError) -> list[T]:
     """Run ``fn`` on every rank; all results to every rank, or one error raised on every rank."""
-    outcomes = comm.allgather(attempt(comm.rank, fn))
+    outcome = attempt(comm.rank, fn)
+    wait_for_all(comm)  # see all_reduce
+    outcomes = comm.allgather(outcome)
     raise_failures([f for _, f in outcomes if f], what, kind)
     return [v for v, _ in outcomes]

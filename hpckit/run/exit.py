@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 from hpckit import logs, uncaught
 from hpckit.errors import TrainingFailedError, WorkerGroupError
 from hpckit.logs import log
-from hpckit.run import stop
+from hpckit.run import pmi, stop
 from hpckit.run.comm import RankFailure, describe, failed_ranks, world
 from hpckit.settings import Settings
 
@@ -125,19 +125,23 @@ def interrupted(exc: KeyboardInterrupt) -> NoReturn:
     and the one line said how to resume. One rank alone re-raises the interrupt, so a
     program's ``except KeyboardInterrupt`` still sees it. Several ranks wait a moment for
     one another (rank 0 may still be recording), then each exits with status 130 at once,
-    since a rank stopped inside a collective would wait forever for the others."""
+    since a rank stopped inside a collective would wait forever for the others. When all
+    met, each tells hydra first (:mod:`hpckit.run.pmi`); else hydra ends those that did not
+    come as the first rank exits."""
     stop.exit_on_next_interrupt()
     uncaught.shown_elsewhere(exc)
     comm = _interrupts
     if comm is None or comm.size == 1:
         stop.interrupt_handled()
         raise exc
-    request = comm.Ibarrier()
-    deadline = time.monotonic() + INTERRUPT_GRACE
-    while not request.Test() and time.monotonic() < deadline:
-        time.sleep(0.01)
     for handler in log.handlers:
         handler.flush()
     sys.stdout.flush()
     sys.stderr.flush()
+    request = comm.Ibarrier()
+    deadline = time.monotonic() + INTERRUPT_GRACE
+    while not request.Test() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    if request.Test():  # all met, all exit now; a rank that did not is left to the launcher
+        pmi.finalize_with_hydra()
     os._exit(stop.EXIT_INTERRUPTED)
