@@ -31,7 +31,7 @@ class Result:
 
     ``return_value`` is what the training function returned on rank 0 (None when it did not
     finish, or for a Result read back from storage); ``metrics_history`` is every report's
-    metrics, oldest first (hpckit's own).
+    metrics, oldest first (hpckit's own); ``config`` a sweep trial's params (else empty).
     """
 
     def __init__(self, metrics: dict[str, Any] | None, checkpoint: Checkpoint | None,
@@ -47,6 +47,7 @@ class Result:
         self.filesystem = _storage_filesystem or pyarrow.fs.LocalFileSystem()
         self.return_value = return_value
         self.metrics_history: list[dict[str, Any]] = []
+        self.config: dict[str, Any] = {}  # a sweep trial's params, as Ray's Result.config
         self._metrics_dataframe = metrics_dataframe
         self._location: Location | None = None
 

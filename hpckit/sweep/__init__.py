@@ -1,0 +1,7 @@
+"""Sweeps: many trials of one training function, as Ray Tune runs them. Search spaces and
+the trials they expand to (``space``), ``TuneConfig``, the sweep manifest (``record``, rank
+0's), one trial's trainer (``trials``), the ``Tuner`` and its ``ResultGrid``. Each trial is
+an ordinary hpckit experiment under the sweep's directory. Users import it as ``hpckit.tune``.
+
+May import: the integrations, launch and run layers and everything below them.
+"""

@@ -1,0 +1,127 @@
+"""Sweeps (hpckit.tune): search spaces, the sweep manifest, trials as ordinary experiments,
+a failing trial beside finished ones, and a sweep killed mid-trial that resumes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import HERE, HPCKIT, MPIEXEC, manifest, metrics_lines, run
+
+from hpckit import tune
+from hpckit.errors import ConfigError
+from hpckit.sweep.space import expand
+
+SWEEP = HERE / "ranks" / "sweep.py"
+
+
+def test_grids_multiply_samples_repeat_them_and_the_seed_fixes_the_draws():
+    space = {"a": tune.grid_search([1, 2]), "b": tune.grid_search(["x", "y"]),
+             "opt": {"lr": tune.loguniform(1e-4, 1e-1), "n": tune.randint(1, 3)}, "c": 5}
+    trials = expand(space, num_samples=2, seed=11)
+    assert [(t["a"], t["b"]) for t in trials] == [(1, "x"), (1, "y"), (2, "x"), (2, "y")] * 2
+    assert all(1e-4 <= t["opt"]["lr"] < 1e-1 and t["opt"]["n"] in (1, 2) and t["c"] == 5
+               for t in trials)
+    assert len({t["opt"]["lr"] for t in trials}) == 8  # a fresh draw per trial
+    assert expand(space, 2, 11) == trials and expand(space, 2, 12) != trials
+
+
+@pytest.mark.parametrize("make, fragment", [
+    (lambda: tune.grid_search([]), "non-empty list"),
+    (lambda: tune.choice("abc"), "non-empty list"),
+    (lambda: tune.uniform(1, 1), "lower < upper"),
+    (lambda: tune.loguniform(0, 1), "0 < lower"),
+    (lambda: tune.randint(0.5, 3), "integers"),
+    (lambda: expand([1, 2], 1, 0), "must be a dict"),
+    (lambda: tune.TuneConfig(metric="loss"), "metric and mode together"),
+    (lambda: tune.TuneConfig(num_samples=0), "num_samples=0"),
+    (lambda: tune.TuneConfig(mode="best", metric="x"), "'max'"),
+    (lambda: tune.Tuner(42), "training function"),
+])
+def test_bad_search_spaces_and_configs_say_what_would_be_right(make, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        make()
+
+
+def test_a_search_space_object_of_another_library_is_refused_by_name():
+    class Float:  # as ray.tune.search.sample.Float is named
+        pass
+
+    with pytest.raises(ConfigError, match=r"\['lr'\].*cannot sample"):
+        expand({"lr": Float()}, 1, 0)
+
+
+def _sweep(tmp_path: Path, *args: str, launcher: list[str] | None = None, expect: int = 0):
+    command = [*(launcher or []), sys.executable, str(SWEEP), "--storage", str(tmp_path), *args]
+    return run(command, timeout=180, expect=expect)
+
+
+def _grid(output: str) -> dict:
+    return json.loads(next(line for line in output.splitlines() if line.startswith("GRID "))[5:])
+
+
+def test_a_failing_trial_leaves_the_others_finished_each_an_ordinary_experiment(tmp_path):
+    done = _sweep(tmp_path, "--fail-lr", "0.2")
+    grid = _grid(done.output)
+    assert (grid["terminated"], grid["errors"], grid["best"]) == (2, 1, 0.3), done.output
+    sweep = json.loads((tmp_path / "grid" / "sweep.json").read_text())
+    names = [t["dirname"] for t in sweep["trials"]]
+    assert [n.split(",")[0] for n in names] == [
+        "trial_00000_lr=0.1", "trial_00001_lr=0.2", "trial_00002_lr=0.3"]
+    assert [t["status"] for t in sweep["trials"]] == ["TERMINATED", "ERROR", "TERMINATED"]
+    assert "ValueError: lr 0.2 diverged" in sweep["trials"][1]["error"]
+    assert [c["lr"] for c in grid["configs"]] == [0.1, 0.2, 0.3]
+    for trial in sweep["trials"]:
+        body = manifest(tmp_path / "grid" / trial["dirname"])
+        assert len(body["checkpoints"]) == (2 if trial["status"] == "TERMINATED" else 1)
+    listed = run([HPCKIT, "ls", str(tmp_path / "grid" / names[0])], timeout=60)
+    assert "checkpoint_000002" in listed.output
+    again = _sweep(tmp_path, "--fail-lr", "0.2")  # nothing left to run: the same grid back
+    assert _grid(again.output) == grid and "trial trial_" not in again.output
+
+
+def test_a_sweep_killed_mid_trial_resumes_that_trial_from_its_own_checkpoint(tmp_path):
+    process = subprocess.Popen(
+        [sys.executable, str(SWEEP), "--storage", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "HOLD_LR": "0.2"})
+    held = tmp_path / "grid"
+    deadline = time.monotonic() + 120
+    while not any(t["status"] == "RUNNING" and t["index"] == 1 for t in _trials(held)):
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0]
+        time.sleep(0.2)
+    second = held / _trials(held)[1]["dirname"]
+    while not (second / "metrics.jsonl").exists() or not metrics_lines(second):
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0]
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGKILL)
+    output = process.communicate()[0]
+    assert [t["status"] for t in _trials(held)] == ["TERMINATED", "RUNNING", "PENDING"], output
+    done = _sweep(tmp_path)
+    grid = _grid(done.output)
+    assert (grid["terminated"], grid["errors"]) == (3, 0), done.output
+    assert [m["step"] for m in metrics_lines(second)] == [0, 1, 2]  # resumed, not restarted
+    assert [a["status"] for a in manifest(second)["attempts"]][-1] == "finished"
+    first = held / _trials(held)[0]["dirname"]
+    assert len(manifest(first)["attempts"]) == 1, done.output  # finished before: not rerun
+
+
+def _trials(sweep: Path) -> list[dict]:
+    try:
+        return json.loads((sweep / "sweep.json").read_text())["trials"]
+    except (FileNotFoundError, json.JSONDecodeError):
+        return []
+
+
+def test_under_mpiexec_each_trial_runs_on_the_launched_ranks(tmp_path):
+    done = _sweep(tmp_path, "--ranks", "2", launcher=[MPIEXEC, "-n", "2"])
+    grid = _grid(done.output)
+    assert grid["terminated"] == 3 and {m["ranks"] for m in grid["metrics"]} == {2}, done.output
+    refused = _sweep(tmp_path / "other", launcher=[MPIEXEC, "-n", "2"], expect=1)
+    assert "each trial takes 1 rank(s) but 2 were launched" in refused.output
