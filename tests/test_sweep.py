@@ -119,9 +119,54 @@ def _trials(sweep: Path) -> list[dict]:
         return []
 
 
-def test_under_mpiexec_each_trial_runs_on_the_launched_ranks(tmp_path):
-    done = _sweep(tmp_path, "--ranks", "2", launcher=[MPIEXEC, "-n", "2"])
+def test_under_mpiexec_trials_are_packed_into_groups_each_trial_run_once(tmp_path):
+    done = _sweep(tmp_path, "--ranks", "2", "--samples", "2", launcher=[MPIEXEC, "-n", "4"])
     grid = _grid(done.output)
-    assert grid["terminated"] == 3 and {m["ranks"] for m in grid["metrics"]} == {2}, done.output
-    refused = _sweep(tmp_path / "other", launcher=[MPIEXEC, "-n", "2"], expect=1)
-    assert "each trial takes 1 rank(s) but 2 were launched" in refused.output
+    assert grid["terminated"] == 6, done.output
+    assert {m["ranks"] for m in grid["metrics"]} == {2}  # each on a group of two ranks
+    assert {m["leader"] for m in grid["metrics"]} == {0, 2}, done.output  # both groups took some
+    for trial in _trials(tmp_path / "grid"):
+        attempts = manifest(tmp_path / "grid" / trial["dirname"])["attempts"]
+        assert [a["status"] for a in attempts] == ["finished"], trial  # exactly once
+    assert [t["status"] for t in _trials(tmp_path / "grid")] == ["TERMINATED"] * 6
+    failing = _sweep(tmp_path / "failing", "--fail-lr", "0.2", "--max-failures", "1",
+                     launcher=[MPIEXEC, "-n", "3"])  # three 1-rank groups
+    assert (_grid(failing.output)["terminated"], _grid(failing.output)["errors"]) == (2, 1)
+    failed = _trials(tmp_path / "failing" / "grid")[1]
+    attempts = manifest(tmp_path / "failing" / "grid" / failed["dirname"])["attempts"]
+    assert [a["status"] for a in attempts] == ["failed", "failed"], failing.output  # retried
+    refused = _sweep(tmp_path / "odd", "--ranks", "2", launcher=[MPIEXEC, "-n", "3"], expect=1)
+    assert "3 ranks cannot be split into trials of 2 rank(s)" in refused.output, refused.output
+    assert not (tmp_path / "odd").exists()  # refused before anything was written
+
+
+def test_a_rank_killed_mid_sweep_loses_nothing_and_the_rerun_finishes_every_trial(tmp_path):
+    """4 ranks, 2-rank trials, 6 trials; the trials with lr 0.2 hold at their second step
+    and one of their ranks is SIGKILLed (mpiexec then ends the others)."""
+    log = tmp_path / "out.txt"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [MPIEXEC, "-n", "4", sys.executable, str(SWEEP), "--storage", str(tmp_path),
+             "--ranks", "2", "--samples", "2"], stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", "HOLD_LR": "0.2"})
+    deadline = time.monotonic() + 120
+    while "HOLDING pid" not in log.read_text():
+        assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.2)
+    pid = int(log.read_text().split("HOLDING pid ")[1].split()[0])
+    os.kill(pid, signal.SIGKILL)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        pytest.fail(f"the sweep went on after a rank was killed:\n{log.read_text()}")
+    before = {t["dirname"]: metrics_lines(tmp_path / "grid" / t["dirname"])
+              for t in _trials(tmp_path / "grid")
+              if (tmp_path / "grid" / t["dirname"] / "metrics.jsonl").exists()}
+    done = _sweep(tmp_path, "--ranks", "2", "--samples", "2", launcher=[MPIEXEC, "-n", "4"])
+    assert _grid(done.output)["terminated"] == 6, done.output
+    for trial in _trials(tmp_path / "grid"):
+        steps = [m["step"] for m in metrics_lines(tmp_path / "grid" / trial["dirname"])]
+        assert steps == [0, 1, 2], (trial, steps)  # nothing committed was redone or lost
+        kept = before.get(trial["dirname"], [])
+        assert metrics_lines(tmp_path / "grid" / trial["dirname"])[:len(kept)] == kept

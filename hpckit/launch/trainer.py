@@ -58,12 +58,16 @@ class DataParallelTrainer:
         if mainimport.importing_main:
             raise mainimport.MainImported()
         current = settings.refresh()
-        job = TrainingJob(self.train_loop_per_worker, self.train_loop_config,
-                          self.scaling_config, self.run_config, self.resume_from_checkpoint,
-                          self._backend())
+        job = self.training_job()
         if current.launcher is None and self.scaling_config.num_workers > 1:
             return spawn(job, current)
         return run_ranks(job, current)
+
+    def training_job(self) -> TrainingJob:
+        """What ``fit()`` runs on every rank (a sweep runs it on a group of the ranks)."""
+        return TrainingJob(self.train_loop_per_worker, self.train_loop_config,
+                           self.scaling_config, self.run_config, self.resume_from_checkpoint,
+                           self._backend())
 
     def _backend(self) -> Backend:
         """The framework set up on every rank before the training function: none here."""

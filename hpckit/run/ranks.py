@@ -3,6 +3,8 @@ agreed, and attempts run until one succeeds or the retry policy gives up."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from hpckit import logs
 from hpckit.errors import LaunchError, PreemptionError
 from hpckit.logs import log
@@ -17,27 +19,29 @@ from hpckit.run.watchdog import StartupWatchdog
 from hpckit.settings import Settings
 
 
-def run_ranks(job: TrainingJob, settings: Settings) -> Result:
-    """Run ``job`` on every rank of this process's MPI world; returns its :class:`Result`."""
+def run_ranks(job: TrainingJob, settings: Settings, group: Any = None) -> Result:
+    """Run ``job`` on every rank of this process's MPI world, or of ``group`` (a communicator
+    of some of its ranks: a sweep's trial); returns its :class:`Result`."""
     # Before anything slow: a stop signal during start-up must not kill the rank.
     with stop.handling(settings.stop_signal):
         try:
-            return _run(job, settings)
+            return _run(job, settings, group)
         except KeyboardInterrupt as exc:  # never retried: the user asked the run to stop
             rank_exit.interrupted(exc)
 
 
-def _run(job: TrainingJob, settings: Settings) -> Result:
+def _run(job: TrainingJob, settings: Settings, group: Any) -> Result:
     rank = settings.launched_rank
     logs.configure(int(rank) if rank.isdigit() else 0)
     rank_exit.register_pid(settings)
     shm.clear_stale_segments(settings)
     with StartupWatchdog(settings):
-        comm = world().Dup()
+        comm = (group or world()).Dup()
         rank_exit.prepare_interrupts(comm)
         configure_logs(comm.rank, job, settings)
         try:
-            check_world(comm.size, job.scaling_config.num_workers, settings)
+            check_world(comm.size, job.scaling_config.num_workers,
+                        settings if group is None else None)
         except LaunchError as exc:
             rank_exit.fail(comm, settings, exc, collective=True, training=False)
         job, redirected = job.resumed(settings)
@@ -61,9 +65,13 @@ def _run(job: TrainingJob, settings: Settings) -> Result:
             comm.barrier()  # a rank that exits (75) first would have mpiexec end rank 0 mid-write
             raise
         except AttemptFailed as failure:
-            # Only a single rank that hpckit did not launch restarts itself; launched ranks
-            # are restarted by whoever launched them (hpckit's parent process, or the user).
-            if not (comm.size == 1 and settings.launcher is None and policy.allows(number)):
+            # A single rank that hpckit did not launch restarts itself, and so do a sweep's
+            # group of ranks that failed together; launched ranks are restarted by whoever
+            # launched them (hpckit's parent process, or the user).
+            alone = comm.size == 1
+            here = (alone and settings.launcher is None) or (
+                group is not None and (alone or failure.collective))
+            if not (here and policy.allows(number)):
                 rank_exit.fail(comm, settings, failure.cause, failure.collective, training=True)
             number += 1
             log.warning("attempt %d failed (%s); restarting from the last committed "
@@ -72,11 +80,13 @@ def _run(job: TrainingJob, settings: Settings) -> Result:
             rank_exit.fail(comm, settings, exc, raised_together(exc), training=False)
 
 
-def check_world(size: int, num_workers: int, settings: Settings) -> None:
-    tasks = settings.launched_tasks
+def check_world(size: int, num_workers: int, settings: Settings | None) -> None:
+    """The world agrees with the launcher (``settings``; None: a group of its ranks) and with
+    ``num_workers``."""
+    tasks, launcher = (settings.launched_tasks, settings.launcher) if settings else (None, None)
     if tasks is not None and tasks != size:
         raise LaunchError(
-            f"the launcher ({settings.launcher}) started {tasks} tasks but MPI sees a world of "
+            f"the launcher ({launcher}) started {tasks} tasks but MPI sees a world of "
             f"{size}: the launcher and mpi4py's MPI disagree. With srun use --mpi=pmi2; with "
             "mpirun use the mpiexec of the MPI that mpi4py was built with.")
     if size != num_workers:

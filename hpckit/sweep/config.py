@@ -25,7 +25,8 @@ class TuneConfig:
     """How many times the whole grid is repeated, with fresh draws for the distributions."""
 
     max_concurrent_trials: int | None = None
-    """Trials running at once, at most; None: as many as the ranks allow."""
+    """Trials running at once under mpirun/srun, at most; None: as many as the ranks allow
+    (under ``python sweep.py`` trials run one at a time)."""
 
     seed: int | None = None
     """Seed for the draws; None draws one and records it, so a rerun makes the same trials."""

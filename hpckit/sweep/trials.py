@@ -7,10 +7,14 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from hpckit import settings
 from hpckit.config import RunConfig, ScalingConfig
-from hpckit.errors import ConfigError
+from hpckit.errors import ConfigError, ManifestError
+from hpckit.experiment.attempts import AttemptStatus
+from hpckit.experiment.reading import read_metrics, require_manifest
 from hpckit.launch.trainer import DataParallelTrainer
 from hpckit.result import Result
+from hpckit.run.ranks import run_ranks
 from hpckit.storage.location import Location
 
 Trainable = Callable[..., Any] | DataParallelTrainer
@@ -36,8 +40,10 @@ def trial_run_config(base: RunConfig, sweep: Location, dirname: str) -> RunConfi
                    storage_filesystem=None if sweep.is_local else sweep.filesystem)
 
 
-def run_trial(trainable: Trainable, params: dict[str, Any], run_config: RunConfig) -> Result:
-    """Train one trial; a failure raises as fit() raises it."""
+def run_trial(trainable: Trainable, params: dict[str, Any], run_config: RunConfig,
+              group: Any = None) -> Result:
+    """Train one trial, on the ranks of ``group`` (a communicator) or as ``fit()`` does; a
+    failure raises as fit() raises it."""
     if isinstance(trainable, DataParallelTrainer):
         trainer = copy.copy(trainable)
         trainer.train_loop_config = {**(trainable.train_loop_config or {}), **params}
@@ -46,4 +52,19 @@ def run_trial(trainable: Trainable, params: dict[str, Any], run_config: RunConfi
         trainer = DataParallelTrainer(trainable, train_loop_config=params,
                                       scaling_config=ScalingConfig(num_workers=1),
                                       run_config=run_config)
-    return trainer.fit()
+    if group is None:
+        return trainer.fit()
+    return run_ranks(trainer.training_job(), settings.refresh(), group)
+
+
+def finished(directory: Location) -> dict[str, Any] | None:
+    """The last metrics of the trial in ``directory`` if its run finished, else None."""
+    try:
+        manifest = require_manifest(directory)
+    except ManifestError:
+        return None
+    last = manifest.last_attempt
+    if last is None or last.status is not AttemptStatus.FINISHED:
+        return None
+    history = read_metrics(directory)
+    return history[-1]["metrics"] if history else {}

@@ -5,8 +5,9 @@ Running the same script again (or ``Tuner.restore(path, trainable)``) resumes th
 Ray's ``resume="AUTO"``: finished trials are kept, an interrupted one resumes from its own
 latest checkpoint (it is an ordinary hpckit experiment), the others start.
 
-Trials run one after another here, each on all the ranks of this job (under mpirun/srun) or
-on the ranks its trainer starts (under ``python sweep.py``).
+Under mpirun/srun the ranks are split into groups of a trial's ranks that take trials from a
+queue (:mod:`hpckit.sweep.packed`); under ``python sweep.py`` trials run one after another,
+each on the ranks its trainer starts.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from hpckit.result import Result
 from hpckit.run.comm import world
 from hpckit.run.job import DEFAULT_STORAGE, jsonable
 from hpckit.storage.location import Location, resolve
-from hpckit.sweep import space
+from hpckit.sweep import placement, space
 from hpckit.sweep.config import TuneConfig
+from hpckit.sweep.packed import run_packed
 from hpckit.sweep.record import (
     ERROR,
     RUNNING,
@@ -35,7 +37,14 @@ from hpckit.sweep.record import (
     dirname,
 )
 from hpckit.sweep.results import ResultGrid
-from hpckit.sweep.trials import Trainable, check_trainable, ranks_per_trial, run_trial, trial_run_config
+from hpckit.sweep.trials import (
+    Trainable,
+    check_trainable,
+    finished,
+    ranks_per_trial,
+    run_trial,
+    trial_run_config,
+)
 
 
 class Tuner:
@@ -86,15 +95,27 @@ class Tuner:
         location = self._location(current)
         record = SweepRecord(location)
         comm = world() if current.launcher is not None else None
-        self._check_ranks(comm)
-        manifest = self._agree(comm, record)
-        log.info("sweep %s: %d trial(s), %d finished", location.display, len(manifest.trials),
-                 sum(t.status == TERMINATED for t in manifest.trials))
+        if comm is not None:
+            placement.check(comm.size, ranks_per_trial(self.trainable))
+        manifest = self._agree(comm, record, location)
         params = self._params(manifest)
-        for trial in manifest.trials:
-            if trial.status == TERMINATED or (trial.status == ERROR and not self._resume_errored):
-                continue
-            manifest = self._run(trial, params[trial.index], manifest, record, location, comm)
+        todo = [t.index for t in manifest.trials
+                if t.status != TERMINATED and (t.status != ERROR or self._resume_errored)]
+        log.info("sweep %s: %d trial(s), %d to run", location.display, len(manifest.trials),
+                 len(todo))
+        if comm is None:
+            for index in todo:
+                manifest = self._one_by_one(manifest.trials[index], params[index], manifest,
+                                            record, location)
+        else:
+            ended = run_packed(comm, ranks_per_trial(self.trainable),
+                               self.tune_config.max_concurrent_trials, todo,
+                               lambda i, group: self._attempt(manifest.trials[i], params[i],
+                                                              location, group))
+            for trial in ended:
+                manifest = manifest.with_trial(trial)
+            if comm.rank == 0:
+                record.save(manifest)
         self._results = self._grid(manifest, params, location)
         return self._results
 
@@ -110,23 +131,12 @@ class Tuner:
         name = self.run_config.name or current.name or _default_name(self.trainable)
         return root.join(name)
 
-    def _check_ranks(self, comm: Any) -> None:
-        if comm is None:
-            return
-        per_trial = ranks_per_trial(self.trainable)
-        if per_trial != comm.size:
-            raise ConfigError(
-                f"each trial takes {per_trial} rank(s) but {comm.size} were launched: until "
-                "hpckit packs several trials into one job, launch as many ranks as one trial "
-                f"takes (mpirun -n {per_trial}), or run `python sweep.py` and let each trial "
-                "start its own.")
-
-    def _agree(self, comm: Any, record: SweepRecord) -> SweepManifest:
+    def _agree(self, comm: Any, record: SweepRecord, location: Location) -> SweepManifest:
         """Rank 0 reads or creates the sweep manifest; every rank gets the same one."""
         manifest: SweepManifest | ConfigError | None = None
         if comm is None or comm.rank == 0:
             try:
-                manifest = self._planned(record)
+                manifest = _settled(self._planned(record), location)
             except ConfigError as exc:
                 manifest = exc
         if comm is not None:
@@ -178,26 +188,27 @@ class Tuner:
         drawn = space.expand(self.param_space, manifest.num_samples, manifest.seed)
         return dict(enumerate(drawn))
 
-    def _run(self, trial: Trial, params: dict[str, Any], manifest: SweepManifest,
-             record: SweepRecord, location: Location, comm: Any) -> SweepManifest:
-        writer = comm is None or comm.rank == 0
+    def _one_by_one(self, trial: Trial, params: dict[str, Any], manifest: SweepManifest,
+                    record: SweepRecord, location: Location) -> SweepManifest:
+        """One trial in this process, the sweep manifest saying so before and after."""
         manifest = manifest.with_trial(replace(trial, status=RUNNING, error=None))
-        if writer:
-            record.save(manifest)
+        record.save(manifest)
+        manifest = manifest.with_trial(self._attempt(trial, params, location, None))
+        record.save(manifest)
+        return manifest
+
+    def _attempt(self, trial: Trial, params: dict[str, Any], location: Location,
+                 group: Any) -> Trial:
+        """Run one trial (on ``group``'s ranks, or as fit() does); the trial as it ended."""
         log.info("trial %s starts: %s", trial.dirname, trial.config)
         try:
             result = run_trial(self.trainable, params,
-                               trial_run_config(self.run_config, location, trial.dirname))
-            done = replace(trial, status=TERMINATED, error=None,
-                           last=jsonable(result.metrics or {}))
+                               trial_run_config(self.run_config, location, trial.dirname), group)
         except TrainingFailedError as exc:
             log.error("trial %s failed: %s", trial.dirname, exc)
             first = str(exc).splitlines()[0] if str(exc) else ""  # the trial's manifest has all
-            done = replace(trial, status=ERROR, error=f"{type(exc).__name__}: {first}")
-        manifest = manifest.with_trial(done)
-        if writer:
-            record.save(manifest)
-        return manifest
+            return replace(trial, status=ERROR, error=f"{type(exc).__name__}: {first}")
+        return replace(trial, status=TERMINATED, error=None, last=jsonable(result.metrics or {}))
 
     def _grid(self, manifest: SweepManifest, params: dict[int, dict[str, Any]],
               location: Location) -> ResultGrid:
@@ -214,6 +225,19 @@ class Tuner:
             result.config = params[trial.index]
             results.append(result)
         return ResultGrid(results, manifest, location.display)
+
+
+def _settled(manifest: SweepManifest, location: Location) -> SweepManifest:
+    """The manifest with every trial whose own run finished marked so: under mpirun, only
+    the end of a sweep records the trials the other groups ran, and a killed sweep never
+    got there."""
+    for trial in manifest.trials:
+        if trial.status != TERMINATED:
+            last = finished(location.join(trial.dirname))
+            if last is not None:
+                manifest = manifest.with_trial(replace(trial, status=TERMINATED, error=None,
+                                                       last=jsonable(last)))
+    return manifest
 
 
 def _default_name(trainable: Trainable) -> str:

@@ -1,7 +1,7 @@
 """A small sweep: a grid over ``lr`` times a drawn ``shift``, three steps per trial, each
 step a checkpoint. ``--fail-lr X`` makes the trials with that lr fail at their second step;
 $HOLD_LR=X makes them wait there until killed (not a param: a rerun without it is the same
-sweep). ``--ranks 2``
+sweep). ``--samples N`` repeats the grid N times. ``--ranks 2``
 runs each trial on two ranks (a DataParallelTrainer); one rank otherwise (a function)."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def train_fn(config: dict) -> None:
         if step == 1 and config["lr"] == config["fail_lr"]:
             raise ValueError(f"lr {config['lr']} diverged")
         if step == 1 and str(config["lr"]) == os.environ.get("HOLD_LR"):
-            print(f"HOLDING rank {rank}", flush=True)
+            print(f"HOLDING pid {os.getpid()}", flush=True)
             time.sleep(600)
         with tempfile.TemporaryDirectory() as d:
             checkpoint = None
@@ -35,7 +35,8 @@ def train_fn(config: dict) -> None:
                     f.write(str(step))
                 checkpoint = hpckit.Checkpoint.from_directory(d)
             tune.report({"score": config["lr"] * (step + 1) + config["shift"], "step": step,
-                         "ranks": tune.get_context().get_world_size()}, checkpoint=checkpoint)
+                         "ranks": tune.get_context().get_world_size(),
+                         "leader": int(os.environ.get("PMI_RANK", "0"))}, checkpoint=checkpoint)
 
 
 def main() -> None:
@@ -43,20 +44,26 @@ def main() -> None:
     p.add_argument("--storage", required=True)
     p.add_argument("--ranks", type=int, default=1)
     p.add_argument("--fail-lr", type=float, default=-1.0)
+    p.add_argument("--samples", type=int, default=1)
+    p.add_argument("--max-failures", type=int, default=0)
     args = p.parse_args()
     space = {"lr": tune.grid_search([0.1, 0.2, 0.3]), "shift": tune.uniform(0, 1),
              "fail_lr": args.fail_lr}
     trainable = train_fn if args.ranks == 1 else hpckit.DataParallelTrainer(
         train_fn, scaling_config=hpckit.ScalingConfig(num_workers=args.ranks))
     grid = tune.Tuner(trainable, param_space=space,
-                      tune_config=tune.TuneConfig(metric="score", mode="max", seed=7),
+                      tune_config=tune.TuneConfig(metric="score", mode="max", seed=7,
+                                                  num_samples=args.samples),
                       run_config=hpckit.RunConfig(
                           name="grid", storage_path=args.storage,
-                          checkpoint_config=hpckit.CheckpointConfig(num_to_keep=2))).fit()
+                          checkpoint_config=hpckit.CheckpointConfig(num_to_keep=2),
+                          failure_config=hpckit.FailureConfig(max_failures=args.max_failures))).fit()
     best = grid.get_best_result()
-    print("GRID " + json.dumps({"errors": grid.num_errors, "terminated": grid.num_terminated,
-                                "best": best.config["lr"], "configs": [r.config for r in grid],
-                                "metrics": [r.metrics for r in grid]}), flush=True)
+    if os.environ.get("PMI_RANK", "0") == "0":  # every rank has the grid; one prints it
+        print("GRID " + json.dumps({
+            "errors": grid.num_errors, "terminated": grid.num_terminated,
+            "best": best.config["lr"], "configs": [r.config for r in grid],
+            "metrics": [r.metrics for r in grid]}), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,36 @@
+"""A sweep under mpirun/srun: the world split into groups of a trial's ranks, each group's
+leader taking trials from the queue on rank 0 until none is left. Every rank returns the
+trials that ended; rank 0 gathers them from the leaders."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hpckit.logs import log
+from hpckit.run.comm import wait_for_all
+from hpckit.sweep.placement import TrialQueue, split
+from hpckit.sweep.record import Trial
+
+
+def run_packed(world: Any, per_trial: int, max_concurrent: int | None, pending: Sequence[int],
+               run_one: Callable[[int, Any], Trial]) -> list[Trial]:
+    """Run the trials ``pending`` names; every rank gets every trial that ended (as
+    ``run_one`` on a group's ranks returned it)."""
+    groups = split(world, per_trial, max_concurrent)
+    if world.rank == 0:
+        log.info("%d group(s) of %d rank(s) take the %d trial(s) to run", groups.active,
+                 per_trial, len(pending))
+    queue = TrialQueue(world, pending, groups.active)
+    ended = []
+    while groups.takes_trials:
+        index = queue.take() if groups.leader else None
+        index = groups.comm.bcast(index, root=0)
+        if index is None:
+            break
+        ended.append(run_one(index, groups.comm))
+    wait_for_all(world)  # the others may run their last trial for a long while yet
+    queue.close()
+    gathered = world.allgather(ended if groups.leader else [])
+    groups.comm.Free()
+    return sorted((trial for part in gathered for trial in part), key=lambda t: t.index)
