@@ -82,6 +82,10 @@ def test_a_failing_trial_leaves_the_others_finished_each_an_ordinary_experiment(
         assert len(body["checkpoints"]) == (2 if trial["status"] == "TERMINATED" else 1)
     listed = run([HPCKIT, "ls", str(tmp_path / "grid" / names[0])], timeout=60)
     assert "checkpoint_000002" in listed.output
+    table = run([HPCKIT, "ls", str(tmp_path / "grid")], timeout=60).output.splitlines()
+    assert table[0].split()[:4] == ["TRIAL", "STATUS", "lr", "shift"], table  # what varies
+    assert [line.split()[1] for line in table[1:4]] == ["finished", "failed", "finished"]
+    assert table[-1] == "3 trial(s): 2 finished, 1 failed"
     again = _sweep(tmp_path, "--fail-lr", "0.2")  # nothing left to run: the same grid back
     assert _grid(again.output) == grid and "trial trial_" not in again.output
 

@@ -10,6 +10,7 @@ import pyarrow.fs
 from hpckit import settings
 from hpckit.cli.app import main
 from hpckit.cli.common import open_experiment
+from hpckit.cli.sweeps import list_sweep
 from hpckit.cli.tables import echo_json, echo_table, moment, number, size
 from hpckit.errors import StorageError
 from hpckit.experiment import retention
@@ -19,6 +20,7 @@ from hpckit.logs import log
 from hpckit.run.job import DEFAULT_STORAGE
 from hpckit.storage import files
 from hpckit.storage.location import Location, resolve
+from hpckit.sweep.record import SweepRecord
 
 
 @main.command("ls")
@@ -32,7 +34,8 @@ def ls(experiment: str | None, root: str | None, metrics: tuple[str, ...], as_js
     """List the committed checkpoints of EXPERIMENT (a path or URI), or, given a storage root
     or nothing, its experiments, newest first: status (running, finished, failed,
     hung, interrupted, requeued, stopped), attempts, last step, best metric, latest checkpoint,
-    last update and the size of the kept checkpoints.
+    last update and the size of the kept checkpoints. Given a sweep (hpckit.tune), its
+    trials: status, the params that vary, the best value of its metric, checkpoints kept.
 
     Markers: * latest, + best by the experiment's retention score.
 
@@ -44,6 +47,10 @@ def ls(experiment: str | None, root: str | None, metrics: tuple[str, ...], as_js
             raise click.BadParameter(f"{location.display} does not exist; check the path, or "
                                      "leave --root out for $HPCKIT_STORAGE", param_hint="--root")
         _experiments(location, as_json)
+        return
+    sweep = SweepRecord(resolve(experiment)).load()
+    if sweep is not None:
+        list_sweep(resolve(experiment), sweep, as_json)
         return
     location, manifest = open_experiment(experiment, allow_root=True)
     if manifest is None:
