@@ -86,6 +86,9 @@ def test_a_failing_trial_leaves_the_others_finished_each_an_ordinary_experiment(
     assert table[0].split()[:4] == ["TRIAL", "STATUS", "lr", "shift"], table  # what varies
     assert [line.split()[1] for line in table[1:4]] == ["finished", "failed", "finished"]
     assert table[-1] == "3 trial(s): 2 finished, 1 failed"
+    plotted = run([HPCKIT, "plot", str(tmp_path / "grid"), "--metric", "score", "-o",
+                   str(tmp_path / "grid.png")], timeout=60)
+    assert (tmp_path / "grid.png").stat().st_size > 0, plotted.output
     again = _sweep(tmp_path, "--fail-lr", "0.2")  # nothing left to run: the same grid back
     assert _grid(again.output) == grid and "trial trial_" not in again.output
 

@@ -16,8 +16,9 @@ from hpckit.cli.tables import duration, echo_json, echo_table, moment, number, s
 from hpckit.experiment import verify as _verify
 from hpckit.experiment.attempts import config_changes, effective_configs
 from hpckit.experiment.manifest import Manifest
-from hpckit.experiment.reading import read_metrics
-from hpckit.storage.location import Location
+from hpckit.experiment.reading import read_manifest, read_metrics
+from hpckit.storage.location import Location, resolve
+from hpckit.sweep.record import SweepManifest, SweepRecord
 
 
 @main.command()
@@ -134,13 +135,25 @@ def metrics(experiment: str, fmt: str) -> None:
               help="The y scale (default: log where a metric spans more than two decades).")
 def plot(experiments: tuple[str, ...], metric_names: tuple[str, ...], output: str,
          x_axis: str, log: bool | None) -> None:
-    """Plot metrics of one or several EXPERIMENTS (overlaid), one panel per metric.
+    """Plot metrics of one or several EXPERIMENTS (overlaid), one panel per metric. A sweep
+    (hpckit.tune) stands for every trial that has run.
 
     Example: hpckit plot runs/lr0.1 runs/lr0.01 --metric loss --metric accuracy -o curves.png
     """
-    series = []
+    series: _plot.Series = []
     for experiment in experiments:
+        sweep = SweepRecord(resolve(experiment)).load()
+        if sweep is not None:
+            series.extend(_trials(resolve(experiment), sweep))
+            continue
         location, manifest = require(experiment)
         series.append((manifest.experiment, read_metrics(location)))
     _plot.curves(series, list(metric_names), x_axis, output, log)
     click.echo(f"wrote {output}")
+
+
+def _trials(location: Location, sweep: SweepManifest) -> _plot.Series:
+    """Each trial of a sweep that has run, named by its directory."""
+    trials = [(t.dirname, location.join(t.dirname)) for t in sweep.trials]
+    return [(name, read_metrics(where)) for name, where in trials
+            if read_manifest(where) is not None]

@@ -11,6 +11,7 @@ from typing import Any
 from hpckit.errors import ConfigError
 
 DECADES_FOR_LOG = 2.0
+MAX_NAMED = 2
 Series = list[tuple[str, list[dict[str, Any]]]]
 
 
@@ -38,7 +39,8 @@ def figure(series: Series, metrics: list[str], x_axis: str, log: bool | None = N
         for ax, metric in zip(axes[:, 0], metrics, strict=True):
             _panel(ax, series, metric, x_axis, log)
         axes[-1, 0].set_xlabel(x_axis)
-        names = ", ".join(name for name, _ in series)
+        names = (", ".join(name for name, _ in series) if len(series) <= MAX_NAMED
+                 else f"{len(series)} runs")  # a sweep's trials: the legend names them
         fig.suptitle(f"{' and '.join(metrics)} by {x_axis}: {names}")
         fig.tight_layout()
     except BaseException:
