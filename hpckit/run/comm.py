@@ -186,29 +186,28 @@ def on_root(comm: Any, fn: Callable[[], tuple[K, T]], what: str,
     kept: K | None = None
     outcome = None
     if comm.rank == 0:
-        result, failure = attempt(0, fn)
+        result, failure = _root_work(comm, lambda: attempt(0, fn))
         kept, shared = result if result is not None else (None, None)
         outcome = (shared, failure)
-    wait_for_all(comm)  # while rank 0 works: see all_reduce
-    value, failure = comm.bcast(outcome, root=0)
+    value, failure = _unless_interrupted(comm.bcast(outcome, root=0))
     raise_failures([failure] if failure else [], what, kind)
     return kept, value
 
 
 def all_reduce(comm: Any, what: str, local: Callable[[], T], reduce: Callable[[list[T]], R],
-               kind: type[HpckitError] = HpckitError,
+               kind: type[HpckitError] = HpckitError, patient: bool = False,
                undo: Callable[[], None] | None = None) -> R:
     """One collective step, as torch DCP's ``_DistWrapper.all_reduce``: every rank runs
     ``local``; rank 0 runs ``reduce`` over every rank's value; every rank receives its result.
     A failure anywhere is raised on every rank as one error naming the failed ranks.
 
     Ranks meet in a barrier that sleeps while it waits (:func:`wait_for_all`) before the
-    gather and again while rank 0's ``reduce`` works: a rank waiting for a slower one stays
-    in Python, so Ctrl-C reaches it at once (inside MPI's blocking collectives it would not,
-    until the slowest rank arrived: never, if Ctrl-C stopped rank 0), and it does not
-    busy-poll the CPU that rank 0's work needs. ``undo`` runs on rank 0 when a rank's
-    ``local`` failed, and the error is then always a ``kind`` naming the failed ranks
-    (``reduce`` raises and undoes its own failures).
+    gather: a rank waiting for a slower one stays in Python, so Ctrl-C reaches it at once
+    (inside MPI's blocking gather it would not, until the slowest rank arrived). ``patient``
+    ranks also wait that way while rank 0's ``reduce`` works, instead of busy-polling inside
+    MPI and taking the CPU that work needs. ``undo`` runs on
+    rank 0 when a rank's ``local`` failed, and the error is then always a ``kind`` naming the
+    failed ranks (``reduce`` raises and undoes its own failures).
     """
     value, failure = attempt(comm.rank, local)
     wait_for_all(comm)
@@ -218,12 +217,34 @@ def all_reduce(comm: Any, what: str, local: Callable[[], T], reduce: Callable[[l
         failures = [f for _, f in gathered if f]
         if failures and undo is not None:
             undo()
-        outcome = ((None, failures, undo is not None) if failures else
-                   _reduced(lambda: reduce([v for v, _ in gathered])))
-    wait_for_all(comm)
-    result, failures, wrap = comm.bcast(outcome, root=0)
+        outcome = ((None, failures, undo is not None) if failures else _root_work(
+            None if patient else comm, lambda: _reduced(lambda: reduce([v for v, _ in gathered]))))
+    if patient:
+        wait_for_all(comm)
+    result, failures, wrap = _unless_interrupted(comm.bcast(outcome, root=0))
     raise_failures(failures, what, kind, wrap)
     return cast(R, result)
+
+
+INTERRUPTED = "hpckit: Ctrl-C stopped rank 0 in this step"
+
+
+def _root_work(waiting: Any, work: Callable[[], T]) -> T:
+    """Rank 0's part of a step whose result the other ranks of ``waiting`` await inside
+    MPI's blocking broadcast, where Ctrl-C cannot reach them: if Ctrl-C stops rank 0 here,
+    it still sends them word, and they stop too instead of waiting forever."""
+    try:
+        return work()
+    except KeyboardInterrupt:
+        if waiting is not None:
+            waiting.bcast(INTERRUPTED, root=0)
+        raise
+
+
+def _unless_interrupted(outcome: Any) -> Any:
+    if isinstance(outcome, str) and outcome == INTERRUPTED:
+        raise KeyboardInterrupt
+    return outcome
 
 
 def _reduced(fn: Callable[[], R]) -> tuple[R | None, list[RankFailure], bool]:
@@ -234,8 +255,6 @@ def _reduced(fn: Callable[[], R]) -> tuple[R | None, list[RankFailure], bool]:
 def everywhere(comm: Any, fn: Callable[[], T], what: str,
                kind: type[HpckitError] = HpckitError) -> list[T]:
     """Run ``fn`` on every rank; all results to every rank, or one error raised on every rank."""
-    outcome = attempt(comm.rank, fn)
-    wait_for_all(comm)  # see all_reduce
-    outcomes = comm.allgather(outcome)
+    outcomes = comm.allgather(attempt(comm.rank, fn))
     raise_failures([f for _, f in outcomes if f], what, kind)
     return [v for v, _ in outcomes]
