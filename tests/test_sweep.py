@@ -43,6 +43,7 @@ def test_grids_multiply_samples_repeat_them_and_the_seed_fixes_the_draws():
     (lambda: tune.TuneConfig(num_samples=0), "num_samples=0"),
     (lambda: tune.TuneConfig(mode="best", metric="x"), "'max'"),
     (lambda: tune.Tuner(42), "training function"),
+    (lambda: tune.RunConfig(stop={"loss": "low"}), "dict of metric names to thresholds"),
 ])
 def test_bad_search_spaces_and_configs_say_what_would_be_right(make, fragment):
     with pytest.raises(ConfigError, match=fragment):
@@ -177,3 +178,19 @@ def test_a_rank_killed_mid_sweep_loses_nothing_and_the_rerun_finishes_every_tria
         assert steps == [0, 1, 2], (trial, steps)  # nothing committed was redone or lost
         kept = before.get(trial["dirname"], [])
         assert metrics_lines(tmp_path / "grid" / trial["dirname"])[:len(kept)] == kept
+
+
+def test_a_stop_criterion_ends_each_trial_early_as_finished(tmp_path):
+    """RunConfig(stop=...), as Ray Tune's: two reports per trial, or a score reached."""
+    done = _sweep(tmp_path / "a", "--stop", '{"training_iteration": 2}',
+                  launcher=[MPIEXEC, "-n", "3"])
+    assert _grid(done.output)["terminated"] == 3, done.output
+    for trial in _trials(tmp_path / "a" / "grid"):
+        experiment = tmp_path / "a" / "grid" / trial["dirname"]
+        assert [m["step"] for m in metrics_lines(experiment)] == [0, 1], trial
+        assert [a["status"] for a in manifest(experiment)["attempts"]] == ["finished"]
+        assert manifest(experiment)["latest"] == "checkpoint_000001"  # its checkpoint kept
+    done = _sweep(tmp_path / "b", "--stop", '{"score": 0.9}')  # scores: lr * (step+1) + shift
+    for trial in _trials(tmp_path / "b" / "grid"):
+        scores = [m["metrics"]["score"] for m in metrics_lines(tmp_path / "b" / "grid" / trial["dirname"])]
+        assert all(s < 0.9 for s in scores[:-1]) and (scores[-1] >= 0.9 or len(scores) == 3)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow.fs
 
@@ -142,6 +144,12 @@ class RunConfig:
     callbacks: list[UserCallback] | None = None
     """:class:`UserCallback` instances, called on rank 0 after each report and on failure."""
 
+    stop: dict[str, float] | Callable[[str, dict[str, Any]], bool] | None = None
+    """When the run ends early, as Ray Tune's ``RunConfig(stop=...)``: a dict of metric
+    thresholds (the run ends after the first report in which any metric reaches its value;
+    ``training_iteration`` counts reports), or ``fn(name, metrics) -> bool``. Decided on rank
+    0's metrics and agreed by every rank; the report's checkpoint is committed first."""
+
     def __post_init__(self) -> None:
         if self.name is not None:
             _check_name(self.name)
@@ -175,9 +183,22 @@ class RunConfig:
                 isinstance(c, UserCallback) for c in callbacks)):
             raise ConfigError(f"RunConfig(callbacks={callbacks!r}) must be a list of "
                               "hpckit.UserCallback instances (subclass it).")
+        _check_stop(self.stop)
         if self.logging_config is not None and not isinstance(self.logging_config, LoggingConfig):
             raise ConfigError(
                 f"RunConfig(logging_config={self.logging_config!r}) must be a LoggingConfig.")
+
+
+def _check_stop(stop: object) -> None:
+    if stop is None or callable(stop):
+        return
+    numbers = isinstance(stop, dict) and all(
+        isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+        for k, v in stop.items())
+    if not numbers or not stop:
+        raise ConfigError(f"RunConfig(stop={stop!r}) must be a dict of metric names to "
+                          "thresholds, e.g. {'training_iteration': 10, 'accuracy': 0.95}, or "
+                          "a function (name, metrics) -> bool.")
 
 
 def _check_name(name: object) -> None:

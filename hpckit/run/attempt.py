@@ -188,7 +188,7 @@ def _session(job: TrainingJob, ranks: Ranks, settings: Settings, number: int,
     staging.remove()  # what an earlier attempt of this rank left
     protocol = CommitProtocol(ranks.comm, location, job.run_config.checkpoint_config,
                               (start.next_step, start.next_index), owner, latest, staging,
-                              callbacks(job, location))
+                              callbacks(job, location), job.run_config.stop)
     context = TrainContext(ranks.topology, job.name, location, number, settings.launcher,
                            settings.slurm(), artifact_dir=lambda: artifacts.directory,
                            stop_requested=lambda: session.stop_requested is not None,
@@ -215,7 +215,10 @@ def _train(job: TrainingJob, session: Session, owner: Experiment | None,
     interrupted = False
     try:
         with session.watch:
-            returned = job.call_train_loop()
+            try:
+                returned = job.call_train_loop()
+            except stop.CriterionMet:  # RunConfig(stop=...): done, as if it had returned
+                returned = None
             session.protocol.finish()
         return returned
     except stop.StopRequested as requested:

@@ -50,6 +50,7 @@ class Outcome:
 
     stop: str | None
     committed: Checkpoint | None
+    finish: bool = False
 
 
 class CommitProtocol:
@@ -57,13 +58,14 @@ class CommitProtocol:
 
     def __init__(self, comm: Any, experiment: Location, config: CheckpointConfig,
                  progress: tuple[int, int], owner: Experiment | None, latest: Checkpoint | None,
-                 staging: Staging, callbacks: Callbacks) -> None:
+                 staging: Staging, callbacks: Callbacks, stop_when: Any = None) -> None:
         self.comm = comm
         self.experiment = experiment
         self.config = config
         self.next_step, self.next_index = progress
         self.owner = owner
         self.callbacks = callbacks
+        self.stop_when = stop_when  # RunConfig.stop
         self.ledger = Ledger(owner, config, callbacks) if owner is not None else None
         self.latest = latest
         self.staging = staging
@@ -99,7 +101,8 @@ class CommitProtocol:
             self._persist_now(plan, handed)
             release(handed, self.experiment.is_local)
         self.callbacks.call_due()
-        return Outcome(plan.stop, self.latest if self.latest is not before else None)
+        return Outcome(plan.stop, self.latest if self.latest is not before else None,
+                       plan.finish)
 
     def finish(self) -> None:
         """Collective end of the training function: commits what is still in the background,
@@ -171,7 +174,9 @@ class CommitProtocol:
             ledger.log(plan.step, self.last_metrics)
         elif plan.asynchronous:
             ledger.expect(plan, self.last_metrics)
-        return plan
+        finish = stop.criterion_met(self.stop_when, self.experiment.name, self.last_metrics,
+                                    plan.step + 1)
+        return replace(plan, finish=finish)
 
     def _prepare_directory(self, plan: Plan) -> None:
         """Rank 0, before any rank writes: the previous purge is done, a named directory is

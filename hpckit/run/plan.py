@@ -70,6 +70,7 @@ class Plan:
     asynchronous: bool = False
     index: int | None = None
     committed: tuple[str, ...] = ()
+    finish: bool = False  # RunConfig(stop=...) was met: the run ends after this report
 
 
 def make_plan(announcements: list[Announcement], step: int, next_index: int) -> Plan:

@@ -17,7 +17,7 @@ from hpckit.run.context import TrainContext
 from hpckit.run.handover import Upload
 from hpckit.run.hang import HangWatch
 from hpckit.run.interval import CheckpointClock
-from hpckit.run.stop import StopRequested
+from hpckit.run.stop import CriterionMet, StopRequested
 
 
 @dataclass
@@ -47,6 +47,10 @@ class Session:
                             "checkpoint", outcome.stop)
         if self.stop_requested and outcome.committed is not None:
             raise StopRequested(self.stop_requested)
+        if outcome.finish:
+            if self.context.get_world_rank() == 0:
+                log.info("RunConfig(stop=...) is met: the run ends after this report")
+            raise CriterionMet()
 
 
 _current: Session | None = None

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from hpckit.experiment.retention import score_of
 from hpckit.logs import log
 from hpckit.settings import Settings
 
@@ -184,3 +185,20 @@ def interrupted_line(experiment: str, latest: str | None) -> str:
     kept = f"the latest committed checkpoint is {latest}" if latest else "no checkpoint was committed"
     return (f"interrupted; {kept}. To resume, run the same command again, or: "
             f"hpckit resume {experiment}")
+
+
+class CriterionMet(BaseException):
+    """Raised by report() on every rank after the report that met ``RunConfig(stop=...)``;
+    the attempt then ends as if the training function had returned."""
+
+
+def criterion_met(stop: Any, name: str, metrics: dict[str, Any], iteration: int) -> bool:
+    """Whether ``RunConfig(stop=...)`` says the run is done after report number
+    ``iteration`` (1 for the first) with these metrics (rank 0's)."""
+    if stop is None:
+        return False
+    if callable(stop):
+        return bool(stop(name, metrics))
+    reached = {**metrics, "training_iteration": iteration}
+    return any((value := score_of(reached, key)) is not None and value >= threshold
+               for key, threshold in stop.items())

@@ -46,6 +46,7 @@ def main() -> None:
     p.add_argument("--fail-lr", type=float, default=-1.0)
     p.add_argument("--samples", type=int, default=1)
     p.add_argument("--max-failures", type=int, default=0)
+    p.add_argument("--stop", type=json.loads, default=None, help="RunConfig(stop=...), as JSON")
     args = p.parse_args()
     space = {"lr": tune.grid_search([0.1, 0.2, 0.3]), "shift": tune.uniform(0, 1),
              "fail_lr": args.fail_lr}
@@ -57,7 +58,8 @@ def main() -> None:
                       run_config=hpckit.RunConfig(
                           name="grid", storage_path=args.storage,
                           checkpoint_config=hpckit.CheckpointConfig(num_to_keep=2),
-                          failure_config=hpckit.FailureConfig(max_failures=args.max_failures))).fit()
+                          failure_config=hpckit.FailureConfig(max_failures=args.max_failures),
+                          stop=args.stop)).fit()
     best = grid.get_best_result()
     if os.environ.get("PMI_RANK", "0") == "0":  # every rank has the grid; one prints it
         print("GRID " + json.dumps({
