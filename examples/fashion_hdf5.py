@@ -77,7 +77,7 @@ def train_loop(config: dict) -> None:
     torch.manual_seed(0)
     model = prepare_model(Net())
     optimizer = torch.optim.Adam(model.parameters(), lr=config["lr"])
-    train, test = (loader(config["data"], "train", True, 64),
+    train, test = (loader(config["data"], "train", True, config.get("batch_size", 64)),
                    loader(config["data"], "test", False, 256))
     start = 0
     checkpoint = hpckit.get_checkpoint()

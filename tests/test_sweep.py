@@ -180,6 +180,33 @@ def test_a_rank_killed_mid_sweep_loses_nothing_and_the_rerun_finishes_every_tria
         assert metrics_lines(tmp_path / "grid" / trial["dirname"])[:len(kept)] == kept
 
 
+def test_the_sweep_example_packs_two_trials_at_a_time_and_resumes_after_a_kill(tmp_path):
+    """examples/sweep_fashion.py on 4 ranks: 4 trials of 2 ranks, 2 at a time. Killed once
+    the first checkpoints are in, and run again, every trial finishes with each epoch once."""
+    command = [MPIEXEC, "-n", "4", sys.executable, str(HERE.parent / "examples" / "sweep_fashion.py"),
+               "--storage", str(tmp_path), "--data", str(tmp_path / "fashion.h5"),
+               "--train-size", "600", "--epochs", "2"]
+    sweep = tmp_path / "sweep-fashion"
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, start_new_session=True)
+    deadline = time.monotonic() + 180
+    while not any((sweep / t["dirname"] / "metrics.jsonl").exists() for t in _trials(sweep)):
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0]
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.communicate()
+    done = run(command, timeout=300)
+    assert "4 of 4 trials finished" in done.output, done.output
+    trials = _trials(sweep)
+    assert sorted((t["config"]["lr"], t["config"]["batch_size"]) for t in trials) == [
+        (1e-3, 32), (1e-3, 128), (3e-3, 32), (3e-3, 128)]
+    for trial in trials:
+        experiment = sweep / trial["dirname"]
+        assert [m["metrics"]["epoch"] for m in metrics_lines(experiment)] == [0, 1], trial
+        assert manifest(experiment)["world_size"] == 2
+        assert manifest(experiment)["retention"]["checkpoint_score_attribute"] == "accuracy"
+
+
 def test_a_stop_criterion_ends_each_trial_early_as_finished(tmp_path):
     """RunConfig(stop=...), as Ray Tune's: two reports per trial, or a score reached."""
     done = _sweep(tmp_path / "a", "--stop", '{"training_iteration": 2}',
