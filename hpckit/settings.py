@@ -130,6 +130,9 @@ TABLE: dict[str, tuple[str, Callable[[str], Any]]] = {
     "slurm_gtids": ("SLURM_GTIDS", _text),
     "slurm_array_job_id": ("SLURM_ARRAY_JOB_ID", _text),
     "slurm_array_task_id": ("SLURM_ARRAY_TASK_ID", _text),
+    "slurm_array_task_count": ("SLURM_ARRAY_TASK_COUNT", _text),
+    "slurm_array_task_min": ("SLURM_ARRAY_TASK_MIN", _text),
+    "slurm_array_task_step": ("SLURM_ARRAY_TASK_STEP", _text),
     "slurm_restart_count": ("SLURM_RESTART_COUNT", _text),
     "slurm_nodelist": ("SLURM_JOB_NODELIST", _text),
     "slurm_tasks_per_node": ("SLURM_TASKS_PER_NODE", _text),
@@ -179,6 +182,9 @@ class Settings:
     slurm_gtids: str | None = None
     slurm_array_job_id: str | None = None
     slurm_array_task_id: str | None = None
+    slurm_array_task_count: str | None = None
+    slurm_array_task_min: str | None = None
+    slurm_array_task_step: str | None = None
     slurm_restart_count: str | None = None
     slurm_nodelist: str | None = None
     slurm_tasks_per_node: str | None = None
@@ -203,6 +209,16 @@ class Settings:
         if problems:
             raise ConfigError(" ".join(problems))
         return cls(**values)
+
+    @property
+    def array_share(self) -> tuple[int, int] | None:
+        """(this task's position, the number of tasks) in a Slurm job array, else None."""
+        values = (self.slurm_array_task_id, self.slurm_array_task_count,
+                  self.slurm_array_task_min or "0", self.slurm_array_task_step or "1")
+        if not all(v and v.isdigit() for v in values):
+            return None
+        task, count, low, step = (int(v) for v in values)  # type: ignore[arg-type]
+        return (task - low) // max(step, 1), count
 
     @property
     def launcher(self) -> str | None:

@@ -161,3 +161,33 @@ def test_hpckit_resume_sbatch_submits_a_job_that_continues(tmp_path, slurm, stea
     log = (tmp_path / f"r-{job}.out")
     assert final_params(log.read_text()) == steady_reference
     assert [a["status"] for a in manifest(tmp_path / "r")["attempts"]] == ["stopped", "finished"]
+
+
+def test_a_tune_sweep_over_a_job_array_gives_each_task_its_share_of_the_trials(tmp_path, slurm):
+    """tune-array.sbatch: 2 tasks of 2 ranks share 3 one-rank trials (task 0: trials 0 and 2,
+    task 1: trial 1), each task packing its trials onto its ranks; resubmitted with `hpckit
+    sweep`, nothing reruns."""
+    sweep_script = str(Path(__file__).parent / "ranks" / "sweep.py")
+    job = submit(slurm, tmp_path, "tune-array.sbatch", "--array=0-1", "--ntasks=2",
+                 "--cpus-per-task=1", "--time=5", args=f"--storage {tmp_path}",
+                 SCRIPT=sweep_script)
+    assert set(wait(slurm, tmp_path, job, 240).values()) == {"COMPLETED"}, output_of(tmp_path)
+    trials = json.loads((tmp_path / "grid" / "sweep.json").read_text())["trials"]
+    assert len(trials) == 3, trials
+    for trial in trials:
+        attempts = manifest(tmp_path / "grid" / trial["dirname"])["attempts"]
+        assert [a["status"] for a in attempts] == ["finished"], (trial, output_of(tmp_path))
+        task = attempts[0]["slurm"]["array_task_id"]
+        assert int(task) == trial["index"] % 2, (trial, attempts[0]["slurm"])
+    listed = subprocess.run([HPCKIT, "ls", str(tmp_path / "grid")], capture_output=True,
+                            text=True, timeout=60)
+    assert listed.stdout.splitlines()[-1] == "3 trial(s): 3 finished", listed.stdout
+    submitted = run([HPCKIT, "sweep", "--array", "2", "--ntasks", "2", "--time", "5",
+                     "--slurm", "cpus-per-task=1", sweep_script, "--storage", str(tmp_path)],
+                    timeout=30, env=slurm.env, cwd=tmp_path)
+    again = re.search(r"submitted job (\d+) \(sweep.sbatch\)", submitted.output).group(1)
+    assert "#SBATCH --array=0-1" in (tmp_path / "sweep.sbatch").read_text()
+    assert set(wait(slurm, tmp_path, again, 240).values()) == {"COMPLETED"}, output_of(tmp_path)
+    assert "3 trial(s), 0 to run (array task 1 of 2)" in output_of(tmp_path), output_of(tmp_path)
+    for trial in trials:
+        assert len(manifest(tmp_path / "grid" / trial["dirname"])["attempts"]) == 1

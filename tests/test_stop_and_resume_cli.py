@@ -193,3 +193,20 @@ def test_stop_signal_names():
     assert parse_signal("usr1") == signal.SIGUSR1 and parse_signal("SIGTERM") == signal.SIGTERM
     with pytest.raises(ConfigError, match="HPCKIT_STOP_SIGNAL='USR9' is invalid: use a signal name"):
         parse_signal("USR9")
+
+
+def test_hpckit_sweep_writes_an_array_job_whose_tasks_share_the_trials(tmp_path):
+    script = tmp_path / "sweep.py"
+    script.write_text("")
+    out = run([HPCKIT, "sweep", "--array", "4", "--ntasks", "2", "--time", "01:00:00",
+               "--slurm", "partition=gpu", "--dry-run", str(script), "--epochs", "3"],
+              timeout=30, cwd=tmp_path)
+    lines = out.output.splitlines()
+    for line in ["#SBATCH --array=0-3", "#SBATCH --ntasks=2", "#SBATCH --time=01:00:00",
+                 "#SBATCH --partition=gpu", "#SBATCH --output=sweep-%A_%a.out", "#SBATCH --requeue"]:
+        assert line in lines, out.output
+    assert lines[-1].endswith(f"{script} --epochs 3"), out.output
+    assert not (tmp_path / "sweep.sbatch").exists()  # a dry run writes nothing
+    bad = run([HPCKIT, "sweep", "--array", "2", "--slurm", "gpu", str(script)], timeout=30,
+              expect=2)
+    assert "give KEY=VALUE, e.g. partition=gpu" in bad.output

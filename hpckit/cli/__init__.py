@@ -1,8 +1,8 @@
 """The ``hpckit`` command: inspect, manage and launch experiments from a shell.
 
 Owns: the click group (``app``, with the one error mapping), and the commands in
-``listing`` (ls), ``inspect``, ``manage`` and ``launch``; ``tables`` formats values for
-people; ``plot`` draws curves with matplotlib.
+``listing`` (ls; ``sweeps`` lists a sweep), ``inspect``, ``manage`` and ``launch`` (run,
+resume, sweep); ``tables`` formats values for people; ``plot`` draws curves with matplotlib.
 
 May import: every layer below it (launch, run, experiment, storage, ground). Nothing
 imports it but the console script.

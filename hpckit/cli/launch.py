@@ -1,4 +1,4 @@
-"""Commands that start ranks: run and resume."""
+"""Commands that start ranks: run, resume, and sweep (a job array of a Tune sweep)."""
 
 from __future__ import annotations
 
@@ -59,8 +59,8 @@ def resume(experiment: str, ranks: int | None, max_failures: int, sbatch_file: s
     env = {variable("name"): manifest.experiment, variable("storage"): root,
            variable("resume"): str(manifest.config.get("train_loop") or "*")}
     if sbatch_file:
-        _submit(sbatch_file, argv, world, cwd, manifest.experiment,
-                command.get("executable") or sys.executable, env)
+        _submit(sbatch_file, render_sbatch(argv, world, cwd, manifest.experiment,
+                                           command.get("executable") or sys.executable, env))
         return
     click.echo(f"resuming {location.display} with {world} rank(s): {redact(' '.join(argv))}",
                err=True)
@@ -81,9 +81,46 @@ def _world_size(manifest: Manifest, ranks: int | None) -> int:
     return ranks
 
 
-def _submit(path: str, argv: list[str], world: int, cwd: str, name: str, python: str,
-            env: dict[str, str]) -> None:
-    text = render_sbatch(argv, world, cwd, name, python, env)
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--array", "tasks", type=click.IntRange(min=1), required=True,
+              help="Array tasks that share the trials (trial index modulo TASKS).")
+@click.option("--ntasks", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Ranks per array task: a multiple of one trial's ranks.")
+@click.option("--time", "time_limit", default=None, metavar="TIME",
+              help="Time limit of each task, as sbatch takes it (e.g. 02:00:00).")
+@click.option("--slurm", "directives", multiple=True, metavar="KEY=VALUE",
+              help="Another #SBATCH option, e.g. --slurm partition=gpu (repeatable).")
+@click.option("--sbatch", "sbatch_file", type=click.Path(dir_okay=False), default=None,
+              help="Where to write the job script [default: SCRIPT's name + .sbatch].")
+@click.option("--dry-run", is_flag=True, help="Print the job script instead of submitting it.")
+@click.argument("script", type=click.Path(exists=True, dir_okay=False))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def sweep(tasks: int, ntasks: int, time_limit: str | None, directives: tuple[str, ...],
+          sbatch_file: str | None, dry_run: bool, script: str, args: tuple[str, ...]) -> None:
+    """Submit SCRIPT, a Tune sweep (tune.Tuner(...).fit()), as a Slurm job array.
+
+    Each task runs SCRIPT on its ranks; its Tuner runs that task's share of the trials, packed
+    onto its ranks. Submitting again resumes the sweep.
+
+    Example: hpckit sweep --array 4 --ntasks 2 --time 02:00:00 sweep.py --epochs 10
+    """
+    options = [f"--time={time_limit}"] if time_limit else []
+    for directive in directives:
+        key, equals, value = directive.partition("=")
+        if not key or not equals or key.startswith("-"):
+            raise click.BadParameter(f"{directive!r}: give KEY=VALUE, e.g. partition=gpu",
+                                     param_hint="--slurm")
+        options.append(f"--{key}={value}")
+    name = os.path.splitext(os.path.basename(script))[0]
+    text = render_sbatch([os.path.abspath(script), *args], ntasks, os.getcwd(), name,
+                         sys.executable, {}, array=tasks, directives=tuple(options))
+    if dry_run:
+        click.echo(text, nl=False)
+        return
+    _submit(sbatch_file or f"{name}.sbatch", text)
+
+
+def _submit(path: str, text: str) -> None:
     with open(path, "w") as f:
         f.write(text)
     sbatch = shutil.which("sbatch")

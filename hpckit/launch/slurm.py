@@ -1,25 +1,35 @@
-"""Slurm: the sbatch script that `hpckit resume --sbatch` writes (requeueing is rank-side, in
-:mod:`hpckit.run.stop`)."""
+"""Slurm: the sbatch scripts that `hpckit resume --sbatch` and `hpckit sweep` write
+(requeueing is rank-side, in :mod:`hpckit.run.stop`)."""
 
 from __future__ import annotations
 
 import shlex
 
+RESUME_NOTE = "# Written by `hpckit resume --sbatch`: it continues the experiment from its manifest."
+SWEEP_NOTE = ("# Written by `hpckit sweep`: every array task runs the script, and its Tuner runs\n"
+              "# that task's share of the trials. Submitting it again resumes the sweep.")
+
 
 def render_sbatch(argv: list[str], ntasks: int, cwd: str, job_name: str, python: str,
-                  environment: dict[str, str]) -> str:
-    """The sbatch script that continues an experiment: a pure function of its inputs."""
+                  environment: dict[str, str], array: int | None = None,
+                  directives: tuple[str, ...] = ()) -> str:
+    """The sbatch script that continues an experiment or, with ``array`` tasks, runs a sweep
+    over a job array: a pure function of its inputs. ``directives`` are more ``--key=value``
+    options for ``#SBATCH`` lines, e.g. ``("--time=02:00:00", "--partition=gpu")``."""
     command = " ".join(shlex.quote(a) for a in [python, *argv])
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(environment.items()))
+    extra = [f"--array=0-{array - 1}"] if array is not None else []
+    output = f"{job_name}-%A_%a.out" if array is not None else f"{job_name}-%j.out"
+    lines = "".join(f"#SBATCH {d}\n" for d in [*extra, *directives])
     return f"""#!/bin/bash
 #SBATCH --job-name={job_name}
 #SBATCH --chdir={cwd}
 #SBATCH --ntasks={ntasks}
-#SBATCH --requeue
+{lines}#SBATCH --requeue
 #SBATCH --signal=USR2@120
 #SBATCH --open-mode=append
-#SBATCH --output={job_name}-%j.out
-# Written by `hpckit resume --sbatch`: it continues the experiment from its manifest.
+#SBATCH --output={output}
+{RESUME_NOTE if array is None else SWEEP_NOTE}
 # USR2 two minutes before the time limit makes hpckit commit a checkpoint and requeue.
 cd {shlex.quote(cwd)}
 {exports}srun --mpi=pmi2 --kill-on-bad-exit=1 {command}

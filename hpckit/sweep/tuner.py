@@ -13,9 +13,11 @@ each on the ranks its trainer starts.
 from __future__ import annotations
 
 import random
+import zlib
 from dataclasses import replace
 from typing import Any
 
+from hpckit import logs
 from hpckit import settings as _settings
 from hpckit.config import RunConfig
 from hpckit.errors import ConfigError, ManifestError, TrainingFailedError
@@ -95,18 +97,21 @@ class Tuner:
         location = self._location(current)
         record = SweepRecord(location)
         comm = world() if current.launcher is not None else None
+        logs.configure(comm.rank if comm is not None else 0)
         if comm is not None:
             placement.check(comm.size, ranks_per_trial(self.trainable))
-        manifest = self._agree(comm, record, location)
+        share = current.array_share
+        manifest = self._agree(comm, record, location, shared=share is not None)
         params = self._params(manifest)
-        todo = [t.index for t in manifest.trials
-                if t.status != TERMINATED and (t.status != ERROR or self._resume_errored)]
-        log.info("sweep %s: %d trial(s), %d to run", location.display, len(manifest.trials),
-                 len(todo))
+        todo = self._todo(manifest, share)
+        log.info("sweep %s: %d trial(s), %d to run%s", location.display, len(manifest.trials),
+                 len(todo), f" (array task {share[0]} of {share[1]})" if share else "")
+        # Array tasks share the sweep: once planned, its trials' own manifests say how each went.
+        writer = record if share is None else None
         if comm is None:
             for index in todo:
                 manifest = self._one_by_one(manifest.trials[index], params[index], manifest,
-                                            record, location)
+                                            writer, location)
         else:
             ended = run_packed(comm, ranks_per_trial(self.trainable),
                                self.tune_config.max_concurrent_trials, todo,
@@ -114,8 +119,10 @@ class Tuner:
                                                               location, group))
             for trial in ended:
                 manifest = manifest.with_trial(trial)
-            if comm.rank == 0:
-                record.save(manifest)
+            if comm.rank == 0 and writer is not None:
+                writer.save(manifest)
+        if share is not None:  # the other tasks' trials, as far as they have got
+            manifest = _on_root(comm, lambda: _settled(manifest, location))
         self._results = self._grid(manifest, params, location)
         return self._results
 
@@ -131,12 +138,23 @@ class Tuner:
         name = self.run_config.name or current.name or _default_name(self.trainable)
         return root.join(name)
 
-    def _agree(self, comm: Any, record: SweepRecord, location: Location) -> SweepManifest:
+    def _todo(self, manifest: SweepManifest, share: tuple[int, int] | None) -> list[int]:
+        """The trials to run: unfinished ones (errored ones too when resumed so), and of a
+        Slurm array task only its share (by trial index, the same in every rerun)."""
+        todo = [t.index for t in manifest.trials
+                if t.status != TERMINATED and (t.status != ERROR or self._resume_errored)]
+        if share is None:
+            return todo
+        position, count = share
+        return [index for index in todo if index % count == position]
+
+    def _agree(self, comm: Any, record: SweepRecord, location: Location,
+               shared: bool) -> SweepManifest:
         """Rank 0 reads or creates the sweep manifest; every rank gets the same one."""
         manifest: SweepManifest | ConfigError | None = None
         if comm is None or comm.rank == 0:
             try:
-                manifest = _settled(self._planned(record), location)
+                manifest = _settled(self._planned(record, shared), location)
             except ConfigError as exc:
                 manifest = exc
         if comm is not None:
@@ -146,11 +164,15 @@ class Tuner:
         assert manifest is not None
         return manifest
 
-    def _planned(self, record: SweepRecord) -> SweepManifest:
+    def _planned(self, record: SweepRecord, shared: bool) -> SweepManifest:
+        """The sweep manifest found, or planned and saved. Array tasks that plan it at once
+        must draw the same trials: their default seed comes from the sweep's name."""
         found = record.load()
         config = self.tune_config
-        seed = found.seed if found else (config.seed if config.seed is not None
-                                         else random.SystemRandom().randrange(2**31))
+        seed = found.seed if found else config.seed
+        if seed is None:
+            seed = (zlib.crc32(record.location.name.encode()) if shared
+                    else random.SystemRandom().randrange(2**31))
         if self.param_space is None and found is not None:
             return found
         trials = space.expand(self.param_space or {}, config.num_samples, seed)
@@ -189,12 +211,14 @@ class Tuner:
         return dict(enumerate(drawn))
 
     def _one_by_one(self, trial: Trial, params: dict[str, Any], manifest: SweepManifest,
-                    record: SweepRecord, location: Location) -> SweepManifest:
+                    writer: SweepRecord | None, location: Location) -> SweepManifest:
         """One trial in this process, the sweep manifest saying so before and after."""
         manifest = manifest.with_trial(replace(trial, status=RUNNING, error=None))
-        record.save(manifest)
+        if writer is not None:
+            writer.save(manifest)
         manifest = manifest.with_trial(self._attempt(trial, params, location, None))
-        record.save(manifest)
+        if writer is not None:
+            writer.save(manifest)
         return manifest
 
     def _attempt(self, trial: Trial, params: dict[str, Any], location: Location,
@@ -238,6 +262,13 @@ def _settled(manifest: SweepManifest, location: Location) -> SweepManifest:
                 manifest = manifest.with_trial(replace(trial, status=TERMINATED, error=None,
                                                        last=jsonable(last)))
     return manifest
+
+
+def _on_root(comm: Any, read: Any) -> Any:
+    """What rank 0 reads, on every rank (``read`` runs once when there is no ``comm``)."""
+    if comm is None:
+        return read()
+    return comm.bcast(read() if comm.rank == 0 else None, root=0)
 
 
 def _default_name(trainable: Trainable) -> str:
