@@ -176,3 +176,27 @@ def test_ctrl_c_during_a_deferred_step_is_raised_after_it():
             done.append("whole")
     assert done == ["whole"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_ctrl_c_reaches_ranks_that_wait_in_a_step_for_a_rank_that_never_comes(tmp_path):
+    """Each rank waits for the others in Python, never inside a blocking MPI call (where no
+    signal handler runs): rank 0, waiting for rank 1, stops on its own SIGINT, and rank 2,
+    waiting for rank 0's result, hears from rank 0 and stops too."""
+    ready = tmp_path / "rank0.pid"
+    process = _start([MPIEXEC, "-n", "3", sys.executable, str(HERE / "ranks" / "interrupted_step.py"),
+                      str(ready)])
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0]
+        time.sleep(0.05)
+    time.sleep(0.5)  # rank 0 is waiting now
+    os.kill(int(ready.read_text()), signal.SIGINT)
+    try:
+        output, _ = process.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        pytest.fail(f"ranks still waiting 30 s after Ctrl-C:\n{process.communicate()[0]}")
+    assert process.returncode == 0, output
+    for rank in (0, 2):
+        assert f"rank {rank} interrupted after" in output, output
+    assert "completed the step" not in output, output

@@ -7,10 +7,8 @@ on every rank, so no rank raises alone while the others wait.
 
 from __future__ import annotations
 
-import os
 import pickle
 import socket
-import time
 import traceback
 import weakref
 from collections.abc import Callable
@@ -19,6 +17,7 @@ from typing import Any, TypeVar, cast
 
 from hpckit import logs
 from hpckit.errors import HpckitError
+from hpckit.run.waiting import from_root, gather_to_root, root_work
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -62,27 +61,6 @@ def discover(comm: Any) -> tuple[Topology, Any]:
     node_rank, num_nodes = local.bcast(node, root=0)
     return Topology(comm.rank, comm.size, local.rank, local.size, node_rank, num_nodes,
                     socket.gethostname()), local
-
-
-def wait_for_all(comm: Any, spin: float = 0.001, first: float = 0.0002,
-                 longest: float = 0.005) -> None:
-    """A barrier that sleeps while it waits, and that Ctrl-C interrupts.
-
-    MPI implementations busy-poll inside blocking collectives; ranks waiting there for rank 0
-    to finish writing a checkpoint would take the CPU that the copy and its hash need. Ranks
-    that arrive together (most reports) meet within the first ``spin`` seconds of polling,
-    before any sleep adds its latency.
-    """
-    request = comm.Ibarrier()
-    until = time.perf_counter() + spin
-    while time.perf_counter() < until:
-        if request.Test():
-            return
-        os.sched_yield()  # more ranks than cores: let the one we wait for run
-    delay = first
-    while not request.Test():
-        time.sleep(delay)
-        delay = min(delay * 2, longest)
 
 
 @dataclass(frozen=True)
@@ -186,65 +164,47 @@ def on_root(comm: Any, fn: Callable[[], tuple[K, T]], what: str,
     kept: K | None = None
     outcome = None
     if comm.rank == 0:
-        result, failure = _root_work(comm, lambda: attempt(0, fn))
+        result, failure = root_work(comm, lambda: attempt(0, fn))
         kept, shared = result if result is not None else (None, None)
         outcome = (shared, failure)
-    value, failure = _unless_interrupted(comm.bcast(outcome, root=0))
+    value, failure = from_root(comm, outcome)
     raise_failures([failure] if failure else [], what, kind)
     return kept, value
 
 
 def all_reduce(comm: Any, what: str, local: Callable[[], T], reduce: Callable[[list[T]], R],
-               kind: type[HpckitError] = HpckitError, patient: bool = False,
+               kind: type[HpckitError] = HpckitError,
                undo: Callable[[], None] | None = None) -> R:
     """One collective step, as torch DCP's ``_DistWrapper.all_reduce``: every rank runs
     ``local``; rank 0 runs ``reduce`` over every rank's value; every rank receives its result.
     A failure anywhere is raised on every rank as one error naming the failed ranks.
 
-    Ranks meet in a barrier that sleeps while it waits (:func:`wait_for_all`) before the
-    gather: a rank waiting for a slower one stays in Python, so Ctrl-C reaches it at once
-    (inside MPI's blocking gather it would not, until the slowest rank arrived). ``patient``
-    ranks also wait that way while rank 0's ``reduce`` works, instead of busy-polling inside
-    MPI and taking the CPU that work needs. ``undo`` runs on
-    rank 0 when a rank's ``local`` failed, and the error is then always a ``kind`` naming the
-    failed ranks (``reduce`` raises and undoes its own failures).
+    Every rank waits for the others in Python, sleeping (:mod:`hpckit.run.waiting`): Ctrl-C
+    reaches it at once, and it leaves the CPU to rank 0's ``reduce`` (a checkpoint's copy and
+    hash). ``undo`` runs on rank 0 when a rank's ``local`` failed, and the error is then
+    always a ``kind`` naming the failed ranks (``reduce`` raises and undoes its own failures).
     """
-    value, failure = attempt(comm.rank, local)
-    wait_for_all(comm)
-    gathered = comm.gather((value, failure), root=0)
+    own = attempt(comm.rank, local)
     outcome = None
     if comm.rank == 0:
-        failures = [f for _, f in gathered if f]
-        if failures and undo is not None:
-            undo()
-        outcome = ((None, failures, undo is not None) if failures else _root_work(
-            None if patient else comm, lambda: _reduced(lambda: reduce([v for v, _ in gathered]))))
-    if patient:
-        wait_for_all(comm)
-    result, failures, wrap = _unless_interrupted(comm.bcast(outcome, root=0))
+        outcome = root_work(comm, lambda: _reduce_gathered(comm, own, reduce, undo))
+    else:
+        gather_to_root(comm, own)
+    result, failures, wrap = from_root(comm, outcome)
     raise_failures(failures, what, kind, wrap)
     return cast(R, result)
 
 
-INTERRUPTED = "hpckit: Ctrl-C stopped rank 0 in this step"
-
-
-def _root_work(waiting: Any, work: Callable[[], T]) -> T:
-    """Rank 0's part of a step whose result the other ranks of ``waiting`` await inside
-    MPI's blocking broadcast, where Ctrl-C cannot reach them: if Ctrl-C stops rank 0 here,
-    it still sends them word, and they stop too instead of waiting forever."""
-    try:
-        return work()
-    except KeyboardInterrupt:
-        if waiting is not None:
-            waiting.bcast(INTERRUPTED, root=0)
-        raise
-
-
-def _unless_interrupted(outcome: Any) -> Any:
-    if isinstance(outcome, str) and outcome == INTERRUPTED:
-        raise KeyboardInterrupt
-    return outcome
+def _reduce_gathered(comm: Any, own: tuple[T | None, RankFailure | None],
+                     reduce: Callable[[list[T]], R], undo: Callable[[], None] | None
+                     ) -> tuple[R | None, list[RankFailure], bool]:
+    gathered = gather_to_root(comm, own) or []
+    failures = [f for _, f in gathered if f]
+    if failures:
+        if undo is not None:
+            undo()
+        return None, failures, undo is not None
+    return _reduced(lambda: reduce([cast(T, v) for v, _ in gathered]))
 
 
 def _reduced(fn: Callable[[], R]) -> tuple[R | None, list[RankFailure], bool]:
@@ -255,6 +215,9 @@ def _reduced(fn: Callable[[], R]) -> tuple[R | None, list[RankFailure], bool]:
 def everywhere(comm: Any, fn: Callable[[], T], what: str,
                kind: type[HpckitError] = HpckitError) -> list[T]:
     """Run ``fn`` on every rank; all results to every rank, or one error raised on every rank."""
-    outcomes = comm.allgather(attempt(comm.rank, fn))
+    own = attempt(comm.rank, fn)
+    gathered = (root_work(comm, lambda: gather_to_root(comm, own)) if comm.rank == 0
+                else gather_to_root(comm, own))
+    outcomes = from_root(comm, gathered)
     raise_failures([f for _, f in outcomes if f], what, kind)
     return [v for v, _ in outcomes]

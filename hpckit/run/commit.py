@@ -269,7 +269,7 @@ class CommitProtocol:
             self._ledger().commit(plan, per_rank, self.last_metrics, started)
 
         all_reduce(self.comm, f"persisting {plan.directory}", write, commit, CommitError,
-                   patient=True, undo=lambda: discard(target))
+                   undo=lambda: discard(target))
         self.latest = Checkpoint._at(target)
         if self.owner is not None:
             self.owner.purge_evicted()

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hpckit.logs import log
-from hpckit.run.comm import wait_for_all
+from hpckit.run.waiting import from_root, gather_to_root, wait_for_all
 from hpckit.sweep.placement import TrialQueue, split
 from hpckit.sweep.record import Trial
 
@@ -31,6 +31,6 @@ def run_packed(world: Any, per_trial: int, max_concurrent: int | None, pending: 
         ended.append(run_one(index, groups.comm))
     wait_for_all(world)  # the others may run their last trial for a long while yet
     queue.close()
-    gathered = world.allgather(ended if groups.leader else [])
+    gathered = from_root(world, gather_to_root(world, ended if groups.leader else []))
     groups.comm.Free()
     return sorted((trial for part in gathered for trial in part), key=lambda t: t.index)

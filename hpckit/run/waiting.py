@@ -1,0 +1,88 @@
+"""Waiting for other ranks where Ctrl-C reaches the waiting rank.
+
+Inside MPI's blocking collectives a rank busy-polls in C: Python runs no signal handler
+there, so Ctrl-C reaches it only when the collective completes, which is never if another
+rank was stopped by the same Ctrl-C before it joined. A barrier does not fix that: it can
+complete for one rank while another, interrupted in its own wait, has not seen it complete,
+and the first then blocks in the collective that follows. So hpckit's steps move their data
+with nonblocking point-to-point messages, and every rank waits for them here, in Python,
+polling and then sleeping: a rank that waits never blocks on one that gave up, and it leaves
+the CPU to the rank it waits for (more ranks than cores, or rank 0 copying a checkpoint).
+
+Rank 0 stopped by Ctrl-C in its part of a step still sends the others :data:`INTERRUPTED`
+(:func:`root_work`), so that they stop too even when Ctrl-C reached rank 0 alone.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+GATHER_TAG = 0x4850  # distinct from tags that a program's own messages are likely to use
+BCAST_TAG = 0x4851
+INTERRUPTED = "hpckit: Ctrl-C stopped rank 0 in this step"
+_unawaited: list[Any] = []  # sends nobody waits for: their buffers must outlive them
+
+
+def poll(ready: Callable[[], bool], spin: float = 0.001, first: float = 0.0002,
+         longest: float = 0.005) -> None:
+    """Until ``ready()``: ranks that arrive together (most reports) meet within the first
+    ``spin`` seconds; after that the rank sleeps between tries, a little longer each time."""
+    until = time.perf_counter() + spin
+    while time.perf_counter() < until:
+        if ready():
+            return
+        os.sched_yield()  # more ranks than cores: let the one we wait for run
+    delay = first
+    while not ready():
+        time.sleep(delay)
+        delay = min(delay * 2, longest)
+
+
+def wait_for_all(comm: Any) -> None:
+    """A barrier that sleeps while it waits, and that Ctrl-C interrupts."""
+    request = comm.Ibarrier()
+    poll(request.Test)
+
+
+def gather_to_root(comm: Any, value: T) -> list[T] | None:
+    """Every rank's ``value`` to rank 0, in rank order (None on the other ranks)."""
+    if comm.rank != 0:
+        request = comm.isend(value, dest=0, tag=GATHER_TAG)
+        poll(lambda: bool(request.test()[0]))
+        return None
+    values = [value]
+    for source in range(1, comm.size):
+        poll(partial(comm.iprobe, source=source, tag=GATHER_TAG))
+        values.append(comm.recv(source=source, tag=GATHER_TAG))
+    return values
+
+
+def from_root(comm: Any, value: Any) -> Any:
+    """Rank 0's ``value`` on every rank; KeyboardInterrupt where rank 0 sent
+    :data:`INTERRUPTED` instead."""
+    if comm.rank == 0:
+        requests = [comm.isend(value, dest=rank, tag=BCAST_TAG) for rank in range(1, comm.size)]
+        poll(lambda: all(r.test()[0] for r in requests))
+        return value
+    poll(lambda: bool(comm.iprobe(source=0, tag=BCAST_TAG)))
+    received = comm.recv(source=0, tag=BCAST_TAG)
+    if isinstance(received, str) and received == INTERRUPTED:
+        raise KeyboardInterrupt
+    return received
+
+
+def root_work(comm: Any, work: Callable[[], T]) -> T:
+    """Rank 0's part of a step whose result the other ranks await in :func:`from_root`: if
+    Ctrl-C stops rank 0 here, it still sends them word, and they stop too."""
+    try:
+        return work()
+    except KeyboardInterrupt:
+        _unawaited.extend(comm.isend(INTERRUPTED, dest=rank, tag=BCAST_TAG)
+                          for rank in range(1, comm.size))
+        raise

@@ -1,0 +1,36 @@
+"""Ctrl-C while ranks wait in one of hpckit's steps for a rank that never comes (as one
+that the same Ctrl-C stopped first): rank 1 stays away, ranks 0 and 2 enter all_reduce, and
+SIGINT reaches rank 0 alone. Rank 0 must stop where it waits, and rank 2, which waits for
+rank 0's result, must stop too. Each prints what happened; then all meet and exit 0."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import hpckit  # noqa: F401  (first, as always: it sets up what MPI needs)
+from hpckit.run import pmi
+from hpckit.run.comm import all_reduce
+from hpckit.run.waiting import wait_for_all
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD.Dup()
+meeting = MPI.COMM_WORLD.Dup()
+ready = sys.argv[1]
+if comm.rank == 1:
+    print("rank 1 stays away", flush=True)
+else:
+    if comm.rank == 0:
+        with open(ready + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(ready + ".tmp", ready)
+    started = time.monotonic()
+    try:
+        all_reduce(comm, "a step rank 1 never joins", lambda: comm.rank, sum)
+        print(f"rank {comm.rank} completed the step", flush=True)
+    except KeyboardInterrupt:
+        print(f"rank {comm.rank} interrupted after {time.monotonic() - started:.1f} s", flush=True)
+wait_for_all(meeting)
+pmi.finalize_with_hydra()
+os._exit(0)
