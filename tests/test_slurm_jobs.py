@@ -49,6 +49,7 @@ def wait(slurm, tmp_path: Path, job: str, timeout: float) -> dict[str, str]:
         found = states(slurm, job)
         if found and all(s in TERMINAL for s in found.values()):
             return found
+        slurm.hurry(job)
         if time.monotonic() > deadline:
             logs = "\n".join(f"--- {p.name} ---\n{p.read_text()}" for p in tmp_path.glob("*.out"))
             slurm.run("scancel", job, check=False)
@@ -163,25 +164,35 @@ def test_hpckit_resume_sbatch_submits_a_job_that_continues(tmp_path, slurm, stea
     assert [a["status"] for a in manifest(tmp_path / "r")["attempts"]] == ["stopped", "finished"]
 
 
-def test_a_tune_sweep_over_a_job_array_gives_each_task_its_share_of_the_trials(tmp_path, slurm):
+def test_a_tune_sweep_over_a_job_array_shares_the_trials_survives_a_requeue_and_resumes(
+        tmp_path, slurm):
     """tune-array.sbatch: 2 tasks of 2 ranks share 3 one-rank trials (task 0: trials 0 and 2,
-    task 1: trial 1), each task packing its trials onto its ranks; resubmitted with `hpckit
-    sweep`, nothing reruns."""
+    packed on its ranks; task 1: trial 1). The stop signal reaches every task while its
+    trials run: each trial commits, the tasks requeue, and the requeued tasks finish every
+    trial with no step done twice. Resubmitted with `hpckit sweep`, nothing reruns."""
     sweep_script = str(Path(__file__).parent / "ranks" / "sweep.py")
     job = submit(slurm, tmp_path, "tune-array.sbatch", "--array=0-1", "--ntasks=2",
                  "--cpus-per-task=1", "--time=5", args=f"--storage {tmp_path}",
-                 SCRIPT=sweep_script)
+                 SCRIPT=sweep_script, STEP_SECONDS="1.5")
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("grid/trial_*/metrics.jsonl")):
+        assert time.monotonic() < deadline, output_of(tmp_path)
+        time.sleep(0.2)
+    slurm.run("scancel", "--signal=USR2", job)
     assert set(wait(slurm, tmp_path, job, 240).values()) == {"COMPLETED"}, output_of(tmp_path)
     trials = json.loads((tmp_path / "grid" / "sweep.json").read_text())["trials"]
     assert len(trials) == 3, trials
+    statuses = []
     for trial in trials:
-        attempts = manifest(tmp_path / "grid" / trial["dirname"])["attempts"]
-        assert [a["status"] for a in attempts] == ["finished"], (trial, output_of(tmp_path))
-        task = attempts[0]["slurm"]["array_task_id"]
-        assert int(task) == trial["index"] % 2, (trial, attempts[0]["slurm"])
-    listed = subprocess.run([HPCKIT, "ls", str(tmp_path / "grid")], capture_output=True,
-                            text=True, timeout=60)
-    assert listed.stdout.splitlines()[-1] == "3 trial(s): 3 finished", listed.stdout
+        experiment = tmp_path / "grid" / trial["dirname"]
+        attempts = manifest(experiment)["attempts"]
+        statuses.append([a["status"] for a in attempts])
+        assert {int(a["slurm"]["array_task_id"]) for a in attempts} == {trial["index"] % 2}
+        assert [m["step"] for m in metrics_lines(experiment)] == [0, 1, 2], output_of(tmp_path)
+    # Every trial was mid-run; task 0's two trials both asked Slurm to requeue it.
+    assert statuses == [["requeued", "finished"]] * 3, (statuses, output_of(tmp_path))
+    listed = run([HPCKIT, "ls", str(tmp_path / "grid")], timeout=60)
+    assert listed.output.splitlines()[-1] == "3 trial(s): 3 finished", listed.output
     submitted = run([HPCKIT, "sweep", "--array", "2", "--ntasks", "2", "--time", "5",
                      "--slurm", "cpus-per-task=1", sweep_script, "--storage", str(tmp_path)],
                     timeout=30, env=slurm.env, cwd=tmp_path)
@@ -190,4 +201,4 @@ def test_a_tune_sweep_over_a_job_array_gives_each_task_its_share_of_the_trials(t
     assert set(wait(slurm, tmp_path, again, 240).values()) == {"COMPLETED"}, output_of(tmp_path)
     assert "3 trial(s), 0 to run (array task 1 of 2)" in output_of(tmp_path), output_of(tmp_path)
     for trial in trials:
-        assert len(manifest(tmp_path / "grid" / trial["dirname"])["attempts"]) == 1
+        assert len(manifest(tmp_path / "grid" / trial["dirname"])["attempts"]) == 2

@@ -126,6 +126,11 @@ def ignored(signum: signal.Signals) -> Iterator[None]:
         signal.signal(signum, before)
 
 
+# Slurm's answer (ESLURM_JOB_PENDING) to a requeue of a job that is running this process:
+# it is pending again, so it was requeued already.
+PENDING = "Job is pending execution"
+
+
 def requeue(settings: Settings) -> bool:
     """Ask Slurm to requeue this job; the requeued job resumes from the manifest. Slurm ends
     the job's steps with SIGTERM as it requeues, ``scontrol`` among them: it ignores SIGTERM,
@@ -137,6 +142,10 @@ def requeue(settings: Settings) -> bool:
     with ignored(signal.SIGTERM):
         out = subprocess.run([scontrol, "requeue", job], capture_output=True, text=True,
                              timeout=60)
+    if out.returncode != 0 and PENDING in out.stderr:  # several packed trials all ask
+        log.info("Slurm job %s was requeued already (by another trial of this sweep, or by "
+                 "Slurm); it resumes from the last committed checkpoint", job)
+        return True
     if out.returncode != 0:
         log.error("scontrol requeue %s failed (%s); the job was submitted without --requeue? "
                   "Resume it by hand: hpckit resume EXPERIMENT", job, out.stderr.strip())

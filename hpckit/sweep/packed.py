@@ -8,6 +8,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hpckit.logs import log
+from hpckit.run.exit import requeued_now
+from hpckit.run.stop import EXIT_STOPPED
 from hpckit.run.waiting import from_root, gather_to_root, wait_for_all
 from hpckit.sweep.placement import TrialQueue, split
 from hpckit.sweep.record import Trial
@@ -23,12 +25,18 @@ def run_packed(world: Any, per_trial: int, max_concurrent: int | None, pending: 
                  per_trial, len(pending))
     queue = TrialQueue(world, pending, groups.active)
     ended = []
-    while groups.takes_trials:
-        index = queue.take() if groups.leader else None
-        index = groups.comm.bcast(index, root=0)
-        if index is None:
-            break
-        ended.append(run_one(index, groups.comm))
+    try:
+        while groups.takes_trials:
+            index = queue.take() if groups.leader else None
+            index = groups.comm.bcast(index, root=0)
+            if index is None:
+                break
+            ended.append(run_one(index, groups.comm))
+    except BaseException as exc:
+        queue.abandon()
+        if isinstance(exc, SystemExit) and exc.code == EXIT_STOPPED:
+            requeued_now()
+        raise
     wait_for_all(world)  # the others may run their last trial for a long while yet
     queue.close()
     gathered = from_root(world, gather_to_root(world, ended if groups.leader else []))

@@ -64,6 +64,7 @@ class TrialQueue:
         self._comm = world.Dup()
         self._pending = list(pending)
         self._lock = threading.Lock()
+        self._abandoned = threading.Event()
         self._server: threading.Thread | None = None
         if self._comm.rank == 0:
             self._server = threading.Thread(target=self._serve, args=(leaders,),
@@ -84,6 +85,13 @@ class TrialQueue:
             self._server.join()
         self._comm.Free()
 
+    def abandon(self) -> None:
+        """The sweep ends early here (a stop signal, Ctrl-C, an error): the server thread
+        stops before the process exits, or it would call MPI while MPI finalizes."""
+        self._abandoned.set()
+        if self._server is not None:
+            self._server.join()
+
     def _next(self) -> int | None:
         with self._lock:
             return self._pending.pop(0) if self._pending else None
@@ -94,7 +102,7 @@ class TrialQueue:
 
         remote = leaders - 1  # rank 0 leads a group and takes its trials directly
         status = MPI.Status()
-        while remote > 0:
+        while remote > 0 and not self._abandoned.is_set():
             if not self._comm.Iprobe(source=MPI.ANY_SOURCE, tag=ASK, status=status):
                 time.sleep(POLL_S)
                 continue

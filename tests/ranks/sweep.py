@@ -1,7 +1,7 @@
 """A small sweep: a grid over ``lr`` times a drawn ``shift``, three steps per trial, each
 step a checkpoint. ``--fail-lr X`` makes the trials with that lr fail at their second step;
 $HOLD_LR=X makes them wait there until killed (not a param: a rerun without it is the same
-sweep). ``--samples N`` repeats the grid N times. ``--ranks 2``
+sweep); $STEP_SECONDS makes every step take that long. ``--samples N`` repeats the grid N times. ``--ranks 2``
 runs each trial on two ranks (a DataParallelTrainer); one rank otherwise (a function)."""
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ def train_fn(config: dict) -> None:
         if step == 1 and str(config["lr"]) == os.environ.get("HOLD_LR"):
             print(f"HOLDING pid {os.getpid()}", flush=True)
             time.sleep(600)
+        time.sleep(float(os.environ.get("STEP_SECONDS", "0")))
         with tempfile.TemporaryDirectory() as d:
             checkpoint = None
             if rank == 0:
