@@ -115,6 +115,7 @@ TABLE: dict[str, tuple[str, Callable[[str], Any]]] = {
     "stop_signal": ("HPCKIT_STOP_SIGNAL", parse_signal),
     "fault": ("HPCKIT_FAULT", parse_fault),
     "tensorboard": ("HPCKIT_TENSORBOARD", _switch),
+    "progress": ("HPCKIT_PROGRESS", _switch),
     "run_id": ("HPCKIT_RUN_ID", _text),
     "lock_stale_seconds": ("HPCKIT_LOCK_STALE_SECONDS", _seconds),
     "startup_timeout": ("HPCKIT_STARTUP_TIMEOUT", _seconds),
@@ -167,6 +168,7 @@ class Settings:
     stop_signal: signal.Signals = DEFAULT_STOP_SIGNAL
     fault: FaultPoint | None = None
     tensorboard: bool = True
+    progress: bool | None = None  # a sweep's live table; None: on a terminal only
     run_id: str | None = None
     lock_stale_seconds: float = DEFAULT_LOCK_STALE_SECONDS
     startup_timeout: float = DEFAULT_STARTUP_TIMEOUT

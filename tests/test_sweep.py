@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import select
 import signal
 import subprocess
 import sys
@@ -221,3 +223,44 @@ def test_a_stop_criterion_ends_each_trial_early_as_finished(tmp_path):
     for trial in _trials(tmp_path / "b" / "grid"):
         scores = [m["metrics"]["score"] for m in metrics_lines(tmp_path / "b" / "grid" / trial["dirname"])]
         assert all(s < 0.9 for s in scores[:-1]) and (scores[-1] >= 0.9 or len(scores) == 3)
+
+
+def _read_until(fd: int, process: subprocess.Popen, done, timeout: float) -> str:
+    """What the process wrote to its terminal, until ``done(what was written)``."""
+    seen = ""
+    deadline = time.monotonic() + timeout
+    while not done(seen):
+        assert process.poll() is None and time.monotonic() < deadline, seen
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if ready:
+            seen += os.read(fd, 65536).decode(errors="replace").replace("\r\n", "\n")
+    return seen
+
+
+def test_the_live_table_shows_on_a_terminal_and_plain_lines_otherwise(tmp_path):
+    """On a terminal rank 0 prints Tune's progress table when the trials change: here one
+    finished, one held mid-run and one waiting. Without a terminal, one line per trial."""
+    main, child = pty.openpty()
+    process = subprocess.Popen([sys.executable, str(SWEEP), "--storage", str(tmp_path)],
+                               stdin=child, stdout=child, stderr=child, start_new_session=True,
+                               env={**os.environ, "HOLD_LR": "0.2"})
+    os.close(child)
+    try:
+        lead = "1 finished, 1 running, 1 pending"
+        shown = _read_until(main, process,  # the table's first line, its header and 3 rows
+                            lambda seen: lead in seen and seen.split(lead)[-1].count("\n") >= 5, 60)
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        os.close(main)
+    table = shown[shown.rindex("== Sweep grid: 3 trial(s)"):].splitlines()
+    assert table[1].split() == ["TRIAL", "STATUS", "lr", "shift", "REPORTS", "score", "best",
+                                "score"], shown
+    rows = {line.split()[0]: line.split() for line in table[2:5]}
+    finished = rows[next(name for name in rows if name.startswith("trial_00000"))]
+    assert finished[1:2] + finished[4:5] == ["finished", "3"], table
+    assert rows[next(name for name in rows if name.startswith("trial_00001"))][1] == "running"
+    assert "| best score=" in table[0], table
+    done = _sweep(tmp_path)  # a pipe, not a terminal: no table, a line as each trial ends
+    assert "== Sweep" not in done.output, done.output
+    assert done.output.count(" finished: {") == 2, done.output  # trial 0 had finished before

@@ -29,6 +29,7 @@ from hpckit.storage.location import Location, resolve
 from hpckit.sweep import placement, space
 from hpckit.sweep.config import TuneConfig
 from hpckit.sweep.packed import run_packed
+from hpckit.sweep.progress import Progress
 from hpckit.sweep.record import (
     ERROR,
     RUNNING,
@@ -108,23 +109,31 @@ class Tuner:
                  len(todo), f" (array task {share[0]} of {share[1]})" if share else "")
         # Array tasks share the sweep: once planned, its trials' own manifests say how each went.
         writer = record if share is None else None
-        if comm is None:
-            for index in todo:
-                manifest = self._one_by_one(manifest.trials[index], params[index], manifest,
-                                            writer, location)
-        else:
-            ended = run_packed(comm, ranks_per_trial(self.trainable),
-                               self.tune_config.max_concurrent_trials, todo,
-                               lambda i, group: self._attempt(manifest.trials[i], params[i],
-                                                              location, group))
-            for trial in ended:
-                manifest = manifest.with_trial(trial)
-            if comm.rank == 0 and writer is not None:
-                writer.save(manifest)
+        shown = current.progress if comm is None or comm.rank == 0 else False
+        with Progress(location, manifest, shown):
+            manifest = self._run(comm, manifest, params, todo, writer, location)
         if share is not None:  # the other tasks' trials, as far as they have got
             manifest = _on_root(comm, lambda: _settled(manifest, location))
         self._results = self._grid(manifest, params, location)
         return self._results
+
+    def _run(self, comm: Any, manifest: SweepManifest, params: dict[int, dict[str, Any]],
+             todo: list[int], writer: SweepRecord | None, location: Location) -> SweepManifest:
+        """The trials ``todo``: one after another here, or packed onto ``comm``'s ranks."""
+        if comm is None:
+            for index in todo:
+                manifest = self._one_by_one(manifest.trials[index], params[index], manifest,
+                                            writer, location)
+            return manifest
+        ended = run_packed(comm, ranks_per_trial(self.trainable),
+                           self.tune_config.max_concurrent_trials, todo,
+                           lambda i, group: self._attempt(manifest.trials[i], params[i],
+                                                          location, group))
+        for trial in ended:
+            manifest = manifest.with_trial(trial)
+        if comm.rank == 0 and writer is not None:
+            writer.save(manifest)
+        return manifest
 
     def get_results(self) -> ResultGrid:
         if self._results is None:
@@ -232,6 +241,7 @@ class Tuner:
             log.error("trial %s failed: %s", trial.dirname, exc)
             first = str(exc).splitlines()[0] if str(exc) else ""  # the trial's manifest has all
             return replace(trial, status=ERROR, error=f"{type(exc).__name__}: {first}")
+        log.info("trial %s finished: %s", trial.dirname, result.metrics)
         return replace(trial, status=TERMINATED, error=None, last=jsonable(result.metrics or {}))
 
     def _grid(self, manifest: SweepManifest, params: dict[int, dict[str, Any]],

@@ -1,0 +1,119 @@
+"""The live progress table of a running sweep, as Ray Tune's: trials running, pending and
+done, each trial's params, reports and metric, and the best so far. Shown by the sweep's
+rank 0 at most every ``EVERY`` seconds, when something changed, and only on a terminal:
+in a batch job's output file the log's lines about each trial's start and end say the
+same, once. Ranks that mpiexec started write to a pipe, not a terminal: ``HPCKIT_PROGRESS=1``
+shows the table there too (``0`` never shows it)."""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+import time
+from typing import IO, Any
+
+from hpckit.logs import log
+from hpckit.storage.location import Location
+from hpckit.sweep.record import SweepManifest
+from hpckit.sweep.status import TrialState, counts, trial_states, varied
+
+ROWS_SHOWN = 20  # beyond this, the rows of running trials and the best ones
+EVERY = 5.0  # seconds, as Ray Tune's default max_report_frequency
+
+
+class Progress:
+    """A thread that reads the trials' own runs and prints the table when it changed."""
+
+    def __init__(self, location: Location, sweep: SweepManifest, shown: bool | None,
+                 every: float = EVERY, out: IO[str] | None = None) -> None:
+        self.location = location
+        self.sweep = sweep
+        self.every = every
+        self.out = out or sys.stdout
+        self.shown = _is_terminal(self.out) if shown is None else shown
+        self.started = time.monotonic()
+        self._shown = ""
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> Progress:
+        if self.shown:
+            self._thread = threading.Thread(target=self._run, name="hpckit-progress", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self._thread is None:
+            return
+        self._done.set()
+        self._thread.join()
+        self.show()  # how the sweep ended
+
+    def _run(self) -> None:
+        while not self._done.wait(self.every):
+            try:
+                self.show()
+            except Exception as exc:  # a storage hiccup must not end the sweep
+                log.debug("progress table: %s", exc)
+
+    def show(self) -> None:
+        states = trial_states(self.location, self.sweep)
+        text = render(self.sweep, states)
+        if text != self._shown:
+            self._shown = text
+            elapsed = time.monotonic() - self.started
+            self.out.write(f"\n{text.replace('{elapsed}', f'{elapsed:.0f} s')}\n")
+            self.out.flush()
+
+
+def render(sweep: SweepManifest, states: list[TrialState]) -> str:
+    """The table; ``{elapsed}`` in its first line is left for the time of printing."""
+    summary = ", ".join(f"{n} {s}" for s, n in counts(states).items())
+    best = _best(sweep, states)
+    lead = f"== Sweep {sweep.name}: {len(states)} trial(s): {summary} | {{elapsed}}"
+    if best is not None:
+        lead += f" | best {sweep.metric}={_number(best.best)} ({best.trial})"
+    params = varied(states)
+    metric = sweep.metric or "-"
+    header = ["TRIAL", "STATUS", *params, "REPORTS", metric, f"best {metric}"]
+    rows = [[s.trial, s.status, *(_number(s.config.get(k)) for k in params), str(s.reports),
+             _number(s.last), _number(s.best)] for s in _shown_states(sweep, states)]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
+             for r in [header, *rows]]
+    hidden = len(states) - len(rows)
+    return "\n".join([lead, *lines, *([f"... and {hidden} more trial(s)"] if hidden else [])])
+
+
+def _best(sweep: SweepManifest, states: list[TrialState]) -> TrialState | None:
+    scored = [s for s in states if s.best is not None and math.isfinite(s.best)]
+    if not scored:
+        return None
+    pick = max if sweep.mode == "max" else min
+    return pick(scored, key=lambda s: s.best or 0.0)
+
+
+def _shown_states(sweep: SweepManifest, states: list[TrialState]) -> list[TrialState]:
+    """All trials, or in a large sweep the running ones and then the best by the metric."""
+    if len(states) <= ROWS_SHOWN:
+        return states
+    running = [s for s in states if s.status == "running"]
+    scored = sorted((s for s in states if s.status != "running" and s.best is not None),
+                    key=lambda s: s.best or 0.0, reverse=sweep.mode == "max")
+    return (running + scored)[:ROWS_SHOWN]
+
+
+def _number(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _is_terminal(out: IO[str]) -> bool:
+    try:
+        return out.isatty()
+    except (AttributeError, ValueError):
+        return False
