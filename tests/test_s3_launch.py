@@ -11,8 +11,10 @@ import time
 
 import pytest
 
-from conftest import HPCKIT, JOB, STEADY, final_params, run
+from conftest import HERE, HPCKIT, JOB, MPIEXEC, STEADY, final_params, run
 from s3_server import SECRET_KEY
+
+SWEEP = HERE / "ranks" / "sweep.py"
 
 
 def _manifest(s3, name: str) -> dict:
@@ -80,3 +82,23 @@ def test_a_missing_bucket_is_named(s3):
     with pytest.raises(StorageError, match="bucket 'no-such-bucket' does not exist; create it first"):
         TorchTrainer(_never_train, run_config=RunConfig(name="e", storage_path=uri)).fit()
     assert s3.filesystem().get_file_info("no-such-bucket").type.name == "NotFound"
+
+
+def test_a_sweep_on_s3_keeps_its_manifest_and_every_trial_there_and_resumes(s3):
+    """tests/ranks/sweep.py packed on 2 ranks with storage on S3: sweep.json and each trial's
+    experiment are objects there, one trial failed beside two finished, `hpckit ls` reads
+    it from S3, and a rerun finds nothing to run (failed trials rerun only when asked)."""
+    sweep = [MPIEXEC, "-n", "2", sys.executable, str(SWEEP), "--storage", s3.uri("sweeps"),
+             "--fail-lr", "0.2"]
+    out = run(sweep, timeout=180)
+    recorded = json.loads(s3.read_text("sweeps/grid/sweep.json"))
+    assert [t["status"] for t in recorded["trials"]] == ["TERMINATED", "ERROR", "TERMINATED"]
+    for trial in recorded["trials"]:
+        attempts = _manifest(s3, f"sweeps/grid/{trial['dirname']}")["attempts"]
+        assert [a["status"] for a in attempts] == (
+            ["failed"] if trial["status"] == "ERROR" else ["finished"]), (trial, out.output)
+    assert SECRET_KEY not in out.output and SECRET_KEY not in json.dumps(recorded)
+    listed = run([HPCKIT, "ls", s3.uri("sweeps/grid")], timeout=60)
+    assert listed.output.splitlines()[-1] == "3 trial(s): 2 finished, 1 failed", listed.output
+    again = run(sweep, timeout=180)
+    assert "3 trial(s), 0 to run" in again.output, again.output
