@@ -41,6 +41,7 @@ def write_dataset(path: str, n_train: int = 6000, n_test: int = 1000, seed: int 
         images += rng.normal(0, 0.35, images.shape).astype(np.float32)
         return (np.clip(images, 0, 1.5) * 170).astype(np.uint8), labels.astype(np.int64)
 
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     partial = f"{path}.{os.getpid()}.tmp"  # ranks started by mpiexec may all write it at once
     with h5py.File(partial, "w") as f:
         for name, n in (("train", n_train), ("test", n_test)):

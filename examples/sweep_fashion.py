@@ -1,9 +1,10 @@
 """A sweep over learning rate x batch size (hpckit.tune, Ray Tune's API): every trial is
 fashion_hdf5.py's CNN trained with DDP on 2 ranks, checkpointed each epoch, its 2 most
-accurate checkpoints kept. Launched on 4 ranks, 2 trials run at a time; stopped midway
-(Ctrl-C, a killed job, a time limit) and run again, the sweep resumes:
+accurate checkpoints kept. Two trials run at a time, on 4 ranks that hpckit starts (or
+that mpiexec or srun start); stopped midway (Ctrl-C, a killed job, a time limit) and run
+again, the sweep resumes:
 
-    mpiexec -n 4 python examples/sweep_fashion.py
+    python examples/sweep_fashion.py            # or: mpiexec -n 4 python examples/sweep_fashion.py
     hpckit ls ~/hpckit_results/sweep-fashion
     hpckit plot ~/hpckit_results/sweep-fashion --metric accuracy -o sweep.png
 """

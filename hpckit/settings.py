@@ -105,6 +105,7 @@ TABLE: dict[str, tuple[str, Callable[[str], Any]]] = {
     "mpiexec": ("HPCKIT_MPIEXEC", _text),
     "master_addr": ("HPCKIT_MASTER_ADDR", _text),
     "worker": ("HPCKIT_WORKER", _text),
+    "sweep_payload": ("HPCKIT_SWEEP_PAYLOAD", _text),
     "pid_dir": ("HPCKIT_PID_DIR", _text),
     "attempt": ("HPCKIT_ATTEMPT", _count),
     "started_at": ("HPCKIT_STARTED_AT", _seconds),
@@ -158,6 +159,7 @@ class Settings:
     mpiexec: str | None = None
     master_addr: str | None = None
     worker: str | None = None
+    sweep_payload: str | None = None  # a sweep's ranks that python sweep.py started
     pid_dir: str | None = None
     attempt: int = 0
     started_at: float | None = None  # when the user's command started (set for hpckit's ranks)

@@ -266,3 +266,54 @@ def test_the_live_table_shows_on_a_terminal_and_plain_lines_otherwise(tmp_path):
     done = _sweep(tmp_path)  # a pipe, not a terminal: no table, a line as each trial ends
     assert "== Sweep" not in done.output, done.output
     assert done.output.count(" finished: {") == 2, done.output  # trial 0 had finished before
+
+
+def test_under_python_max_concurrent_trials_starts_ranks_that_take_the_trials(tmp_path):
+    """`python sweep.py` with max_concurrent_trials=3: hpckit starts 3 ranks, each a group
+    that takes trials from the queue; a failing trial is recorded beside the others, and a
+    rerun has nothing to run."""
+    done = run([sys.executable, str(SWEEP), "--storage", str(tmp_path), "--concurrent", "3",
+                "--fail-lr", "0.2"], timeout=180, env={"STEP_SECONDS": "0.5"})
+    assert "starting 3 rank(s) for the sweep's trials" in done.output, done.output
+    grid = _grid(done.output)
+    assert (grid["terminated"], grid["errors"]) == (2, 1), done.output
+    assert sorted(m["leader"] for m in grid["metrics"] if m) != [0, 0], done.output  # in parallel
+    assert done.output.count("GRID ") == 1, done.output  # the ranks returned to no script
+    again = _sweep(tmp_path, "--concurrent", "3", "--fail-lr", "0.2")
+    assert "3 trial(s), 0 to run" in again.output and "starting" not in again.output
+
+
+def test_ctrl_c_stops_every_trial_that_python_started_and_the_rerun_resumes_them(tmp_path):
+    """Ctrl-C to `python sweep.py` with 3 ranks of its own, while every trial runs: each
+    trial records `interrupted` with what it committed, nothing prints a traceback or MPI's
+    banner, and the rerun resumes each trial without redoing a committed step."""
+    command = [sys.executable, str(SWEEP), "--storage", str(tmp_path), "--concurrent", "3"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, start_new_session=True,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1", "STEP_SECONDS": "1"})
+    sweep = tmp_path / "grid"
+    deadline = time.monotonic() + 120
+    while sum((sweep / t["dirname"] / "metrics.jsonl").exists() for t in _trials(sweep)) < 3:
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0]
+        time.sleep(0.1)
+    os.killpg(process.pid, signal.SIGINT)
+    try:
+        output = process.communicate(timeout=60)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        pytest.fail(f"still running 60 s after Ctrl-C:\n{process.communicate()[0]}")
+    assert process.returncode in (130, -signal.SIGINT), output
+    assert "Traceback" not in output and "BAD TERMINATION" not in output, output
+    assert "sweep interrupted" in output, output
+    before = {}
+    for trial in _trials(sweep):
+        experiment = sweep / trial["dirname"]
+        assert [a["status"] for a in manifest(experiment)["attempts"]] == ["interrupted"], output
+        before[trial["dirname"]] = metrics_lines(experiment)
+    again = _sweep(tmp_path, "--concurrent", "3")
+    assert _grid(again.output)["terminated"] == 3, again.output
+    for trial in _trials(sweep):
+        experiment = sweep / trial["dirname"]
+        assert [m["step"] for m in metrics_lines(experiment)] == [0, 1, 2], trial
+        kept = before[trial["dirname"]]
+        assert metrics_lines(experiment)[:len(kept)] == kept

@@ -5,6 +5,8 @@ run) and stops that import at the script's own ``fit()`` call."""
 from __future__ import annotations
 
 import builtins
+import json
+import os
 import sys
 import types
 
@@ -31,3 +33,14 @@ def import_main(path: str) -> None:
         pass
     finally:
         importing_main = False
+
+
+def enter(payload: str) -> None:
+    """In a rank that hpckit started: the launching process's path, arguments and directory,
+    then its script imported (``main.json`` in ``payload``)."""
+    with open(os.path.join(payload, "main.json")) as f:
+        spec = json.load(f)
+    sys.path[:] = spec["sys_path"]
+    sys.argv[:] = spec["argv"]
+    os.chdir(spec["cwd"])
+    import_main(spec["main"])

@@ -105,21 +105,27 @@ def _interrupted(experiment: Location, exc: KeyboardInterrupt) -> NoReturn:
 
 
 def _write_payload(payload: str, job: TrainingJob) -> None:
+    write_payload(payload, job, "job.pkl", "the trainer", f"define "
+                  f"{job.train_loop.__qualname__} at module level (not a lambda or a nested "
+                  "function) and keep train_loop_config picklable")
+
+
+def write_payload(payload: str, what: Any, name: str, subject: str, fix: str) -> None:
+    """What ranks that re-run the user's script need: ``what`` (``subject`` to a person)
+    pickled as ``name``, and how to import the script (``main.json``). ``fix`` says what to
+    change when it cannot be pickled."""
     main = sys.modules["__main__"]
     path = getattr(main, "__file__", None)
     if not path:
         raise LaunchError(
-            "ScalingConfig(num_workers > 1) from an interactive session: hpckit starts the ranks "
-            "by re-running a script file. Put the code in a .py file, or launch with "
+            f"{subject} needs more ranks, which hpckit starts by re-running a script file, "
+            "and this is an interactive session: put the code in a .py file, or launch with "
             "mpiexec -n N python script.py.")
     try:
-        data = pickle.dumps(job)
+        data = pickle.dumps(what)
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
-        raise LaunchError(
-            f"the trainer cannot be sent to the ranks ({exc}); define "
-            f"{job.train_loop.__qualname__} at module level (not a lambda or a "
-            "nested function) and keep train_loop_config picklable.") from None
-    with open(os.path.join(payload, "job.pkl"), "wb") as f:
+        raise LaunchError(f"{subject} cannot be sent to the ranks ({exc}); {fix}.") from None
+    with open(os.path.join(payload, name), "wb") as f:
         f.write(data)
     spec = {"main": os.path.abspath(path), "argv": sys.argv, "sys_path": sys.path,
             "cwd": os.getcwd()}

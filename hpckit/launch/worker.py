@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
-import sys
 
 from hpckit import settings
-from hpckit.launch.mainimport import import_main
+from hpckit.launch.mainimport import enter
 from hpckit.launch.spawn import RETURNED
 from hpckit.run.comm import world
 from hpckit.run.ranks import run_ranks
@@ -17,12 +15,7 @@ from hpckit.run.ranks import run_ranks
 def main() -> None:
     current = settings.refresh()
     assert current.worker, "hpckit.launch.worker is started by a trainer's fit(), not by hand"
-    with open(os.path.join(current.worker, "main.json")) as f:
-        spec = json.load(f)
-    sys.path[:] = spec["sys_path"]
-    sys.argv[:] = spec["argv"]
-    os.chdir(spec["cwd"])
-    import_main(spec["main"])
+    enter(current.worker)
     with open(os.path.join(current.worker, "job.pkl"), "rb") as f:
         job = pickle.load(f)
     result = run_ranks(job, current)

@@ -120,17 +120,18 @@ def prepare_interrupts(comm: Any) -> None:
     _interrupts = comm.Dup()
 
 
-def interrupted(exc: KeyboardInterrupt) -> NoReturn:
+def interrupted(exc: KeyboardInterrupt, meeting: Any = None) -> NoReturn:
     """End this rank after Ctrl-C, promptly: the attempt was recorded interrupted (rank 0)
     and the one line said how to resume. One rank alone re-raises the interrupt, so a
     program's ``except KeyboardInterrupt`` still sees it. Several ranks wait a moment for
     one another (rank 0 may still be recording), then each exits with status 130 at once,
     since a rank stopped inside a collective would wait forever for the others. When all
     met, each tells hydra first (:mod:`hpckit.run.pmi`); else hydra ends those that did not
-    come as the first rank exits."""
+    come as the first rank exits. ``meeting``: the ranks to meet (default: the run's; a sweep
+    gives its whole world)."""
     stop.exit_on_next_interrupt()
     uncaught.shown_elsewhere(exc)
-    comm = _interrupts
+    comm = meeting if meeting is not None else _interrupts
     if comm is None or comm.size == 1:
         stop.interrupt_handled()
         raise exc

@@ -7,8 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from hpckit import logs
+from hpckit import settings as _settings
 from hpckit.logs import log
-from hpckit.run.exit import requeued_now
+from hpckit.run.exit import interrupted, register_pid, requeued_now
 from hpckit.run.stop import EXIT_STOPPED
 from hpckit.run.waiting import from_root, gather_to_root, wait_for_all
 from hpckit.sweep.placement import TrialQueue, split
@@ -20,6 +22,9 @@ def run_packed(world: Any, per_trial: int, max_concurrent: int | None, pending: 
     """Run the trials ``pending`` names; every rank gets every trial that ended (as
     ``run_one`` on a group's ranks returned it)."""
     groups = split(world, per_trial, max_concurrent)
+    logs.configure(groups.comm.rank)  # each group's rank 0 logs its own trials' lines
+    register_pid(_settings.current())  # idle ranks too get the Ctrl-C that python passes on
+    meeting = world.Dup()  # where all ranks meet after Ctrl-C, whichever trial they were in
     if world.rank == 0:
         log.info("%d group(s) of %d rank(s) take the %d trial(s) to run", groups.active,
                  per_trial, len(pending))
@@ -32,13 +37,16 @@ def run_packed(world: Any, per_trial: int, max_concurrent: int | None, pending: 
             if index is None:
                 break
             ended.append(run_one(index, groups.comm))
+        wait_for_all(world)  # the others may run their last trial for a long while yet
     except BaseException as exc:
         queue.abandon()
         if isinstance(exc, SystemExit) and exc.code == EXIT_STOPPED:
             requeued_now()
+        if isinstance(exc, KeyboardInterrupt):
+            interrupted(exc, meeting)
         raise
-    wait_for_all(world)  # the others may run their last trial for a long while yet
     queue.close()
     gathered = from_root(world, gather_to_root(world, ended if groups.leader else []))
     groups.comm.Free()
+    meeting.Free()
     return sorted((trial for part in gathered for trial in part), key=lambda t: t.index)

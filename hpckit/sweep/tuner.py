@@ -21,6 +21,7 @@ from hpckit import logs
 from hpckit import settings as _settings
 from hpckit.config import RunConfig
 from hpckit.errors import ConfigError, ManifestError, TrainingFailedError
+from hpckit.launch import mainimport
 from hpckit.logs import log
 from hpckit.result import Result
 from hpckit.run.comm import world
@@ -40,6 +41,7 @@ from hpckit.sweep.record import (
     dirname,
 )
 from hpckit.sweep.results import ResultGrid
+from hpckit.sweep.spawned import run_spawned
 from hpckit.sweep.trials import (
     Trainable,
     check_trainable,
@@ -94,6 +96,8 @@ class Tuner:
 
     def fit(self) -> ResultGrid:
         """Run every trial not yet finished; the grid of all of them."""
+        if mainimport.importing_main:  # a rank re-running the script stops here
+            raise mainimport.MainImported()
         current = _settings.refresh()
         location = self._location(current)
         record = SweepRecord(location)
@@ -119,7 +123,12 @@ class Tuner:
 
     def _run(self, comm: Any, manifest: SweepManifest, params: dict[int, dict[str, Any]],
              todo: list[int], writer: SweepRecord | None, location: Location) -> SweepManifest:
-        """The trials ``todo``: one after another here, or packed onto ``comm``'s ranks."""
+        """The trials ``todo``: packed onto ``comm``'s ranks, or onto ranks started here
+        (``max_concurrent_trials`` groups), or one after another here."""
+        groups = min(self.tune_config.max_concurrent_trials or 1, len(todo))
+        if comm is None and groups > 1:
+            run_spawned(self, groups * ranks_per_trial(self.trainable), _settings.current())
+            return _settled(SweepRecord(location).load() or manifest, location)
         if comm is None:
             for index in todo:
                 manifest = self._one_by_one(manifest.trials[index], params[index], manifest,

@@ -47,6 +47,7 @@ def main() -> None:
     p.add_argument("--fail-lr", type=float, default=-1.0)
     p.add_argument("--samples", type=int, default=1)
     p.add_argument("--max-failures", type=int, default=0)
+    p.add_argument("--concurrent", type=int, default=None, help="max_concurrent_trials")
     p.add_argument("--stop", type=json.loads, default=None, help="RunConfig(stop=...), as JSON")
     args = p.parse_args()
     space = {"lr": tune.grid_search([0.1, 0.2, 0.3]), "shift": tune.uniform(0, 1),
@@ -55,7 +56,8 @@ def main() -> None:
         train_fn, scaling_config=hpckit.ScalingConfig(num_workers=args.ranks))
     grid = tune.Tuner(trainable, param_space=space,
                       tune_config=tune.TuneConfig(metric="score", mode="max", seed=7,
-                                                  num_samples=args.samples),
+                                                  num_samples=args.samples,
+                                                  max_concurrent_trials=args.concurrent),
                       run_config=hpckit.RunConfig(
                           name="grid", storage_path=args.storage,
                           checkpoint_config=hpckit.CheckpointConfig(num_to_keep=2),
