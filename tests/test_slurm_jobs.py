@@ -102,8 +102,10 @@ def test_requeued_job_resumes_and_ends_as_an_uninterrupted_run(tmp_path, slurm, 
 
 def test_time_limit_warning_checkpoints_requeues_and_finishes(tmp_path, slurm, steady_reference,
                                                               cpu_burner):
+    # Slurm checks time limits every 30 s and sends the warning up to that much early: @30 of
+    # a 1-minute job was sometimes sent as the ranks started, before Python could catch it.
     job = submit(slurm, tmp_path, "requeue.sbatch", "--ntasks=2", "--cpus-per-task=1", "--time=1",
-                 "--signal=USR2@30",
+                 "--signal=USR2@20",
                  args=f"--storage {tmp_path} --name tl --epoch-seconds 4 --preemption-info")
     assert wait(slurm, tmp_path, job, 400) == {job: "COMPLETED"}, output_of(tmp_path)
     told = [json.loads(t) for t in re.findall(r"PREEMPTION (\{.*?\}) rank \d END",
