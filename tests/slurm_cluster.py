@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "srun", "sbatch")
+HOLD_S = 3.0  # how long a requeued job stays held before hurry() starts it
 
 
 def missing() -> list[str]:
@@ -34,6 +35,7 @@ class Slurm:
     root: Path
     env: dict[str, str]
     processes: list[subprocess.Popen] = field(default_factory=list)
+    held_since: dict[str, float] = field(default_factory=dict)
 
     def run(self, *command: str, timeout: float = 60, check: bool = True,
             env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -41,14 +43,20 @@ class Slurm:
                               text=True, timeout=timeout, check=check)
 
     def hurry(self, job: str) -> None:
-        """Start a requeued job now: Slurm holds a requeued job back (Reason=BeginTime) for
-        about half a minute, which is its scheduling policy, not hpckit's behaviour."""
+        """Start a requeued job soon: Slurm holds a requeued job back (Reason=BeginTime) for
+        about half a minute, which is its scheduling policy, not hpckit's behaviour. Not at
+        once: slurmd refuses a job started in the same second its last run was killed
+        ('Job credential revoked') and Slurm then ends it FAILED."""
         out = self.run("scontrol", "show", "job", "-o", job, check=False)
         for line in out.stdout.splitlines():
             fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
-            if fields.get("JobState") == "PENDING" and fields.get("Reason") == "BeginTime":
+            if fields.get("JobState") != "PENDING" or fields.get("Reason") != "BeginTime":
+                continue
+            since = self.held_since.setdefault(fields["JobId"], time.monotonic())
+            if time.monotonic() - since >= HOLD_S:
                 self.run("scontrol", "update", f"JobId={fields['JobId']}", "StartTime=now",
                          check=False)
+                del self.held_since[fields["JobId"]]
 
     def logs(self) -> str:
         parts = []
