@@ -10,6 +10,7 @@ from typing import Any
 
 from hpckit.errors import ManifestError
 from hpckit.experiment.nested import flatten
+from hpckit.settings import Settings
 
 
 class AttemptStatus(StrEnum):
@@ -101,3 +102,13 @@ def effective_configs(attempts: tuple[Attempt, ...]) -> list[dict[str, Any] | No
 def _short(value: Any) -> str:
     text = json.dumps(value) if not isinstance(value, str) else value
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def previous_failure(settings: Settings) -> tuple[AttemptStatus, str, frozenset[int]] | None:
+    """How the attempt before this one ended, where its launcher (``hpckit run``) restarted
+    its ranks after seeing them fail or hang, with their PIDs."""
+    if not settings.previous_failure:
+        return None
+    pids = frozenset(int(p) for p in (settings.previous_pids or "").split(",") if p.isdigit())
+    status = AttemptStatus.HUNG if settings.previous_hung else AttemptStatus.FAILED
+    return status, settings.previous_failure, pids

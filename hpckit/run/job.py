@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import pickle
 import sys
 import time
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from typing import Any
 
 from hpckit.checkpoint import Checkpoint
 from hpckit.config import RunConfig, ScalingConfig
+from hpckit.logs import log
 from hpckit.run.comm import Topology
 from hpckit.settings import Settings
 from hpckit.storage.location import Location, resolve
@@ -129,3 +131,14 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, float):
         return value if value == value and abs(value) != float("inf") else None
     return repr(value)
+
+
+def sendable(value: Any) -> Any:
+    """Rank 0's return value if it can be sent to the other ranks (pickled), else None."""
+    try:
+        pickle.dumps(value)
+    except Exception as exc:
+        log.warning("the training function's return value cannot be pickled (%s); "
+                    "Result.return_value is None", exc)
+        return None
+    return value

@@ -1,0 +1,55 @@
+"""What a crashed run leaves in an experiment directory that no manifest names: numbered or
+custom-named checkpoint directories before their commit, staged files, manifest temp files."""
+
+from __future__ import annotations
+
+import pyarrow.fs
+
+from hpckit.errors import StorageError
+from hpckit.experiment.manifest import (
+    MANIFEST_NAME,
+    PENDING_MARKER,
+    RESERVED_NAMES,
+    STAGING_NAME,
+    Manifest,
+    is_checkpoint_dirname,
+)
+from hpckit.logs import log
+from hpckit.storage import files
+from hpckit.storage.location import Location
+
+_FT = pyarrow.fs.FileType
+
+
+def leftovers(location: Location, manifest: Manifest) -> list[str]:
+    """Directories no manifest names that a run made: numbered or staging ones, and those a
+    custom-named checkpoint left before its commit (they hold the pending marker)."""
+    named = {r.directory for r in manifest.checkpoints}
+    found = [i.base_name for i in files.list_dir(location)
+             if i.type == _FT.Directory and i.base_name not in named]
+    return [name for name in found if is_checkpoint_dirname(name) or name == STAGING_NAME
+            or (name not in RESERVED_NAMES
+                and files.file_type(location.join(name, PENDING_MARKER)) == _FT.File)]
+
+
+def size_of(location: Location) -> int:
+    return sum(size for _, size in files.list_files(location))
+
+
+def remove_leftovers(location: Location, manifest: Manifest) -> list[str]:
+    """Delete checkpoint directories, staged files and temp files that no manifest names (a
+    crashed commit's)."""
+    removed = []
+    temp = [i.base_name for i in files.list_dir(location) if i.type == _FT.File
+            and i.base_name.startswith(f".{MANIFEST_NAME}.tmp-")]
+    for name in [*leftovers(location, manifest), *temp]:
+        target = location.join(name)
+        try:
+            files.delete_file(target) if name in temp else files.delete_dir(target)
+            removed.append(name)
+        except StorageError as exc:
+            log.warning("could not remove leftover %s: %s", name, exc)
+    if removed:
+        log.warning("removed leftovers of an interrupted run that no manifest names: %s",
+                    ", ".join(sorted(removed)))
+    return removed
