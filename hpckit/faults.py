@@ -19,6 +19,12 @@ and those of an asynchronous checkpoint (``report(checkpoint_upload_mode=ASYNC)`
 ``background`` a rank's background thread has persisted the first of its files
 ``persisted``  a rank's background thread has persisted all of them; nothing is committed
 
+and those of a checkpoint in node-local caches (``CheckpointConfig(cache_dir)``):
+
+``partnering`` a rank has received part of its partner's files; the checkpoint is not committed
+``draining``   a rank has copied a cached checkpoint's first file to storage_path; the manifest
+               still records it as cached only
+
 Random-time kills need no hook: the tests send SIGKILL from outside. Ground layer.
 """
 

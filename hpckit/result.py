@@ -70,13 +70,16 @@ class Result:
     @classmethod
     def _build(cls, experiment: Location, manifest: Manifest, history: list[dict[str, Any]],
                return_value: Any = None) -> Result:
-        latest = manifest.latest
+        # Checkpoints only in node-local caches (CheckpointConfig(cache_dir)) are not readable
+        # from here; a run's last checkpoint is always on storage_path.
+        latest = max((r for r in manifest.checkpoints if r.on_storage), key=lambda r: r.index,
+                     default=None)
         result = cls(
             metrics=history[-1]["metrics"] if history else None,
             checkpoint=Checkpoint._at(experiment.join(latest.directory)) if latest else None,
             error=_attempt_error(manifest), path=experiment.path,
             best_checkpoints=[(Checkpoint._at(experiment.join(r.directory)), r.metrics)
-                              for r in _worst_to_best(manifest)],
+                              for r in _worst_to_best(manifest) if r.on_storage],
             _storage_filesystem=experiment.filesystem, return_value=return_value)
         result.metrics_history = [entry["metrics"] for entry in history]
         result._location = experiment

@@ -21,6 +21,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from conftest import HERE, MPIEXEC, Run, run
 
 LAUNCHER = HERE / "nodes" / "launch-node"
@@ -79,3 +80,17 @@ class Nodes:
         local = {"HPCKIT_TEST_NODES": str(self.root), "HPCKIT_LOCAL_DIR": str(self.local),
                  "TMPDIR": str(self.local)}
         return run(command, timeout, {**local, **(env or {})}, expect)
+
+
+@pytest.fixture
+def nodes(tmp_path):
+    """The nodes of one test (import this fixture into a test module); their disks are
+    unmounted at its end."""
+    absent = missing()
+    if absent:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must test across nodes, but {absent}")
+        pytest.skip(absent)
+    cluster = Nodes(tmp_path / "nodes")
+    yield cluster
+    cluster.unmount_all()

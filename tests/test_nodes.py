@@ -8,23 +8,11 @@ import os
 import re
 
 import pytest
-from cluster_nodes import Nodes, missing
+from cluster_nodes import nodes  # noqa: F401  (the fixture)
 from conftest import HERE, manifest, mpiexec
 
 SHARDED = HERE / "ranks" / "sharded.py"
 QUICK = {"HPCKIT_TENSORBOARD": "0"}
-
-
-@pytest.fixture
-def nodes(tmp_path):
-    absent = missing()
-    if absent:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must test across nodes, but {absent}")
-        pytest.skip(absent)
-    cluster = Nodes(tmp_path / "nodes")
-    yield cluster
-    cluster.unmount_all()
 
 
 def places(output: str) -> list[dict]:

@@ -83,6 +83,11 @@ def verify(experiment: str, checkpoint: str | None) -> None:
     """
     location, manifest = require(experiment)
     records = [find_record(location, manifest, checkpoint)] if checkpoint else list(manifest.checkpoints)
+    for record in [r for r in records if not r.on_storage]:
+        click.echo(f"skipped {record.directory}: in the node-local caches of "
+                   f"{', '.join(sorted(set(record.hosts)))} only; it is verified when a run "
+                   "restarts from it")
+    records = [r for r in records if r.on_storage]
     problems = [p for record in records for p in _verify.verify(location, record)]
     files = sum(len(r.files) for r in records)
     if problems:

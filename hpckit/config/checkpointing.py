@@ -66,7 +66,22 @@ class CheckpointConfig:
     ``get_context().should_checkpoint()`` (Young/Daly's interval √(2·C·MTBF)). One day by
     default; a job on many nodes fails more often: about a node's MTBF divided by the nodes."""
 
+    cache_dir: str | None = None
+    """A node-local directory (NVMe, ``$TMPDIR``, ``/dev/shm``) where checkpoints are written
+    first; only every ``persist_every``-th goes to ``storage_path`` too. None: every
+    checkpoint goes to ``storage_path`` alone. See docs/multilevel.md."""
+
+    persist_every: int = 1
+    """With ``cache_dir``: every Nth checkpoint also goes to ``storage_path``, and so do the
+    last one of a run and the one taken at a stop signal."""
+
+    redundancy: Literal["partner"] | None = None
+    """With ``cache_dir``: ``"partner"`` copies each node's cached files to the next node over
+    MPI before the checkpoint commits, so that a node whose disk is lost restarts from its
+    partner's copy. None: a cached checkpoint lives on its own node alone."""
+
     def __post_init__(self) -> None:
+        _check_levels(self)
         mtbf = self.mtbf_s
         if isinstance(mtbf, bool) or not isinstance(mtbf, (int, float)) or not mtbf > 0:
             raise ConfigError(f"CheckpointConfig(mtbf_s={mtbf!r}) is invalid: use the job's mean "
@@ -92,3 +107,26 @@ class CheckpointConfig:
             raise ConfigError(
                 f"CheckpointConfig(checkpoint_score_order={self.checkpoint_score_order!r}) is "
                 "invalid: use 'max' (higher is better) or 'min' (lower is better).")
+
+
+def _check_levels(config: CheckpointConfig) -> None:
+    cache, every, redundancy = config.cache_dir, config.persist_every, config.redundancy
+    if cache is not None and (not isinstance(cache, str) or not cache.startswith("/")):
+        raise ConfigError(
+            f"CheckpointConfig(cache_dir={cache!r}) is invalid: use an absolute path on a "
+            "node-local disk, e.g. '/dev/shm/ckpt' or os.environ['TMPDIR'] (storage_path is "
+            "where checkpoints are shared; the cache is each node's own).")
+    if not is_int(every) or every < 1:
+        raise ConfigError(f"CheckpointConfig(persist_every={every!r}) is invalid: use an "
+                          "integer >= 1 (1 sends every checkpoint to storage_path too).")
+    if redundancy == "xor":
+        raise ConfigError("CheckpointConfig(redundancy='xor') is not available: hpckit keeps a "
+                          "full copy on a partner node; use redundancy='partner'.")
+    if redundancy not in (None, "partner"):
+        raise ConfigError(f"CheckpointConfig(redundancy={redundancy!r}) is invalid: use "
+                          "'partner' (a copy on the next node) or None.")
+    if cache is None and (every != 1 or redundancy is not None):
+        raise ConfigError(
+            f"CheckpointConfig(persist_every={every!r}, redundancy={redundancy!r}) needs a "
+            "node-local cache_dir: without one every checkpoint goes to storage_path; set "
+            "cache_dir='/dev/shm/ckpt' (or a local NVMe path), or drop them.")

@@ -21,16 +21,13 @@ from hpckit.errors import ExperimentLockedError, HpckitError, StorageError
 from hpckit.experiment import verify
 from hpckit.experiment.attempts import Attempt, AttemptStatus
 from hpckit.experiment.hangs import hung_unrecorded
+from hpckit.experiment.leftovers import leftovers, remove_leftovers, size_of
 from hpckit.experiment.lock import LOCK_NAME, Lock
 from hpckit.experiment.lock import read as read_lock
 from hpckit.experiment.manifest import (
     MANIFEST_NAME,
-    PENDING_MARKER,
-    RESERVED_NAMES,
-    STAGING_NAME,
     CheckpointRecord,
     Manifest,
-    is_checkpoint_dirname,
 )
 from hpckit.experiment.metrics import MetricsLog
 from hpckit.experiment.mirror import Mirror
@@ -58,6 +55,7 @@ class Opening:
     attempt: Attempt
     # How the attempt before ended (failed or hung), as its launcher saw it, and its ranks' PIDs.
     previous_failure: tuple[AttemptStatus, str, frozenset[int]] | None = None
+    restored: str | None = None  # the cached checkpoint the ranks assembled (run.restore)
 
 
 @dataclass(frozen=True)
@@ -158,6 +156,15 @@ class Experiment:
         if self._metrics is not None:
             self._metrics.append(record.step, record.metrics, record.directory)
 
+    def persisted(self, directory: str) -> None:
+        """The cached checkpoint ``directory`` is now complete on storage_path too."""
+        self._replace(self._manifest.persisted(directory))
+
+    def _replace(self, updated: Manifest) -> None:
+        with interrupts.deferred():
+            _write(self.location, updated)
+            self._manifest = updated
+
     def purge_evicted(self) -> None:
         """After every rank has learned the commit: delete what it evicted, in the background,
         and mirror the experiment if a mirror is configured."""
@@ -195,8 +202,8 @@ class Experiment:
         the manifest is written before anything is deleted."""
         manifest = self._manifest
         evicted = select_evictions(list(manifest.checkpoints), recorded_config(manifest, keep))
-        garbage = Garbage(evicted, {name: _size(self.location.join(name))
-                                    for name in _leftovers(self.location, manifest)})
+        garbage = Garbage(evicted, {name: size_of(self.location.join(name))
+                                    for name in leftovers(self.location, manifest)})
         if dry_run:
             return garbage
         if evicted:
@@ -248,6 +255,7 @@ def _resumable(location: Location, manifest: Manifest, opening: Opening) -> Mani
     this run's retention, world size, command and configuration recorded (``hpckit resume``
     repeats the latest)."""
     manifest = manifest.without(verify.escaping(location, manifest))
+    manifest = manifest.without(_unservable(manifest, opening.restored))
     if opening.verify_on_resume:
         manifest = manifest.without(verify.damaged(location, manifest))
     latest = manifest.latest
@@ -261,39 +269,17 @@ def _resumable(location: Location, manifest: Manifest, opening: Opening) -> Mani
                     command=opening.command, config=opening.config)
 
 
+def _unservable(manifest: Manifest, restored: str | None) -> list[CheckpointRecord]:
+    """Cached checkpoints newer than what this run restarts from: no node of it holds them."""
+    floor = max((r.index for r in manifest.checkpoints if r.on_storage or r.directory == restored),
+                default=-1)
+    gone = [r for r in manifest.checkpoints if not r.on_storage and r.index > floor]
+    if gone:
+        log.warning("dropped %s from the manifest: in node-local caches that this run cannot "
+                    "read (no cache_dir, or other nodes); the run repeats their work",
+                    ", ".join(r.directory for r in gone))
+    return gone
+
+
 def _write(location: Location, manifest: Manifest) -> None:
     files.write_atomic(location.join(MANIFEST_NAME), manifest.to_json().encode())
-
-
-def _leftovers(location: Location, manifest: Manifest) -> list[str]:
-    """Directories no manifest names that a run made: numbered or staging ones, and those a
-    custom-named checkpoint left before its commit (they hold the pending marker)."""
-    named = {r.directory for r in manifest.checkpoints}
-    found = [i.base_name for i in files.list_dir(location)
-             if i.type == _FT.Directory and i.base_name not in named]
-    return [name for name in found if is_checkpoint_dirname(name) or name == STAGING_NAME
-            or (name not in RESERVED_NAMES
-                and files.file_type(location.join(name, PENDING_MARKER)) == _FT.File)]
-
-
-def _size(location: Location) -> int:
-    return sum(size for _, size in files.list_files(location))
-
-
-def remove_leftovers(location: Location, manifest: Manifest) -> list[str]:
-    """Delete checkpoint directories, staged files and temp files that no manifest names (a
-    crashed commit's)."""
-    removed = []
-    temp = [i.base_name for i in files.list_dir(location) if i.type == _FT.File
-            and i.base_name.startswith(f".{MANIFEST_NAME}.tmp-")]
-    for name in [*_leftovers(location, manifest), *temp]:
-        target = location.join(name)
-        try:
-            files.delete_file(target) if name in temp else files.delete_dir(target)
-            removed.append(name)
-        except StorageError as exc:
-            log.warning("could not remove leftover %s: %s", name, exc)
-    if removed:
-        log.warning("removed leftovers of an interrupted run that no manifest names: %s",
-                    ", ".join(sorted(removed)))
-    return removed

@@ -17,7 +17,7 @@ from hpckit.errors import ManifestError
 from hpckit.experiment.attempts import Attempt, AttemptStatus
 
 FORMAT = "hpckit.manifest"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2 adds cached checkpoints; written as 1 while there are none
 MANIFEST_NAME = "manifest.json"
 STAGING_NAME = ".staging"  # asynchronous checkpoints' files, waiting for the background
 METRICS_NAME = "metrics.jsonl"
@@ -30,6 +30,9 @@ LOGS = "logs"  # the hang watchdog's stacks (experiment.hangs)
 RESERVED_NAMES = frozenset({"artifacts", "tensorboard", LOGS, STAGING_NAME, MANIFEST_NAME,
                             METRICS_NAME})
 PENDING_MARKER = ".hpckit-pending"
+# Where a committed checkpoint is complete: on storage_path, or only in the node-local caches
+# of the nodes named by its hosts (CheckpointConfig(cache_dir), docs/multilevel.md).
+STORAGE, CACHE = "storage", "cache"
 
 
 def checkpoint_dirname(index: int) -> str:
@@ -76,10 +79,16 @@ class CheckpointRecord:
     reported_at: float
     metrics: dict[str, Any]
     files: tuple[FileRecord, ...]
+    level: str = STORAGE
+    hosts: tuple[str, ...] = ()  # a cached checkpoint's writers: the host of each rank
 
     @property
     def size(self) -> int:
         return sum(f.size for f in self.files)
+
+    @property
+    def on_storage(self) -> bool:
+        return self.level == STORAGE
 
 
 @dataclass(frozen=True)
@@ -110,6 +119,12 @@ class Manifest:
         return replace(self, checkpoints=kept, next_checkpoint_index=record.index + 1,
                        next_step=record.step + 1)
 
+    def persisted(self, directory: str) -> Manifest:
+        """The manifest once the cached checkpoint ``directory`` is on storage_path too."""
+        return replace(self, checkpoints=tuple(
+            replace(r, level=STORAGE, hosts=()) if r.directory == directory else r
+            for r in self.checkpoints))
+
     def without(self, records: Iterable[CheckpointRecord]) -> Manifest:
         gone = {r.index for r in records}
         return replace(self, checkpoints=tuple(r for r in self.checkpoints if r.index not in gone))
@@ -138,7 +153,8 @@ class Manifest:
         return self.attempts[-1] if self.attempts else None
 
     def to_json(self) -> str:
-        body = {"format": FORMAT, "format_version": FORMAT_VERSION,
+        cached = any(not c.on_storage for c in self.checkpoints)
+        body = {"format": FORMAT, "format_version": FORMAT_VERSION if cached else 1,
                 **{k: v for k, v in asdict(self).items() if k != "attempts"},
                 "attempts": [a.to_json() for a in self.attempts]}
         latest = self.latest
@@ -205,10 +221,17 @@ def _parse_checkpoint(raw: Any, check: _Checker, name: str) -> CheckpointRecord:
         files.append(FileRecord(path, check.field(f, "size", int, where),
                                 check.field(f, "rank", int, where),
                                 check.field(f, "sha256", str, where)))
+    level = raw.get("level", STORAGE)
+    if level not in (STORAGE, CACHE):
+        check.fail(f"{name}.level", f"{level!r} is neither {STORAGE!r} nor {CACHE!r}")
+    hosts = raw.get("hosts", [])
+    if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
+        check.fail(f"{name}.hosts", "expected a list of host names")
     return CheckpointRecord(
         index=index, directory=directory, step=check.field(raw, "step", int, name),
         reported_at=check.field(raw, "reported_at", (int, float), name),
-        metrics=check.field(raw, "metrics", dict, name), files=tuple(files))
+        metrics=check.field(raw, "metrics", dict, name), files=tuple(files), level=level,
+        hosts=tuple(hosts))
 
 
 _Kind = type | tuple[type, ...]

@@ -28,7 +28,8 @@ def evict(experiment: Location, records: list[CheckpointRecord]) -> None:
         started = time.perf_counter()
         target = experiment.join(record.directory)
         try:
-            for f in [] if files.escapes(target, experiment) else record.files:
+            cached = not record.on_storage  # nothing of it on storage_path, but a cut drain's
+            for f in [] if cached or files.escapes(target, experiment) else record.files:
                 files.delete_file(target.join(f.path), missing_ok=True)
                 faults.reached("evicting", 0)
             files.delete_dir(target)

@@ -60,8 +60,8 @@ def _check(location: Location, record: CheckpointRecord, f: FileRecord,
 def escaping(experiment: Location, manifest: Manifest) -> list[CheckpointRecord]:
     """Checkpoints whose directory is a symbolic link out of the experiment: hpckit never
     reads, writes or deletes outside it, whatever the manifest says."""
-    found = [r for r in manifest.checkpoints
-             if files.escapes(experiment.join(r.directory), experiment)]
+    found = [r for r in manifest.checkpoints if r.on_storage
+             and files.escapes(experiment.join(r.directory), experiment)]
     for record in found:
         log.warning("!!! %s is a symbolic link out of %s; it is not resumed from, and only the "
                     "link is removed", record.directory, experiment.display)
@@ -75,7 +75,8 @@ def damaged(experiment: Location, manifest: Manifest) -> list[CheckpointRecord]:
     that fails now may be fine later, and a good checkpoint must not be skipped for it.
     """
     found = []
-    for record in sorted(manifest.checkpoints, key=lambda r: r.index, reverse=True):
+    stored = [r for r in manifest.checkpoints if r.on_storage]  # cached ones: run.restore
+    for record in sorted(stored, key=lambda r: r.index, reverse=True):
         started = time.perf_counter()
         problems = verify(experiment, record)
         unreadable = [p for p in problems if p.unreadable]
@@ -90,7 +91,7 @@ def damaged(experiment: Location, manifest: Manifest) -> list[CheckpointRecord]:
                     "manifest and removed; resuming from the newest checkpoint that verifies.",
                     record.directory, "; ".join(map(str, problems)))
         found.append(record)
-    if found and len(found) == len(manifest.checkpoints):
+    if found and len(found) == len(stored):
         raise CheckpointError(
             f"no committed checkpoint of {experiment.display} verifies (damaged: "
             f"{', '.join(r.directory for r in found)}); nothing was changed. Restore the files, "

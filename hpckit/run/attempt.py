@@ -4,7 +4,6 @@ shared, set up the back-end, run the training function with a session, and end t
 from __future__ import annotations
 
 import os
-import pickle
 import socket
 import sys
 import time
@@ -20,12 +19,12 @@ from hpckit.config.callbacks import TrainRunContext
 from hpckit.errors import PreemptionError, StorageError
 from hpckit.experiment import retention
 from hpckit.experiment.artifacts import Artifacts
-from hpckit.experiment.attempts import Attempt, AttemptStatus
+from hpckit.experiment.attempts import Attempt, AttemptStatus, previous_failure
 from hpckit.experiment.experiment import Experiment, Opening
 from hpckit.experiment.manifest import Manifest
 from hpckit.logs import log
 from hpckit.result import Result
-from hpckit.run import stop
+from hpckit.run import restore, stop
 from hpckit.run.callbacks import Callbacks
 from hpckit.run.comm import (
     Topology,
@@ -39,14 +38,17 @@ from hpckit.run.context import TrainContext
 from hpckit.run.handover import Staging
 from hpckit.run.hang import HangWatch
 from hpckit.run.interval import CheckpointClock, agreed_due
-from hpckit.run.job import TrainingJob, command_record
+from hpckit.run.job import TrainingJob, command_record, sendable
+from hpckit.run.levels import Levels
 from hpckit.run.preemption import not_requeued_after, preemption_info
 from hpckit.run.session import Session, activate
 from hpckit.run.startup import ready_since
 from hpckit.settings import Settings
 from hpckit.storage import files
-from hpckit.storage.location import Location
+from hpckit.storage.location import Location, local
 from hpckit.storage.uris import redact
+
+Leveled = tuple[Levels | None, restore.Restored]  # the attempt's levels, what it restarts from
 
 
 @dataclass(frozen=True)
@@ -83,10 +85,13 @@ def run_attempt(job: TrainingJob, ranks: Ranks, settings: Settings, number: int)
     began = time.time()
     root = job.storage_root(settings)
     location = root.join(job.name)
-    owner, start = on_root(comm, lambda: _open(job, root, comm.size, settings, number),
+    levels, restored = restore.prepare(comm, job.run_config.checkpoint_config, location)
+    owner, start = on_root(comm, lambda: _open(job, root, comm.size, settings, number,
+                                               restored.directory),
                            f"opening experiment {location.display}", StorageError)
     try:
-        session = _start(job, ranks, settings, number, location, start, owner, began)
+        session = _start(job, ranks, settings, number, location, start, owner, began,
+                         (levels, restored))
         returned = _train(job, session, owner, settings)
         summary = None
         if owner is not None:
@@ -106,7 +111,7 @@ def run_attempt(job: TrainingJob, ranks: Ranks, settings: Settings, number: int)
 
 
 def _open(job: TrainingJob, root: Location, world_size: int, settings: Settings,
-          number: int) -> tuple[Experiment, Start]:
+          number: int, restored: str | None) -> tuple[Experiment, Start]:
     """Rank 0: open the experiment and leave a marker that every rank must see."""
     config = job.run_config.checkpoint_config
     attempt = Attempt(number, AttemptStatus.RUNNING, time.time(), world_size,
@@ -114,7 +119,7 @@ def _open(job: TrainingJob, root: Location, world_size: int, settings: Settings,
                       tuple(redact(a) for a in sys.argv), settings.slurm())
     opening = Opening(job.name, world_size, command_record(settings), job.config_record(root),
                       retention.record(config), config.verify_on_resume, attempt,
-                      previous_failure(settings))
+                      previous_failure(settings), restored)
     owner = Experiment.open(root, opening, settings, job.run_config.sync_config)
     try:
         marker = f".hpckit-visible-{uuid.uuid4().hex}"
@@ -127,16 +132,6 @@ def _open(job: TrainingJob, root: Location, world_size: int, settings: Settings,
     return owner, Start(latest.directory if latest else None, owner.manifest.next_step,
                         owner.manifest.next_checkpoint_index, marker,
                         last.attempt if last else 0)
-
-
-def previous_failure(settings: Settings) -> tuple[AttemptStatus, str, frozenset[int]] | None:
-    """How the attempt before this one ended, where its launcher (``hpckit run``) restarted
-    its ranks after seeing them fail or hang, with their PIDs."""
-    if not settings.previous_failure:
-        return None
-    pids = frozenset(int(p) for p in (settings.previous_pids or "").split(",") if p.isdigit())
-    status = AttemptStatus.HUNG if settings.previous_hung else AttemptStatus.FAILED
-    return status, settings.previous_failure, pids
 
 
 def _check_shared(comm: Any, location: Location, marker: str, topology: Topology) -> None:
@@ -154,14 +149,15 @@ def _check_shared(comm: Any, location: Location, marker: str, topology: Topology
 
 
 def _start(job: TrainingJob, ranks: Ranks, settings: Settings, number: int,
-           location: Location, start: Start, owner: Experiment | None, began: float) -> Session:
+           location: Location, start: Start, owner: Experiment | None, began: float,
+           leveled: Leveled) -> Session:
     """Everything between opening the experiment and the first step; an error here ends
     the attempt as failed (interrupted, for Ctrl-C) with its message, on every rank alike."""
     try:
         _check_shared(ranks.comm, location, start.marker, ranks.topology)
         job.backend.setup(ranks.comm, ranks.local_comm, ranks.topology, job.scaling_config,
                           settings)
-        session = _session(job, ranks, settings, number, location, start, owner)
+        session = _session(job, ranks, settings, number, location, start, owner, leveled)
     except BaseException as exc:
         if owner is not None:
             owner.end_attempt(_ending(exc), f"{type(exc).__name__} at start-up: {exc}", 0)
@@ -178,17 +174,20 @@ def _ending(exc: BaseException) -> AttemptStatus:
 
 
 def _session(job: TrainingJob, ranks: Ranks, settings: Settings, number: int,
-             location: Location, start: Start, owner: Experiment | None) -> Session:
+             location: Location, start: Start, owner: Experiment | None,
+             leveled: Leveled) -> Session:
     rank = ranks.comm.rank
     sync = job.run_config.sync_config
     artifacts = Artifacts(location, rank, settings.local_dir,
                           sync.sync_artifacts and (rank == 0 or sync.sync_artifacts_all_ranks))
-    latest = Checkpoint._at(location.join(start.latest)) if start.latest else None
+    levels, restored = leveled
+    latest = (Checkpoint._at(local(restored.path)) if restored.path and start.latest == restored.directory
+              else Checkpoint._at(location.join(start.latest)) if start.latest else None)
     staging = Staging(location, rank, settings.local_dir)
     staging.remove()  # what an earlier attempt of this rank left
     protocol = CommitProtocol(ranks.comm, location, job.run_config.checkpoint_config,
                               (start.next_step, start.next_index), owner, latest, staging,
-                              callbacks(job, location), job.run_config.stop)
+                              callbacks(job, location), job.run_config.stop, levels)
     context = TrainContext(ranks.topology, job.name, location, number, settings.launcher,
                            settings.slurm(), artifact_dir=lambda: artifacts.directory,
                            stop_requested=lambda: session.stop_requested is not None,
@@ -247,17 +246,6 @@ def _train(job: TrainingJob, session: Session, owner: Experiment | None,
         activate(None)
         session.protocol.close(promptly=interrupted)
         session.artifacts.close()
-
-
-def sendable(value: Any) -> Any:
-    """Rank 0's return value if it can be sent to the other ranks (pickled), else None."""
-    try:
-        pickle.dumps(value)
-    except Exception as exc:
-        log.warning("the training function's return value cannot be pickled (%s); "
-                    "Result.return_value is None", exc)
-        return None
-    return value
 
 
 def _stop_run(session: Session, owner: Experiment | None, settings: Settings,

@@ -3,7 +3,8 @@
 1. Announce and plan. Every rank lists the files it hands in (or says it wrote them in place)
    and which of its background checkpoints have finished; rank 0 checks that all ranks are at
    the same report, commits the background checkpoints every rank has finished, assigns each
-   new file name to one writer, and sends the plan.
+   new file name to one writer and a level (storage_path, or the node-local caches: see
+   ``run.levels``), and sends the plan.
 2. Synchronous: persist and commit. Writers persist their files (hashing as they write); ranks
    holding a duplicate name only hash theirs. Rank 0 gathers every outcome; only if all
    succeeded does its :class:`~hpckit.experiment.Experiment` replace the manifest (the commit).
@@ -11,8 +12,7 @@
    background thread persists them; a later announcement (or a drain, when the in-flight limit
    is reached, a stop is agreed or the training function returns) commits them.
 
-Deleting what retention evicts happens after the commit, in the background (see
-``experiment.purge``): no rank waits on it inside ``report()``.
+What retention evicts is deleted after the commit, in the background (``experiment.purge``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from hpckit.checkpoint import Checkpoint
 from hpckit.config import CheckpointConfig, CheckpointUploadMode
 from hpckit.errors import CheckpointError, CommitError, ControllerError, HpckitError
 from hpckit.experiment.experiment import Experiment
-from hpckit.experiment.manifest import checkpoint_dirname
+from hpckit.experiment.manifest import CACHE, checkpoint_dirname
 from hpckit.experiment.values import to_json_metrics
 from hpckit.logs import log
 from hpckit.run import stop
@@ -37,6 +37,7 @@ from hpckit.run.callbacks import Callbacks
 from hpckit.run.comm import RankFailure, all_reduce, attempt
 from hpckit.run.handover import Handed, Staging, Upload, hand_in, hand_over, release, same_filesystem
 from hpckit.run.ledger import Ledger, discard
+from hpckit.run.levels import Levels
 from hpckit.run.persist import persist, persist_in_place
 from hpckit.run.plan import DRAIN, FINISH, REPORT, Announcement, Persisted, Plan, make_plan
 from hpckit.storage import files
@@ -58,7 +59,8 @@ class CommitProtocol:
 
     def __init__(self, comm: Any, experiment: Location, config: CheckpointConfig,
                  progress: tuple[int, int], owner: Experiment | None, latest: Checkpoint | None,
-                 staging: Staging, callbacks: Callbacks, stop_when: Any = None) -> None:
+                 staging: Staging, callbacks: Callbacks, stop_when: Any = None,
+                 levels: Levels | None = None) -> None:
         self.comm = comm
         self.experiment = experiment
         self.config = config
@@ -66,6 +68,7 @@ class CommitProtocol:
         self.owner = owner
         self.callbacks = callbacks
         self.stop_when = stop_when  # RunConfig.stop
+        self.levels = levels  # CheckpointConfig(cache_dir)
         self.ledger = Ledger(owner, config, callbacks) if owner is not None else None
         self.latest = latest
         self.staging = staging
@@ -90,6 +93,8 @@ class CommitProtocol:
             REPORT, self.reports, handed.files, failure, stop.received(), handed.in_place,
             self.background.finished(), upload.mode is CheckpointUploadMode.ASYNC, upload.dir_name,
             self._mine if self.callbacks else None))
+        if self.levels is not None:
+            self.levels.tidy(plan)
         if plan.directory is None:
             if plan.stop:
                 self._drain()
@@ -114,6 +119,8 @@ class CommitProtocol:
         failure = self._callback_failure()
         if failure is not None:  # a callback of the last reports: every rank must hear of it
             self._announce(Announcement(FINISH, self.reports, failure=failure))
+        if self.levels is not None:
+            self.levels.persist_latest(self.owner, "the last checkpoint of the run")
 
     def _callback_failure(self) -> RankFailure | None:
         """A UserCallback that raised on rank 0, as the failure every rank will raise."""
@@ -167,6 +174,9 @@ class CommitProtocol:
         if announcements[0].kind == REPORT and plan.directory is not None:
             self._prepare_directory(plan)  # may refuse the report: before anything commits
         plan = replace(plan, committed=ledger.commit_finished(announcements))
+        if self.levels is not None:
+            plan = self.levels.leveled(plan, tuple(
+                r.directory for r in ledger.owner.manifest.checkpoints))
         if announcements[0].kind != REPORT:
             return plan
         self.callbacks.heard(plan.step, [a.metrics or {} for a in announcements])
@@ -253,6 +263,11 @@ class CommitProtocol:
         assert plan.directory is not None
         rank, started = self.comm.rank, time.perf_counter()
         target = self.experiment.join(plan.directory)
+        if plan.level == CACHE and self.levels is not None:
+            hosts = self.levels.nodes.hosts
+            self.latest = self.levels.write(plan, handed.source, lambda per_rank: self._ledger()
+                                            .commit(plan, per_rank, self.last_metrics, started, hosts))
+            return
 
         def write() -> Persisted:
             if plan.in_place:
@@ -275,8 +290,7 @@ class CommitProtocol:
             self.owner.purge_evicted()
 
     def _in_place_source(self, plan: Plan, handed: Handed) -> str:
-        """Every rank takes part in an in-place checkpoint: on POSIX storage each hashes a share
-        of the shared directory, on object storage each uploads what it wrote there."""
+        """In-place: on POSIX each rank hashes a share, on object storage uploads its own."""
         assert plan.directory is not None
         return handed.source or self.staging.in_place(plan.directory)
 

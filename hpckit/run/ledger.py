@@ -18,6 +18,7 @@ from hpckit.config import CheckpointConfig
 from hpckit.errors import CheckpointError, HpckitError
 from hpckit.experiment.experiment import Experiment
 from hpckit.experiment.manifest import (
+    CACHE,
     PENDING_MARKER,
     CheckpointRecord,
     FileRecord,
@@ -120,8 +121,9 @@ class Ledger:
         return tuple(committed)
 
     def commit(self, plan: Plan, per_rank: list[Persisted], metrics: dict[str, Any],
-               started: float) -> None:
-        """Merge what the ranks persisted and commit it in the manifest."""
+               started: float, hosts: tuple[str, ...] = ()) -> None:
+        """Merge what the ranks persisted and commit it in the manifest; ``hosts`` (every
+        rank's) for a checkpoint in the node-local caches."""
         assert plan.directory is not None
         target = self.owner.location.join(plan.directory)
         try:
@@ -133,7 +135,8 @@ class Ledger:
         assert plan.index is not None
         record = CheckpointRecord(plan.index, plan.directory,
                                   plan.step, time.time(), metrics,
-                                  tuple(sorted(written, key=lambda r: r.path)))
+                                  tuple(sorted(written, key=lambda r: r.path)), plan.level,
+                                  hosts if plan.level == CACHE else ())
         self._say_if_unscored(metrics)
         self.owner.commit(record, self.config)
         if self.callbacks:
@@ -148,9 +151,10 @@ class Ledger:
                      plan.step, plan.directory, human_size(record.size), len(written),
                      (time.perf_counter() - started) * 1000)
         else:
-            log.info("step %d: %s; committed %s (%s in %d file(s)) in %.0f ms", plan.step,
+            log.info("step %d: %s; committed %s (%s in %d file(s)%s) in %.0f ms", plan.step,
                      summary(record.metrics), plan.directory, human_size(record.size),
-                     len(written), (time.perf_counter() - started) * 1000)
+                     len(written), ", node-local caches" if plan.level == CACHE else "",
+                     (time.perf_counter() - started) * 1000)
 
     def _log_report(self, step: int, metrics: dict[str, Any]) -> None:
         self.owner.log_report(step, metrics)

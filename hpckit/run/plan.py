@@ -10,6 +10,7 @@ from typing import Any
 
 from hpckit.errors import CheckpointError, CommitError, ReportMismatchError
 from hpckit.experiment.manifest import (
+    STORAGE,
     FileRecord,
     checkpoint_dirname,
     custom_dirname_problem,
@@ -71,6 +72,8 @@ class Plan:
     index: int | None = None
     committed: tuple[str, ...] = ()
     finish: bool = False  # RunConfig(stop=...) was met: the run ends after this report
+    level: str = STORAGE  # or CACHE: the node-local caches only (CheckpointConfig(cache_dir))
+    kept: tuple[str, ...] | None = None  # with caches: every checkpoint they keep
 
 
 def make_plan(announcements: list[Announcement], step: int, next_index: int) -> Plan:

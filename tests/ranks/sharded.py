@@ -103,6 +103,9 @@ def main() -> None:
     p.add_argument("--every", type=int, default=1, help="checkpoint every N epochs")
     p.add_argument("--in-flight", type=int, default=1)
     p.add_argument("--topology", action="store_true", help="each rank prints PLACE {json} END")
+    p.add_argument("--cache", default=None, help="CheckpointConfig(cache_dir)")
+    p.add_argument("--persist-every", type=int, default=1)
+    p.add_argument("--redundancy", default=None)
     args = p.parse_args()
     trainer = DataParallelTrainer(
         train_loop,
@@ -119,7 +122,9 @@ def main() -> None:
                                  sync_period=args.sync_period),
                              checkpoint_config=CheckpointConfig(
                                  num_to_keep=args.keep, verify_on_resume=not args.no_verify,
-                                 max_checkpoints_in_flight=args.in_flight)))
+                                 max_checkpoints_in_flight=args.in_flight, cache_dir=args.cache,
+                                 persist_every=args.persist_every,
+                                 redundancy=args.redundancy)))
     try:
         trainer.fit()
     except hpckit.HpckitError as exc:  # each rank says that its fit() raised (rank 0 prints it)

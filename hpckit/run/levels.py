@@ -1,0 +1,184 @@
+"""Checkpoint levels on the rank side (``CheckpointConfig(cache_dir)``, docs/multilevel.md):
+which level rank 0 sends a checkpoint to, writing it into each node's cache and copying it to
+the partner node before it commits, persisting a cached checkpoint to storage_path at the end
+of a run or a stop, finding a cached checkpoint's files on the nodes of this job, and removing
+from the caches what the manifest no longer names."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from hpckit import faults
+from hpckit.checkpoint import Checkpoint
+from hpckit.config import CheckpointConfig
+from hpckit.errors import CheckpointError, CommitError
+from hpckit.experiment.experiment import Experiment
+from hpckit.experiment.manifest import CACHE, STORAGE, CheckpointRecord, is_checkpoint_dirname
+from hpckit.logs import log
+from hpckit.run.cache import OWN, PARTNER, RESTORE, NodeCache, Nodes
+from hpckit.run.comm import all_reduce, everywhere, on_root
+from hpckit.run.ledger import discard
+from hpckit.run.persist import persist
+from hpckit.run.plan import Persisted, Plan, merge
+from hpckit.run.transfer import Receive, Received, Send, exchange
+from hpckit.storage.copy import fsync_tree, persist_file
+from hpckit.storage.location import Location
+
+PREFERENCE = (OWN, PARTNER, RESTORE)
+
+
+class Levels:
+    """This rank's view of the checkpoint levels of one attempt."""
+
+    def __init__(self, comm: Any, config: CheckpointConfig, experiment: Location,
+                 nodes: Nodes) -> None:
+        assert config.cache_dir is not None
+        self.comm, self.config, self.experiment, self.nodes = comm, config, experiment, nodes
+        self.cache = NodeCache(config.cache_dir, experiment)
+        self.host = nodes.hosts[comm.rank]
+        self.leader = nodes.ranks_on(self.host)[0] == comm.rank
+        self.partnered = config.redundancy == "partner" and len(nodes.names) > 1
+        if comm.rank == 0 and config.redundancy == "partner" and not self.partnered:
+            log.warning("CheckpointConfig(redundancy='partner') needs two nodes or more; this "
+                        "job runs on one (%s), so its cached checkpoints have no copy", self.host)
+
+    def leveled(self, plan: Plan, kept: tuple[str, ...]) -> Plan:
+        """Rank 0: the plan with its level, and every checkpoint the caches keep. Cached
+        checkpoints are written synchronously (a local disk); in-place, custom-named, every
+        ``persist_every``-th one and the one taken at a stop go to storage_path."""
+        if plan.directory is None or plan.index is None:
+            return replace(plan, kept=kept)
+        stored = (plan.stop is not None or plan.in_place or not is_checkpoint_dirname(plan.directory)
+                  or (plan.index + 1) % self.config.persist_every == 0)
+        return replace(plan, level=STORAGE if stored else CACHE,
+                       asynchronous=plan.asynchronous and stored,
+                       kept=(*kept, plan.directory))
+
+    def tidy(self, plan: Plan) -> None:
+        if self.leader and plan.kept is not None:
+            self.cache.keep_only(plan.kept)
+
+    def write(self, plan: Plan, source: str | None,
+              commit: Callable[[list[Persisted]], None]) -> Checkpoint:
+        """Write this rank's files of ``plan`` into the node's cache, copy them to the
+        partner node, then let rank 0 ``commit``: every step collective."""
+        assert plan.directory is not None
+        target = self.cache.location(plan.directory)
+
+        def write() -> Persisted:
+            return Persisted(persist(plan, target, source, self.comm.rank))
+
+        what = f"caching {plan.directory} on each node"
+        if not self.partnered:
+            all_reduce(self.comm, what, write, commit, CommitError)
+            return Checkpoint._at(target)
+        per_rank = all_reduce(self.comm, what, write, lambda per: per, CommitError)
+
+        def check_then_commit(received: list[list[Received]]) -> None:
+            _check_copies(plan, per_rank, received)
+            commit(per_rank)
+
+        all_reduce(self.comm, f"copying {plan.directory} to partner nodes",
+                   lambda: self._partner_copy(plan), check_then_commit, CommitError)
+        return Checkpoint._at(target)
+
+    def _partner_copy(self, plan: Plan) -> list[Received]:
+        assert plan.directory is not None
+        rank, directory = self.comm.rank, plan.directory
+        sends = [Send(self.nodes.sends_to(rank), self.cache.path(OWN, directory, name), name)
+                 for name in plan.writes.get(rank, [])]
+        receives = [Receive(source, name, self.cache.path(PARTNER, directory, name))
+                    for source in self.nodes.receives_from(rank)
+                    for name in plan.writes.get(source, [])]
+        received = exchange(self.comm, sends, receives, lambda: faults.reached("partnering", rank))
+        failed = [r for r in received if r.error]
+        if failed:
+            raise CheckpointError(f"rank {rank} on {self.host}: the partner copy of {directory} "
+                                  f"failed: {failed[0].error}")
+        return received
+
+    def persist_latest(self, owner: Experiment | None, why: str) -> None:
+        """Collective: when the newest checkpoint is cached only, copy it to storage_path
+        (each file from one node that holds it) and record it there; then the caches keep
+        only what the manifest names."""
+        _, (record, kept) = on_root(self.comm, lambda: (None, _cached_latest(owner)),
+                                    "finding the newest checkpoint", CommitError)
+        if record is not None:
+            self._persist(owner, record, why)
+        if self.leader:
+            self.cache.keep_only(kept)
+
+    def _persist(self, owner: Experiment | None, record: CheckpointRecord, why: str) -> None:
+        where = locate(self.comm, self.cache, self.nodes, record, self.leader)[0]
+        missing = [f.path for f in record.files if f.path not in where]
+        if missing:
+            raise CheckpointError(
+                f"{record.directory} is cached on {', '.join(sorted(set(record.hosts)))} and none "
+                f"of this job's nodes holds {missing[0]}; it cannot go to storage_path. The "
+                "checkpoints on storage_path are intact; rerun on the nodes that cached it.")
+        target = self.experiment.join(record.directory)
+        mine = [f.path for f in record.files if where[f.path][0] == self.comm.rank]
+
+        def copy() -> dict[str, str]:
+            digests = {}
+            for name in mine:
+                found = self.cache.find(record.directory, name)
+                assert found is not None, "located on this node a moment ago"
+                digests[name] = persist_file(found[1], target.join(name))[1]
+                faults.reached("draining", self.comm.rank)
+            if target.is_local and mine:
+                fsync_tree(target.path, mine)
+            return digests
+
+        def commit(per_rank: list[dict[str, str]]) -> None:
+            copied = {name: digest for d in per_rank for name, digest in d.items()}
+            bad = [f.path for f in record.files if copied.get(f.path) != f.sha256]
+            if bad:
+                raise CheckpointError(f"{record.directory}/{bad[0]} read back from a node-local "
+                                      "cache differs from its checksum; it stays cached only")
+            assert owner is not None
+            owner.persisted(record.directory)
+            log.info("persisted %s to storage_path (%s)", record.directory, why)
+
+        all_reduce(self.comm, f"persisting {record.directory} to storage_path", copy, commit,
+                   CommitError, undo=lambda: discard(target))
+
+
+def _cached_latest(owner: Experiment | None) -> tuple[CheckpointRecord | None, list[str]]:
+    """The newest checkpoint if it is cached only, and every checkpoint the manifest names."""
+    assert owner is not None
+    latest = owner.manifest.latest
+    return (latest if latest is not None and not latest.on_storage else None,
+            [r.directory for r in owner.manifest.checkpoints])
+
+
+def _check_copies(plan: Plan, per_rank: list[Persisted], received: list[list[Received]]) -> None:
+    written = {r.path: r.sha256 for r in merge(plan, per_rank)}
+    for rank, copies in enumerate(received):
+        for copy in copies:
+            if written.get(copy.name) != copy.sha256:
+                raise CheckpointError(f"rank {rank}: the partner copy of {plan.directory}/"
+                                      f"{copy.name} differs from what its writer hashed")
+
+
+def locate(comm: Any, cache: NodeCache, nodes: Nodes, record: CheckpointRecord, leader: bool
+           ) -> tuple[dict[str, tuple[int, str]], list[dict[str, str]]]:
+    """Where each file of a cached checkpoint is on this job's nodes: name -> (the first rank
+    of a node holding it, its level there), preferring the node that wrote it and its own
+    copy; and what each rank's node holds (name -> level; empty but for nodes' first ranks)."""
+    def held() -> dict[str, str]:
+        found = {f.path: cache.find(record.directory, f.path, f.size) for f in record.files}
+        return {name: spot[0] for name, spot in found.items() if spot is not None}
+
+    holdings = everywhere(comm, held if leader else dict,
+                          f"finding {record.directory} in the node-local caches", CheckpointError)
+    where = {}
+    for f in record.files:
+        writer = record.hosts[f.rank] if f.rank < len(record.hosts) else None
+        choices = sorted((PREFERENCE.index(h[f.path]), nodes.hosts[rank] != writer, rank)
+                         for rank, h in enumerate(holdings) if f.path in h)
+        if choices:
+            where[f.path] = (choices[0][2], PREFERENCE[choices[0][0]])
+    return where, holdings

@@ -1,0 +1,231 @@
+"""Multi-level checkpoints (CheckpointConfig(cache_dir, persist_every, redundancy)): cached on
+each node, copied to a partner node, every Nth and the last one on storage_path; a restart
+from the fastest level that is complete. The multi-node tests run several "nodes" on this
+machine (tests/cluster_nodes.py): each its own hostname and node-local disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+from cluster_nodes import Nodes as Cluster
+from cluster_nodes import nodes  # noqa: F401  (the fixture)
+from conftest import HPCKIT, manifest, metrics_lines, mpiexec, run
+from mpi4py import MPI
+
+from hpckit.config import CheckpointConfig
+from hpckit.errors import ConfigError
+from hpckit.experiment.manifest import (
+    CACHE,
+    STORAGE,
+    CheckpointRecord,
+    FileRecord,
+    Manifest,
+    checkpoint_dirname,
+)
+from hpckit.run import transfer
+from hpckit.run.cache import Nodes
+from hpckit.run.levels import Levels
+from hpckit.run.plan import Plan
+from hpckit.run.transfer import Receive, Send, exchange
+from hpckit.storage.location import local
+
+SHARDED = Path(__file__).parent / "ranks" / "sharded.py"
+QUICK = {"HPCKIT_TENSORBOARD": "0"}
+EPOCHS = 7  # checkpoints 0..6; with persist_every=3, 2 and 5 go to storage_path, 6 at the end
+TWO = ["nodea", "nodeb"]
+
+
+def cached_args(storage: Path, cache: Path) -> list[str]:
+    return ["--storage", str(storage), "--epochs", str(EPOCHS), "--keep", "3", "--shard-floats",
+            "2048", "--cache", str(cache), "--persist-every", "3", "--redundancy", "partner"]
+
+
+def final(output: str) -> list[str]:
+    found = re.search(r"FINAL (\{.*\})", output)
+    assert found, output
+    return json.loads(found.group(1))["shards"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The shards' digests of an uninterrupted run on N ranks, storage_path only."""
+    known: dict[int, list[str]] = {}
+
+    def of(ranks: int) -> list[str]:
+        if ranks not in known:
+            storage = tmp_path_factory.mktemp(f"reference{ranks}")
+            known[ranks] = final(mpiexec(ranks, "--storage", str(storage), "--epochs", str(EPOCHS),
+                                         "--shard-floats", "2048", script=SHARDED,
+                                         env=QUICK).output)
+        return known[ranks]
+
+    return of
+
+
+def on_nodes(cluster: Cluster, hosts: list[str], storage: Path, fault: str | None = None) -> str:
+    """Two ranks on each of ``hosts``, the cache on each node's own disk."""
+    env = {**QUICK, **({"HPCKIT_FAULT": fault} if fault else {})}
+    outcome = cluster.mpiexec(hosts, 2, SHARDED, *cached_args(storage, cluster.local), env=env,
+                              expect=None if fault else 0)
+    if fault:
+        assert outcome.returncode != 0, f"fault {fault} never fired:\n{outcome.output}"
+    return outcome.output
+
+
+def steps(experiment: Path) -> list[int]:
+    return [line["step"] for line in metrics_lines(experiment)]
+
+
+def levels(experiment: Path) -> dict[str, str]:
+    return {c["directory"]: c["level"] for c in manifest(experiment)["checkpoints"]}
+
+
+def test_a_node_that_lost_its_disk_restarts_from_its_partner_copy(nodes, tmp_path, reference):
+    experiment = tmp_path / "exp"
+    on_nodes(nodes, TWO, tmp_path, fault="committed:0:5:all")  # after checkpoint_000004
+    assert manifest(experiment)["latest"] == "checkpoint_000004"
+    assert levels(experiment)["checkpoint_000004"] == CACHE
+    assert not (experiment / "checkpoint_000004").exists(), "a cached checkpoint went to storage"
+    nodes.lose_disk("nodea")
+
+    output = on_nodes(nodes, TWO, tmp_path)
+    restart = re.search(r"restarting from checkpoint_000004 in the node-local caches \(.*from "
+                        r"partner copies: (\d+).*sent between nodes: (\d+)\); nothing read from "
+                        r"storage_path", output)
+    assert restart and int(restart.group(1)) > 0 and int(restart.group(2)) > 0, output
+    assert steps(experiment) == list(range(EPOCHS)), "a step was repeated or skipped"
+    assert final(output) == reference(4)
+    assert levels(experiment)["checkpoint_000006"] == STORAGE, "the last one stayed cached"
+    own = list(nodes.disk("nodea").glob("*/own/checkpoint_000004/state-rank0.npy"))
+    assert own, "nodea did not get its own files back from its partner"
+
+
+def test_three_nodes_killed_during_the_partner_copy_resume_from_the_last_commit(
+        nodes, tmp_path, reference):
+    """Rank 3 dies while receiving checkpoint_000003's partner copy: it is never committed."""
+    three = ["nodea", "nodeb", "nodec"]
+    experiment = tmp_path / "exp"
+    on_nodes(nodes, three, tmp_path, fault="partnering:3:5:all")
+    assert manifest(experiment)["latest"] == "checkpoint_000002"
+    output = on_nodes(nodes, three, tmp_path)
+    assert "resuming experiment" in output and "from checkpoint_000002" in output, output
+    assert "restarting from" not in output, "no cached checkpoint is newer than the stored one"
+    assert steps(experiment) == list(range(EPOCHS))
+    assert final(output) == reference(6)
+
+
+def test_killed_while_draining_the_last_checkpoint_it_drains_on_the_rerun(nodes, tmp_path,
+                                                                          reference):
+    experiment = tmp_path / "exp"
+    first = on_nodes(nodes, TWO, tmp_path, fault="draining:0:1:all")
+    assert "FINAL" in first and "persisted checkpoint_000006" not in first, first
+    assert levels(experiment)["checkpoint_000006"] == CACHE, "recorded on storage before its copy"
+    output = on_nodes(nodes, TWO, tmp_path)
+    assert "restarting from checkpoint_000006 in the node-local caches" in output, output
+    assert "persisted checkpoint_000006 to storage_path" in output
+    assert levels(experiment)["checkpoint_000006"] == STORAGE
+    verify = run([HPCKIT, "verify", str(experiment), "checkpoint_000006"], timeout=60)
+    assert "ok: 9 file(s) in 1 checkpoint(s)" in verify.output, verify.output
+    assert steps(experiment) == list(range(EPOCHS))
+    assert final(output) == reference(4)
+
+
+def test_a_job_restarted_on_other_nodes_falls_back_to_storage_path(nodes, tmp_path, reference):
+    experiment = tmp_path / "exp"
+    on_nodes(nodes, TWO, tmp_path, fault="committed:0:5:all")
+    # The lock names a process on nodea, which nodec cannot probe: as the lock error says, a
+    # user whose old job is gone removes it (or waits HPCKIT_LOCK_STALE_SECONDS).
+    (experiment / ".hpckit-lock.json").unlink()
+    output = on_nodes(nodes, ["nodec", "noded"], tmp_path)
+    assert re.search(r"checkpoint_000004 is in the node-local caches of nodea, nodeb; this job "
+                     r"runs on nodec, noded and cannot restart from it", output), output
+    assert "from checkpoint_000002" in output
+    assert steps(experiment) == list(range(EPOCHS))
+    assert final(output) == reference(4)
+
+
+def test_on_one_node_the_cache_keeps_what_the_manifest_keeps(tmp_path, reference):
+    """No partner on one node (said once); evicted checkpoints leave the cache too; the
+    run's last checkpoint ends on storage_path, and Result and verify see only stored ones."""
+    cache = tmp_path / "cache"
+    output = mpiexec(3, *cached_args(tmp_path, cache), script=SHARDED, env=QUICK).output
+    assert output.count("needs two nodes or more") == 1, output
+    experiment = tmp_path / "exp"
+    assert levels(experiment) == {"checkpoint_000004": CACHE, "checkpoint_000005": STORAGE,
+                                  "checkpoint_000006": STORAGE}
+    cached = sorted(p.name for p in cache.glob("*/own/*"))
+    assert cached == ["checkpoint_000004", "checkpoint_000006"], cached
+    assert sorted(p.name for p in experiment.glob("checkpoint_*")) == \
+        ["checkpoint_000005", "checkpoint_000006"]
+    verify = run([HPCKIT, "verify", str(experiment)], timeout=60).output
+    assert "skipped checkpoint_000004: in the node-local caches of vm only" in verify.replace(
+        os.uname().nodename, "vm"), verify
+    assert final(output) == reference(3)
+
+
+def test_the_levels_are_configured_or_refused_with_the_fix():
+    CheckpointConfig(cache_dir="/dev/shm/x", persist_every=4, redundancy="partner")
+    for bad, words in ((dict(cache_dir="relative"), "absolute path"),
+                       (dict(persist_every=3), "needs a node-local cache_dir"),
+                       (dict(cache_dir="/x", redundancy="xor"), "use redundancy='partner'"),
+                       (dict(cache_dir="/x", persist_every=0), "integer >= 1")):
+        with pytest.raises(ConfigError, match=re.escape(words)):
+            CheckpointConfig(**bad)
+
+
+def test_rank_0_sends_every_nth_the_stopping_and_the_in_place_checkpoint_to_storage(tmp_path):
+    levels = Levels(MPI.COMM_SELF, CheckpointConfig(cache_dir=str(tmp_path), persist_every=3),
+                    local(str(tmp_path / "exp")), Nodes(("h",)))
+
+    def plan(index: int, **changes) -> Plan:
+        return Plan(index, directory=checkpoint_dirname(index), index=index, asynchronous=True,
+                    **changes)
+
+    assert [levels.leveled(plan(i), ()).level for i in range(6)] == \
+        [CACHE, CACHE, STORAGE, CACHE, CACHE, STORAGE]
+    assert not levels.leveled(plan(0), ()).asynchronous, "a cached checkpoint is written at once"
+    assert levels.leveled(plan(2), ()).asynchronous, "a stored one keeps its upload mode"
+    for stored in (plan(0, stop="SIGUSR2"), plan(0, in_place=True),
+                   Plan(0, directory="epoch_0", index=0)):
+        assert levels.leveled(stored, ()).level == STORAGE, stored
+    assert levels.leveled(plan(1), ("checkpoint_000000",)).kept == \
+        ("checkpoint_000000", "checkpoint_000001")
+
+
+def test_partners_form_a_ring_of_nodes_rank_by_rank():
+    nodes = Nodes(("a", "a", "b", "b", "b", "c"))
+    assert nodes.names == ["a", "b", "c"]
+    assert [nodes.sends_to(rank) for rank in range(6)] == [2, 3, 5, 5, 5, 0]
+    assert nodes.receives_from(5) == [2, 3, 4] and nodes.receives_from(1) == []
+    assert Nodes(("a", "a")).receives_from(0) == [], "one node has no partner"
+
+
+def test_a_manifest_with_cached_checkpoints_round_trips_and_says_its_version():
+    record = CheckpointRecord(0, "checkpoint_000000", 0, 1.0, {}, (FileRecord("a", 1, 0, "x"),),
+                              CACHE, ("n1",))
+    cached = Manifest("e", 1, {}, {}, {}, 1.0).with_checkpoint(record)
+    body = json.loads(cached.to_json())
+    assert body["format_version"] == 2 and body["checkpoints"][0]["level"] == CACHE
+    assert Manifest.from_json(cached.to_json(), "here") == cached
+    stored = cached.persisted("checkpoint_000000")
+    assert stored.checkpoints[0].on_storage and stored.checkpoints[0].hosts == ()
+    assert json.loads(stored.to_json())["format_version"] == 1, "older hpckit reads it"
+
+
+def test_files_sent_to_a_rank_arrive_whole_in_chunks_and_errors_come_back(tmp_path, monkeypatch):
+    monkeypatch.setattr(transfer, "CHUNK", 1000)
+    sources = {"big": os.urandom(3500), "exact": os.urandom(2000), "empty": b""}
+    for name, data in sources.items():
+        (tmp_path / name).write_bytes(data)
+    names = [*sources, "missing"]
+    sends = [Send(0, str(tmp_path / name), name) for name in names]
+    receives = [Receive(0, name, str(tmp_path / "out" / name)) for name in names]
+    got = {r.name: r for r in exchange(MPI.COMM_SELF, sends, receives)}
+    for name, data in sources.items():
+        assert (tmp_path / "out" / name).read_bytes() == data and got[name].error is None
+        assert got[name].size == len(data)
+    assert "could not read" in str(got["missing"].error)
