@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 
+from lines import emit, write_to
 from scratch import scratch_storage
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -33,15 +34,6 @@ RANKS = os.path.join(HERE, "checkpoint_ranks.py")
 MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or "mpiexec"
 ENV = {**os.environ, "HPCKIT_LOG_LEVEL": "WARNING", "HPCKIT_TENSORBOARD": "0"}
 _names = itertools.count()
-_out: str | None = None
-
-
-def emit(**figures: object) -> None:
-    line = json.dumps(figures)
-    print(line, flush=True)
-    if _out:
-        with open(_out, "a") as f:
-            f.write(line + "\n")
 
 
 def med(values: list[float], scale: float = 1e3) -> float:
@@ -204,13 +196,12 @@ def run_all(storage: str, quick: bool) -> None:
 
 
 def main() -> None:
-    global _out
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--storage", default=None, help="where checkpoints go (default: a temp dir)")
     parser.add_argument("--quick", action="store_true", help="skip 1 GiB and 32 ranks, fewer repetitions")
     parser.add_argument("--out", default=None, help="also append the JSON lines to this file")
     args = parser.parse_args()
-    _out = args.out
+    write_to(args.out)
     with scratch_storage(args.storage, "hpckit-ckpt-bench-") as storage:
         run_all(storage, args.quick)
 

@@ -66,6 +66,10 @@ def main() -> None:
     parser.add_argument("--name", default="linear")
     parser.add_argument("--max-failures", type=int, default=0)
     parser.add_argument("--fail-at-epoch", type=int, default=None)
+    parser.add_argument("--cache-dir", default=None,
+                        help="node-local checkpoint cache (docs/multilevel.md)")
+    parser.add_argument("--persist-every", type=int, default=1,
+                        help="with --cache-dir: every Nth checkpoint also goes to storage")
     args = parser.parse_args()
     trainer = TorchTrainer(
         train_loop,
@@ -73,8 +77,10 @@ def main() -> None:
         scaling_config=ScalingConfig(num_workers=args.workers),
         run_config=RunConfig(
             name=args.name, storage_path=args.storage,
-            checkpoint_config=CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="loss",
-                                               checkpoint_score_order="min"),
+            checkpoint_config=CheckpointConfig(
+                num_to_keep=2, checkpoint_score_attribute="loss", checkpoint_score_order="min",
+                cache_dir=args.cache_dir, persist_every=args.persist_every,
+                redundancy="partner" if args.cache_dir else None),
             failure_config=FailureConfig(max_failures=args.max_failures)),
     )
     result = trainer.fit()
