@@ -124,8 +124,10 @@ def test_time_limit_warning_checkpoints_requeues_and_finishes(tmp_path, slurm, s
 
 
 def test_array_sweep_makes_one_experiment_per_task_and_a_rerun_resumes_them(tmp_path, slurm):
-    args = f"--storage {tmp_path} --epochs 2"
-    job = submit(slurm, tmp_path, "array-sweep.sbatch", "--array=0-2", "--ntasks=2",
+    # One rank a task, so that two tasks run at once on the two CPUs: multi-rank array tasks
+    # are the Tune array test's.
+    args = f"--storage {tmp_path} --epochs 2 --workers 1"
+    job = submit(slurm, tmp_path, "array-sweep.sbatch", "--array=0-2", "--ntasks=1",
                  "--cpus-per-task=1", "--time=5", args=args, SWEEP_NAME="sw")
     assert set(wait(slurm, tmp_path, job, 240).values()) == {"COMPLETED"}, output_of(tmp_path)
     names = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("sw-"))
@@ -133,8 +135,9 @@ def test_array_sweep_makes_one_experiment_per_task_and_a_rerun_resumes_them(tmp_
     for name in names:
         lr = float(name.split("lr")[1])
         assert manifest(tmp_path / name)["config"]["train_loop_config"]["lr"] == lr
-    rerun = submit(slurm, tmp_path, "array-sweep.sbatch", "--array=0-2", "--ntasks=2",
-                   "--cpus-per-task=1", "--time=5", args=f"--storage {tmp_path} --epochs 3",
+    rerun = submit(slurm, tmp_path, "array-sweep.sbatch", "--array=0-2", "--ntasks=1",
+                   "--cpus-per-task=1", "--time=5",
+                   args=f"--storage {tmp_path} --epochs 3 --workers 1",
                    SWEEP_NAME="sw")
     assert set(wait(slurm, tmp_path, rerun, 240).values()) == {"COMPLETED"}, output_of(tmp_path)
     for name in names:
