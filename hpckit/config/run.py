@@ -63,9 +63,10 @@ class SyncConfig:
     """A second storage root (a path or URI) that receives a copy of the experiment: manifest,
     metrics and kept checkpoints. For scratch filesystems that are purged."""
 
-    mirror_command: str | None = None
+    mirror_command: str | Callable[[str, str], Any] | None = None
     """Copy with this command instead of pyarrow, e.g. ``"rclone copy {source} {target}"``;
-    ``{source}`` is the experiment directory, ``{target}`` the mirror's ``{mirror}/{name}``."""
+    ``{source}`` is the experiment directory, ``{target}`` the mirror's ``{mirror}/{name}``.
+    A function ``(source, target)`` is called instead (Ray Tune's syncer)."""
 
     sync_period: float = 300.0
     """Mirror at most once per this many seconds (after a commit), and once at the end."""
@@ -79,9 +80,11 @@ class SyncConfig:
                               "'/project/archive/runs' or 's3://bucket/runs'.")
         command = self.mirror_command
         if command is not None:
-            if not isinstance(command, str) or "{source}" not in command or "{target}" not in command:
+            if not callable(command) and (not isinstance(command, str) or "{source}" not in command
+                                          or "{target}" not in command):
                 raise ConfigError(f"SyncConfig(mirror_command={command!r}) must be a command with "
-                                  "{source} and {target} in it, e.g. 'rclone copy {source} {target}'.")
+                                  "{source} and {target} in it, e.g. 'rclone copy {source} "
+                                  "{target}', or a function (source, target).")
             if self.mirror is None:
                 raise ConfigError(f"SyncConfig(mirror_command={command!r}) needs mirror= too: it "
                                   "names the {target}.")

@@ -81,6 +81,12 @@ class Mirror:
     def _run_command(self) -> None:
         assert self.config.mirror_command is not None
         source = self.source.path if self.source.is_local else self.source.display
+        if callable(self.config.mirror_command):
+            try:
+                self.config.mirror_command(source, self.target_text)
+            except Exception as exc:  # the user's function: its failure is the mirror's
+                raise subprocess.SubprocessError(f"the syncer function raised {exc!r}") from exc
+            return
         command = self.config.mirror_command.format(source=shlex.quote(source),
                                                     target=shlex.quote(self.target_text))
         done = subprocess.run(command, shell=True, capture_output=True, text=True)
