@@ -66,6 +66,12 @@ class CheckpointConfig:
     ``get_context().should_checkpoint()`` (Young/Daly's interval √(2·C·MTBF)). One day by
     default; a job on many nodes fails more often: about a node's MTBF divided by the nodes."""
 
+    checkpoint_frequency: int = 0
+    """For a ``tune.Trainable`` class: checkpoint every this many iterations (0: never)."""
+
+    checkpoint_at_end: bool | None = None
+    """For a ``tune.Trainable`` class: checkpoint after its last iteration too."""
+
     cache_dir: str | None = None
     """A node-local directory (NVMe, ``$TMPDIR``, ``/dev/shm``) where checkpoints are written
     first; only every ``persist_every``-th goes to ``storage_path`` too. None: every
@@ -82,6 +88,7 @@ class CheckpointConfig:
 
     def __post_init__(self) -> None:
         _check_levels(self)
+        _check_class_checkpoints(self)
         mtbf = self.mtbf_s
         if isinstance(mtbf, bool) or not isinstance(mtbf, (int, float)) or not mtbf > 0:
             raise ConfigError(f"CheckpointConfig(mtbf_s={mtbf!r}) is invalid: use the job's mean "
@@ -107,6 +114,16 @@ class CheckpointConfig:
             raise ConfigError(
                 f"CheckpointConfig(checkpoint_score_order={self.checkpoint_score_order!r}) is "
                 "invalid: use 'max' (higher is better) or 'min' (lower is better).")
+
+
+def _check_class_checkpoints(config: CheckpointConfig) -> None:
+    frequency, at_end = config.checkpoint_frequency, config.checkpoint_at_end
+    if not is_int(frequency) or frequency < 0:
+        raise ConfigError(f"CheckpointConfig(checkpoint_frequency={frequency!r}) must be an "
+                          "integer >= 0 (iterations of a tune.Trainable; 0 never).")
+    if at_end is not None and not isinstance(at_end, bool):
+        raise ConfigError(f"CheckpointConfig(checkpoint_at_end={at_end!r}) must be True, False "
+                          "or None.")
 
 
 def _check_levels(config: CheckpointConfig) -> None:

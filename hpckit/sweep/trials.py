@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 from hpckit import settings
 from hpckit.config import RunConfig, ScalingConfig
@@ -16,6 +16,8 @@ from hpckit.launch.trainer import DataParallelTrainer
 from hpckit.result import Result
 from hpckit.run.ranks import run_ranks
 from hpckit.storage.location import Location
+from hpckit.sweep.trainable import ClassRunner
+from hpckit.sweep.trainable import Trainable as TuneTrainable
 
 Trainable = Callable[..., Any] | DataParallelTrainer
 
@@ -26,6 +28,16 @@ def check_trainable(trainable: Any) -> None:
     raise ConfigError(f"Tuner({trainable!r}) needs a training function (one rank per trial) "
                       "or a TorchTrainer/DataParallelTrainer (its ScalingConfig's ranks per "
                       "trial; param_space goes into its train_loop_config).")
+
+
+def prepared(trainable: Any, run_config: RunConfig) -> Trainable:
+    """A ``tune.Trainable`` class as a training function, checkpointing as
+    ``CheckpointConfig(checkpoint_frequency, checkpoint_at_end)`` say; others as given."""
+    if isinstance(trainable, type) and issubclass(trainable, TuneTrainable):
+        config = run_config.checkpoint_config
+        return ClassRunner(trainable, config.checkpoint_frequency,
+                           bool(config.checkpoint_at_end), run_config.stop)
+    return cast(Trainable, trainable)
 
 
 def ranks_per_trial(trainable: Trainable) -> int:

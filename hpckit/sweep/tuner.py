@@ -46,6 +46,7 @@ from hpckit.sweep.trials import (
     Trainable,
     check_trainable,
     finished,
+    prepared,
     ranks_per_trial,
     run_trial,
     trial_run_config,
@@ -63,10 +64,10 @@ class Tuner:
                                   ("run_config", run_config, RunConfig)):
             if value is not None and not isinstance(value, kind):
                 raise ConfigError(f"Tuner({name}={value!r}) must be a {kind.__name__}.")
-        self.trainable = trainable
         self.param_space = param_space
         self.tune_config = tune_config or TuneConfig()
         self.run_config = run_config or RunConfig()
+        self.trainable = prepared(trainable, self.run_config)
         self._resume_errored = _resume_errored
         self._results: ResultGrid | None = None
 
