@@ -30,6 +30,9 @@ from hpckit.storage.location import resolve
 SHARDED = HERE / "ranks" / "sharded.py"
 RANKS = 3
 TRIALS = 20
+# On S3 each asynchronous phase is killed half as often: the same code paths as on local
+# storage (20 kills a phase there), and S3 makes every trial slower.
+S3_ASYNC_TRIALS = 10
 PHASE_EPOCHS = 48
 RANDOM_EPOCHS = 400  # 20 trials, each a few to 15 epochs further on: the last still has work to kill
 SHARD = "65536"  # floats per file: 512 KiB, seven files per checkpoint
@@ -171,11 +174,11 @@ def test_sigkill_at_every_phase_on_s3_loses_nothing(s3, tmp_path, reference):
 
 @pytest.mark.parametrize("phase", ASYNC)
 def test_sigkill_in_asynchronous_checkpoints_on_s3_loses_nothing(phase, s3, tmp_path, reference):
-    """Twenty kills at each phase of an asynchronous checkpoint, with the experiment on S3."""
+    """Ten kills at each phase of an asynchronous checkpoint, with the experiment on S3."""
     storage = s3.uri(f"kill-{phase}-{tmp_path.name}")
     experiment = storage.replace("?", "/exp?", 1)
     state = reliability.State(None, [])
-    for trial in range(TRIALS):
+    for trial in range(S3_ASYNC_TRIALS):
         state = kill_trial(storage, experiment, phase, trial, state,
                            "SIGKILL at a hook, asynchronous, on S3")
     finish_chain(storage, experiment, state, reference, "in-place-async")
