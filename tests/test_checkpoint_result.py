@@ -66,6 +66,27 @@ def test_result_from_a_path_that_is_not_an_experiment(tmp_path):
         Result.from_path(tmp_path)
 
 
+def _named_once(config: dict) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        hpckit.report({"epoch": 0}, checkpoint=Checkpoint.from_directory(d),
+                      checkpoint_dir_name="model")
+
+
+def test_an_empty_directory_left_by_a_run_killed_before_its_pending_marker_is_taken(tmp_path):
+    """Killed between making a reserved directory and marking it pending, a run leaves an
+    empty directory (an S3 directory marker) that no leftover check recognises."""
+    (tmp_path / "left" / "model").mkdir(parents=True)
+    result = DataParallelTrainer(_named_once, run_config=RunConfig(
+        name="left", storage_path=str(tmp_path))).fit()
+    assert result.checkpoint.path == str(tmp_path / "left" / "model")
+    (tmp_path / "full" / "model").mkdir(parents=True)
+    (tmp_path / "full" / "model" / "mine.txt").write_text("keep")
+    with pytest.raises(hpckit.TrainingFailedError, match="already exists"):
+        DataParallelTrainer(_named_once, run_config=RunConfig(
+            name="full", storage_path=str(tmp_path))).fit()
+    assert (tmp_path / "full" / "model" / "mine.txt").read_text() == "keep"
+
+
 def _same_name_twice(config: dict) -> None:
     for epoch in range(2):
         with tempfile.TemporaryDirectory() as d:

@@ -45,11 +45,12 @@ def killed_then_rerun(command: list[str], env: dict[str, str]) -> str:
     return run(command, timeout=180, env=env).output
 
 
-def check_trial(steps_of: list[int], kept: list[str], lr: float) -> None:
+def check_trial(steps_of: list[int], kept: list[str], lr: float, output: str) -> None:
     """Each step once; the best five by auc and the latest kept, named checkpoint_<step>."""
-    assert steps_of == list(range(STEPS)), steps_of
+    assert steps_of == list(range(STEPS)), f"lr={lr}: steps {steps_of}\n{output}"
     best = sorted(range(STEPS), key=lambda s: auc(s, lr), reverse=True)[:5]
-    assert sorted(kept) == sorted({f"checkpoint_{s}" for s in [*best, STEPS - 1]}), kept
+    assert sorted(kept) == sorted({f"checkpoint_{s}" for s in [*best, STEPS - 1]}), \
+        f"lr={lr}: kept {kept}\n{output}"
 
 
 def test_the_guide_on_a_shared_directory_resumes_each_trial_after_sigkill(tmp_path):
@@ -61,7 +62,7 @@ def test_the_guide_on_a_shared_directory_resumes_each_trial_after_sigkill(tmp_pa
     assert [t.name for t in trials] == [f"trial_0000{i}_lr={lr}" for i, lr in enumerate(LRS)]
     for trial, lr in zip(trials, LRS, strict=True):
         check_trial([m["metrics"]["step"] for m in metrics_lines(trial)],
-                    [p.name for p in trial.glob("checkpoint_*")], lr)
+                    [p.name for p in trial.glob("checkpoint_*")], lr, output)
         assert (trial / "checkpoint_7" / "checkpoint").read_text() == '{"step": 7}'
     found = analysis(output)
     best_lr = max(LRS, key=lambda lr: auc(STEPS - 1, lr))
@@ -85,7 +86,7 @@ def test_the_guide_s3_example_keeps_everything_at_upload_dir_and_resumes(tmp_pat
             f"{prefix}/my-tune-exp/trial_0000{index}_lr={lr}/metrics.jsonl").splitlines()]
         kept = [info.base_name for info in fs.get_file_info(pyarrow.fs.FileSelector(trial))
                 if info.base_name.startswith("checkpoint_")]
-        check_trial([m["metrics"]["step"] for m in lines], kept, lr)
+        check_trial([m["metrics"]["step"] for m in lines], kept, lr, output)
     assert not (tmp_path / "staging" / "my-tune-exp").exists(), "local_dir is only staging"
 
 

@@ -79,7 +79,7 @@ class Ledger:
         target = self.owner.location.join(directory)
         taken = {r.directory for r in self.owner.manifest.checkpoints}
         taken |= {e.plan.directory for e in self._queue if e.plan and e.plan.directory}
-        if directory in taken or files.file_type(target) != pyarrow.fs.FileType.NotFound:
+        if directory in taken or not _free(target):
             raise CheckpointError(
                 f"report(checkpoint_dir_name={directory!r}): {target.display} already exists; "
                 "give each checkpoint its own name (e.g. with the epoch in it).")
@@ -173,6 +173,15 @@ class Ledger:
                     "has no number by that name (its metrics: %s); such checkpoints rank worst "
                     "and are deleted first. Report %r with every checkpoint, or name one of "
                     "those.", attribute, reported, attribute)
+
+
+def _free(target: Location) -> bool:
+    """Nothing is there, or an empty directory: what a run killed between making a reserved
+    directory and marking it pending leaves (on S3 a directory marker), which no leftover
+    check can tell from a user's directory, and which holds nothing to lose."""
+    kind = files.file_type(target)
+    return kind == pyarrow.fs.FileType.NotFound or (
+        kind == pyarrow.fs.FileType.Directory and not files.list_files(target))
 
 
 def _hash_late(target: Location, name: str) -> FileRecord:
