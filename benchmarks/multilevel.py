@@ -131,7 +131,8 @@ def model(nodes: int = 1000, gib_per_node: float = 8.0, pfs_gib_s: float = 500.0
     work lost per failure at Young/Daly's interval."""
     mtbf = node_mtbf_h * 3600 / nodes
     pfs_cost = nodes * gib_per_node / pfs_gib_s
-    cache_cost = gib_per_node / nvme_gib_s + gib_per_node / min(net_gib_s, nvme_gib_s)
+    cache_cost = gib_per_node / nvme_gib_s
+    partner_copy = gib_per_node / min(net_gib_s, nvme_gib_s)
     rows = {}
     for level, cost in (("storage_path", pfs_cost), ("cache+partner", cache_cost)):
         interval = math.sqrt(2 * cost * mtbf)
@@ -144,8 +145,11 @@ def model(nodes: int = 1000, gib_per_node: float = 8.0, pfs_gib_s: float = 500.0
          assumptions={"pfs_aggregate_gib_s": pfs_gib_s, "nvme_write_gib_s_per_node": nvme_gib_s,
                       "network_gib_s_per_node": net_gib_s, "node_mtbf_hours": node_mtbf_h,
                       "job_mtbf_s": round(mtbf), "persist_every": persist_every,
-                      "partner_copy": "over the network onto the partner's NVMe: at "
-                                      "min(network, NVMe); the cache write itself at NVMe speed"},
+                      "partner_copy": "over the network onto the partner's NVMe, at "
+                                      "min(network, NVMe), in the background: it blocks nothing "
+                                      "while it ends before the next checkpoint; the cache "
+                                      "write itself blocks, at NVMe speed"},
+         partner_copy_background_s=round(partner_copy, 1),
          levels=rows, drain_gib_s_needed=round(drain, 1),
          drain_fraction_of_pfs=round(drain / pfs_gib_s, 3),
          description="blocking cost per checkpoint, Young/Daly interval sqrt(2*C*MTBF), expected "

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ from conftest import HPCKIT, manifest, metrics_lines, mpiexec, run
 from mpi4py import MPI
 
 from hpckit.config import CheckpointConfig
-from hpckit.errors import ConfigError
+from hpckit.errors import CheckpointError, ConfigError
 from hpckit.experiment.manifest import (
     CACHE,
     STORAGE,
@@ -86,7 +88,10 @@ def levels(experiment: Path) -> dict[str, str]:
 
 def test_a_node_that_lost_its_disk_restarts_from_its_partner_copy(nodes, tmp_path, reference):
     experiment = tmp_path / "exp"
-    on_nodes(nodes, TWO, tmp_path, fault="committed:0:5:all")  # after checkpoint_000004
+    first = on_nodes(nodes, TWO, tmp_path, fault="committed:0:5:all")  # after checkpoint_000004
+    assert "copying checkpoint_000000 to partner nodes in the background" in first, first
+    assert re.search(r"committed checkpoint_000000 \(.*node-local caches\), \d+ ms after", first)
+    assert "persisting checkpoint_000002 in the background" in first, "the drain is asynchronous"
     assert manifest(experiment)["latest"] == "checkpoint_000004"
     assert levels(experiment)["checkpoint_000004"] == CACHE
     assert not (experiment / "checkpoint_000004").exists(), "a cached checkpoint went to storage"
@@ -188,7 +193,13 @@ def test_rank_0_sends_every_nth_the_stopping_and_the_in_place_checkpoint_to_stor
     assert [levels.leveled(plan(i), ()).level for i in range(6)] == \
         [CACHE, CACHE, STORAGE, CACHE, CACHE, STORAGE]
     assert not levels.leveled(plan(0), ()).asynchronous, "a cached checkpoint is written at once"
-    assert levels.leveled(plan(2), ()).asynchronous, "a stored one keeps its upload mode"
+    partnered = Levels(MPI.COMM_SELF, CheckpointConfig(cache_dir=str(tmp_path), persist_every=3,
+                                                       redundancy="partner"),
+                       local(str(tmp_path / "exp")), Nodes(("h", "g")))
+    assert partnered.leveled(plan(0), ()).asynchronous, "its partner copy runs in the background"
+    drained = levels.leveled(replace(plan(2), asynchronous=False), ())
+    assert drained.asynchronous, "a stored one drains to storage_path in the background"
+    assert not levels.leveled(plan(2, stop="SIGUSR2"), ()).asynchronous, "but not at a stop"
     for stored in (plan(0, stop="SIGUSR2"), plan(0, in_place=True),
                    Plan(0, directory="epoch_0", index=0)):
         assert levels.leveled(stored, ()).level == STORAGE, stored
@@ -229,3 +240,28 @@ def test_files_sent_to_a_rank_arrive_whole_in_chunks_and_errors_come_back(tmp_pa
         assert (tmp_path / "out" / name).read_bytes() == data and got[name].error is None
         assert got[name].size == len(data)
     assert "could not read" in str(got["missing"].error)
+
+
+def test_a_background_copy_waiting_for_a_peer_ends_when_its_attempt_is_abandoned(tmp_path):
+    """A partner copy whose peer never sends (gone with its attempt) must not keep the
+    background thread, and so the attempt's end, waiting for ever."""
+    abandon = threading.Event()
+    never = [Receive(0, "state.npy", str(tmp_path / "state.npy"))]
+    copy = threading.Thread(target=lambda: failed.append(_raised(
+        lambda: exchange(MPI.COMM_SELF.Dup(), [], never, abandon=abandon))))
+    failed: list[BaseException | None] = []
+    copy.start()
+    copy.join(0.3)
+    assert copy.is_alive(), "it waits while the attempt goes on"
+    abandon.set()
+    copy.join(10)
+    assert not copy.is_alive() and isinstance(failed[0], CheckpointError), failed
+    assert "abandoned" in str(failed[0])
+
+
+def _raised(fn) -> BaseException | None:
+    try:
+        fn()
+    except BaseException as exc:  # noqa: BLE001  (the test inspects it)
+        return exc
+    return None

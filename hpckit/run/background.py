@@ -1,6 +1,7 @@
 """This rank's asynchronous checkpoints: persisted one after another on a background thread,
 oldest first, until the training thread learns at a collective point that every rank has
-finished one and rank 0 committed it. The background thread never touches MPI."""
+finished one and rank 0 committed it. The background thread touches MPI only for a cached
+checkpoint's partner copy, on a communicator of its own (``run.levels``)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,6 @@ What retention evicts is deleted after the commit, in the background (``experime
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from dataclasses import dataclass, replace
@@ -40,7 +39,6 @@ from hpckit.run.ledger import Ledger, discard
 from hpckit.run.levels import Levels
 from hpckit.run.persist import persist, persist_in_place
 from hpckit.run.plan import DRAIN, FINISH, REPORT, Announcement, Persisted, Plan, make_plan
-from hpckit.storage import files
 from hpckit.storage.location import Location
 
 
@@ -69,7 +67,8 @@ class CommitProtocol:
         self.callbacks = callbacks
         self.stop_when = stop_when  # RunConfig.stop
         self.levels = levels  # CheckpointConfig(cache_dir)
-        self.ledger = Ledger(owner, config, callbacks) if owner is not None else None
+        self.ledger = (Ledger(owner, config, callbacks, levels.nodes.hosts if levels else ())
+                       if owner is not None else None)
         self.latest = latest
         self.staging = staging
         self.background = Background(comm.rank)
@@ -98,11 +97,14 @@ class CommitProtocol:
         if plan.directory is None:
             if plan.stop:
                 self._drain()
-        elif plan.asynchronous:
+        elif plan.asynchronous and plan.level != CACHE:
             self._make_room()
             self._start_background(plan, handed, upload)
         else:
-            self._drain()
+            if plan.asynchronous:  # cached now, copied to the partner node in the background
+                self._make_room()
+            else:
+                self._drain()
             self._persist_now(plan, handed)
             release(handed, self.experiment.is_local)
         self.callbacks.call_due()
@@ -121,6 +123,7 @@ class CommitProtocol:
             self._announce(Announcement(FINISH, self.reports, failure=failure))
         if self.levels is not None:
             self.levels.persist_latest(self.owner, "the last checkpoint of the run")
+            self.levels.release()
 
     def _callback_failure(self) -> RankFailure | None:
         """A UserCallback that raised on rank 0, as the failure every rank will raise."""
@@ -132,6 +135,8 @@ class CommitProtocol:
     def close(self, promptly: bool = False) -> None:
         """At the end of the attempt; ``promptly`` (after Ctrl-C) does not wait for a file
         operation under way, and leaves the staged files to the next attempt."""
+        if self.levels is not None:
+            self.levels.abandon()
         self.background.close(wait=not promptly)
         if not promptly:
             self.staging.remove()
@@ -158,7 +163,8 @@ class CommitProtocol:
                 self._broken = exc
             raise
         for directory in plan.committed:
-            self.latest = Checkpoint._at(self.experiment.join(directory))
+            cached = self.levels.committed(directory) if self.levels is not None else None
+            self.latest = Checkpoint._at(cached or self.experiment.join(directory))
         self.background.forget(plan.committed)
         if plan.committed and self.owner is not None:
             self.owner.purge_evicted()
@@ -172,11 +178,11 @@ class CommitProtocol:
         ledger = self._ledger()
         plan = make_plan(announcements, self.next_step, self.next_index)
         if announcements[0].kind == REPORT and plan.directory is not None:
-            self._prepare_directory(plan)  # may refuse the report: before anything commits
+            ledger.prepare(plan, self.next_index)  # may refuse the report: before anything commits
         plan = replace(plan, committed=ledger.commit_finished(announcements))
         if self.levels is not None:
             plan = self.levels.leveled(plan, tuple(
-                r.directory for r in ledger.owner.manifest.checkpoints))
+                r.directory for r in ledger.owner.manifest.checkpoints) + ledger.pending)
         if announcements[0].kind != REPORT:
             return plan
         self.callbacks.heard(plan.step, [a.metrics or {} for a in announcements])
@@ -187,18 +193,6 @@ class CommitProtocol:
         finish = stop.criterion_met(self.stop_when, self.experiment.name, self.last_metrics,
                                     plan.step + 1)
         return replace(plan, finish=finish)
-
-    def _prepare_directory(self, plan: Plan) -> None:
-        """Rank 0, before any rank writes: the previous purge is done, a named directory is
-        free (and marked pending), a stale pending one is cleared."""
-        assert plan.directory is not None
-        ledger = self._ledger()
-        ledger.owner.wait_for_purge()
-        target = self.experiment.join(plan.directory)
-        if plan.directory != checkpoint_dirname(self.next_index):
-            ledger.reserve(plan.directory)
-        elif not plan.in_place and target.is_local and os.path.isdir(target.path):
-            files.delete_dir(target)  # files written in place, then another directory handed
 
     def _drain(self, keep: int = 0) -> None:
         """Wait until at most ``keep`` background checkpoints run, and commit the others."""
@@ -264,9 +258,9 @@ class CommitProtocol:
         rank, started = self.comm.rank, time.perf_counter()
         target = self.experiment.join(plan.directory)
         if plan.level == CACHE and self.levels is not None:
-            hosts = self.levels.nodes.hosts
-            self.latest = self.levels.write(plan, handed.source, lambda per_rank: self._ledger()
-                                            .commit(plan, per_rank, self.last_metrics, started, hosts))
+            cached = self.levels.write(plan, handed.source, lambda per_rank: self._ledger().commit(
+                plan, per_rank, self.last_metrics, started), self.background)
+            self.latest = Checkpoint._at(cached) if cached else self.latest
             return
 
         def write() -> Persisted:

@@ -22,6 +22,7 @@ from hpckit.experiment.manifest import (
     PENDING_MARKER,
     CheckpointRecord,
     FileRecord,
+    checkpoint_dirname,
     is_checkpoint_dirname,
 )
 from hpckit.experiment.nested import flatten
@@ -32,6 +33,7 @@ from hpckit.run.plan import (
     Announcement,
     Persisted,
     Plan,
+    check_copies,
     finished_everywhere,
     merge,
     raise_background_failure,
@@ -57,10 +59,11 @@ class Ledger:
     """The queue of reports that rank 0 has planned and not yet written."""
 
     def __init__(self, owner: Experiment, config: CheckpointConfig,
-                 callbacks: Callbacks | None = None) -> None:
+                 callbacks: Callbacks | None = None, hosts: tuple[str, ...] = ()) -> None:
         self.owner = owner
         self.config = config
         self.callbacks = callbacks
+        self.hosts = hosts  # every rank's, recorded with a checkpoint in the node-local caches
         self._queue: deque[Entry] = deque()
         self._score_missing_said = False
 
@@ -86,16 +89,33 @@ class Ledger:
         files.make_dir(target)
         files.write_bytes(target.join(PENDING_MARKER), b"")
 
+    def prepare(self, plan: Plan, next_index: int) -> None:
+        """Before any rank writes: the previous purge is done, a named directory is free (and
+        marked pending), a stale pending one is cleared."""
+        assert plan.directory is not None
+        self.owner.wait_for_purge()
+        target = self.owner.location.join(plan.directory)
+        if plan.directory != checkpoint_dirname(next_index):
+            self.reserve(plan.directory)
+        elif not plan.in_place and target.is_local and os.path.isdir(target.path):
+            files.delete_dir(target)  # files written in place, then another directory handed
+
     def expect(self, plan: Plan, metrics: dict[str, Any]) -> None:
         """A checkpoint now persisted in the background, committed by :meth:`commit_finished`."""
-        log.info("step %d: %s; persisting %s in the background", plan.step, summary(metrics),
-                 plan.directory)
+        log.info("step %d: %s; %s in the background", plan.step, summary(metrics),
+                 f"copying {plan.directory} to partner nodes" if plan.level == CACHE
+                 else f"persisting {plan.directory}")
         self._queue.append(Entry(plan.step, metrics, plan, time.perf_counter()))
+
+    @property
+    def pending(self) -> tuple[str, ...]:
+        """The checkpoints planned and not yet committed, oldest first."""
+        return tuple(e.plan.directory for e in self._queue if e.plan and e.plan.directory)
 
     def commit_finished(self, announcements: list[Announcement]) -> tuple[str, ...]:
         """Commit, in order, the background checkpoints every rank has finished, with the
         metrics lines queued behind them; raise (after discarding them) if one failed."""
-        pending = [e.plan.directory for e in self._queue if e.plan and e.plan.directory]
+        pending = list(self.pending)
         finished, failures = finished_everywhere(announcements, pending)
         ready = dict(finished)
         committed = self._commit_ready(ready)
@@ -121,14 +141,15 @@ class Ledger:
         return tuple(committed)
 
     def commit(self, plan: Plan, per_rank: list[Persisted], metrics: dict[str, Any],
-               started: float, hosts: tuple[str, ...] = ()) -> None:
-        """Merge what the ranks persisted and commit it in the manifest; ``hosts`` (every
-        rank's) for a checkpoint in the node-local caches."""
+               started: float) -> None:
+        """Merge what the ranks persisted (checking partner copies against it) and commit it
+        in the manifest."""
         assert plan.directory is not None
         target = self.owner.location.join(plan.directory)
         try:
             written = merge(plan, per_rank)
             written += [_hash_late(target, name) for name in unrecorded(per_rank)]
+            check_copies(plan, per_rank)
         except (HpckitError, OSError):
             discard(target)
             raise
@@ -136,7 +157,7 @@ class Ledger:
         record = CheckpointRecord(plan.index, plan.directory,
                                   plan.step, time.time(), metrics,
                                   tuple(sorted(written, key=lambda r: r.path)), plan.level,
-                                  hosts if plan.level == CACHE else ())
+                                  self.hosts if plan.level == CACHE else ())
         self._say_if_unscored(metrics)
         self.owner.commit(record, self.config)
         if self.callbacks:
@@ -146,15 +167,15 @@ class Ledger:
                 files.delete_file(target.join(PENDING_MARKER), missing_ok=True)
             except HpckitError as exc:  # committed all the same; the marker is harmless
                 log.warning("could not remove %s's pending marker: %s", plan.directory, exc)
+        where = ", node-local caches" if plan.level == CACHE else ""
         if plan.asynchronous:
-            log.info("step %d: committed %s (%s in %d file(s)), %.0f ms after its report",
-                     plan.step, plan.directory, human_size(record.size), len(written),
+            log.info("step %d: committed %s (%s in %d file(s)%s), %.0f ms after its report",
+                     plan.step, plan.directory, human_size(record.size), len(written), where,
                      (time.perf_counter() - started) * 1000)
         else:
             log.info("step %d: %s; committed %s (%s in %d file(s)%s) in %.0f ms", plan.step,
                      summary(record.metrics), plan.directory, human_size(record.size),
-                     len(written), ", node-local caches" if plan.level == CACHE else "",
-                     (time.perf_counter() - started) * 1000)
+                     len(written), where, (time.perf_counter() - started) * 1000)
 
     def _log_report(self, step: int, metrics: dict[str, Any]) -> None:
         self.owner.log_report(step, metrics)

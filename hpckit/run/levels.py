@@ -1,27 +1,28 @@
 """Checkpoint levels on the rank side (``CheckpointConfig(cache_dir)``, docs/multilevel.md):
 which level rank 0 sends a checkpoint to, writing it into each node's cache and copying it to
-the partner node before it commits, persisting a cached checkpoint to storage_path at the end
-of a run or a stop, finding a cached checkpoint's files on the nodes of this job, and removing
-from the caches what the manifest no longer names."""
+the partner node in the background before it commits, persisting a cached checkpoint to
+storage_path at the end of a run, finding a cached checkpoint's files on the nodes of this
+job, and removing from the caches what the manifest no longer names."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from hpckit import faults
-from hpckit.checkpoint import Checkpoint
 from hpckit.config import CheckpointConfig
 from hpckit.errors import CheckpointError, CommitError
 from hpckit.experiment.experiment import Experiment
 from hpckit.experiment.manifest import CACHE, STORAGE, CheckpointRecord, is_checkpoint_dirname
 from hpckit.logs import log
+from hpckit.run.background import Background
 from hpckit.run.cache import OWN, PARTNER, RESTORE, NodeCache, Nodes
 from hpckit.run.comm import all_reduce, everywhere, on_root
 from hpckit.run.ledger import discard
 from hpckit.run.persist import persist
-from hpckit.run.plan import Persisted, Plan, merge
+from hpckit.run.plan import Persisted, Plan
 from hpckit.run.transfer import Receive, Received, Send, exchange
 from hpckit.storage.copy import fsync_tree, persist_file
 from hpckit.storage.location import Location
@@ -40,30 +41,36 @@ class Levels:
         self.host = nodes.hosts[comm.rank]
         self.leader = nodes.ranks_on(self.host)[0] == comm.rank
         self.partnered = config.redundancy == "partner" and len(nodes.names) > 1
+        self._copies: Any = None
+        self._copying: set[str] = set()  # cached checkpoints whose partner copy is under way
+        self._abandon = threading.Event()
         if comm.rank == 0 and config.redundancy == "partner" and not self.partnered:
             log.warning("CheckpointConfig(redundancy='partner') needs two nodes or more; this "
                         "job runs on one (%s), so its cached checkpoints have no copy", self.host)
 
     def leveled(self, plan: Plan, kept: tuple[str, ...]) -> Plan:
-        """Rank 0: the plan with its level, and every checkpoint the caches keep. Cached
-        checkpoints are written synchronously (a local disk); in-place, custom-named, every
-        ``persist_every``-th one and the one taken at a stop go to storage_path."""
+        """Rank 0: the plan with its level, and every checkpoint the caches keep. In-place,
+        custom-named, every ``persist_every``-th one and the one taken at a stop go to
+        storage_path, in the background but for the stop's; the others are written into the
+        caches at once (a local disk) and, with partners, committed once their partner copy,
+        made in the background, is complete. Either way the plan is then asynchronous."""
         if plan.directory is None or plan.index is None:
             return replace(plan, kept=kept)
         stored = (plan.stop is not None or plan.in_place or not is_checkpoint_dirname(plan.directory)
                   or (plan.index + 1) % self.config.persist_every == 0)
         return replace(plan, level=STORAGE if stored else CACHE,
-                       asynchronous=plan.asynchronous and stored,
+                       asynchronous=plan.stop is None if stored else self.partnered,
                        kept=(*kept, plan.directory))
 
     def tidy(self, plan: Plan) -> None:
         if self.leader and plan.kept is not None:
             self.cache.keep_only(plan.kept)
 
-    def write(self, plan: Plan, source: str | None,
-              commit: Callable[[list[Persisted]], None]) -> Checkpoint:
-        """Write this rank's files of ``plan`` into the node's cache, copy them to the
-        partner node, then let rank 0 ``commit``: every step collective."""
+    def write(self, plan: Plan, source: str | None, commit: Callable[[list[Persisted]], None],
+              background: Background) -> Location | None:
+        """Collective: write this rank's files of ``plan`` into the node's cache. Without
+        partners rank 0 ``commit``s it at once (its location is returned); with them, the
+        partner copy starts in the ``background`` and a later report commits it."""
         assert plan.directory is not None
         target = self.cache.location(plan.directory)
 
@@ -73,18 +80,31 @@ class Levels:
         what = f"caching {plan.directory} on each node"
         if not self.partnered:
             all_reduce(self.comm, what, write, commit, CommitError)
-            return Checkpoint._at(target)
-        per_rank = all_reduce(self.comm, what, write, lambda per: per, CommitError)
+            return target
+        mine = all_reduce(self.comm, what, write, lambda per: per, CommitError)[self.comm.rank]
+        comm = self._partner_comm()
+        background.start(plan.directory, lambda: replace(mine, copies=tuple(
+            (r.name, r.sha256) for r in self._partner_copy(comm, plan))))
+        self._copying.add(plan.directory)
+        return None
 
-        def check_then_commit(received: list[list[Received]]) -> None:
-            _check_copies(plan, per_rank, received)
-            commit(per_rank)
+    def committed(self, directory: str) -> Location | None:
+        """Where a checkpoint committed after its partner copy is, when it is cached."""
+        if directory not in self._copying:
+            return None
+        self._copying.discard(directory)
+        return self.cache.location(directory)
 
-        all_reduce(self.comm, f"copying {plan.directory} to partner nodes",
-                   lambda: self._partner_copy(plan), check_then_commit, CommitError)
-        return Checkpoint._at(target)
+    def _partner_comm(self) -> Any:
+        """The communicator of the background partner copies (MPI_THREAD_MULTIPLE), made
+        collectively by the training thread at the first copy."""
+        if self._copies is None:
+            self._copies = self.comm.Dup()
+        return self._copies
 
-    def _partner_copy(self, plan: Plan) -> list[Received]:
+    def _partner_copy(self, comm: Any, plan: Plan) -> list[Received]:
+        """On the background thread: this rank's files to the partner node, and the previous
+        node's files into this node's partner directory."""
         assert plan.directory is not None
         rank, directory = self.comm.rank, plan.directory
         sends = [Send(self.nodes.sends_to(rank), self.cache.path(OWN, directory, name), name)
@@ -92,12 +112,23 @@ class Levels:
         receives = [Receive(source, name, self.cache.path(PARTNER, directory, name))
                     for source in self.nodes.receives_from(rank)
                     for name in plan.writes.get(source, [])]
-        received = exchange(self.comm, sends, receives, lambda: faults.reached("partnering", rank))
+        received = exchange(comm, sends, receives, lambda: faults.reached("partnering", rank),
+                            self._abandon)
         failed = [r for r in received if r.error]
         if failed:
             raise CheckpointError(f"rank {rank} on {self.host}: the partner copy of {directory} "
                                   f"failed: {failed[0].error}")
         return received
+
+    def abandon(self) -> None:
+        """The attempt ends: a partner copy still under way stops (its peers may be gone)."""
+        self._abandon.set()
+
+    def release(self) -> None:
+        """Collective, after the last partner copy of an attempt that ended well."""
+        if self._copies is not None:
+            self._copies.Free()
+            self._copies = None
 
     def persist_latest(self, owner: Experiment | None, why: str) -> None:
         """Collective: when the newest checkpoint is cached only, copy it to storage_path
@@ -152,15 +183,6 @@ def _cached_latest(owner: Experiment | None) -> tuple[CheckpointRecord | None, l
     latest = owner.manifest.latest
     return (latest if latest is not None and not latest.on_storage else None,
             [r.directory for r in owner.manifest.checkpoints])
-
-
-def _check_copies(plan: Plan, per_rank: list[Persisted], received: list[list[Received]]) -> None:
-    written = {r.path: r.sha256 for r in merge(plan, per_rank)}
-    for rank, copies in enumerate(received):
-        for copy in copies:
-            if written.get(copy.name) != copy.sha256:
-                raise CheckpointError(f"rank {rank}: the partner copy of {plan.directory}/"
-                                      f"{copy.name} differs from what its writer hashed")
 
 
 def locate(comm: Any, cache: NodeCache, nodes: Nodes, record: CheckpointRecord, leader: bool

@@ -25,11 +25,13 @@ REPORT, FINISH, DRAIN = "report", "finish", "drain"
 
 @dataclass(frozen=True)
 class Persisted:
-    """What one rank persisted of one checkpoint: its file records and, for a checkpoint
-    written in place, the names it found in the directory."""
+    """What one rank persisted of one checkpoint: its file records; for a checkpoint
+    written in place, the names it found in the directory; for a cached one, the partner
+    copies this rank received, as (name, sha256) pairs."""
 
     records: list[FileRecord]
     listed: tuple[str, ...] = ()
+    copies: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -219,6 +221,16 @@ def merge(plan: Plan, per_rank: list[Persisted]) -> list[FileRecord]:
                 r.path, [first.rank, r.rank],
                 f"(sha256 {first.sha256[:12]}... vs {r.sha256[:12]}...)"))
     return sorted(kept.values(), key=lambda r: r.path)
+
+
+def check_copies(plan: Plan, per_rank: list[Persisted]) -> None:
+    """Every partner copy a rank received hashes as its writer hashed it."""
+    written = {r.path: r.sha256 for r in merge(plan, per_rank)}
+    for rank, persisted in enumerate(per_rank):
+        for name, sha256 in persisted.copies:
+            if written.get(name) != sha256:
+                raise CheckpointError(f"rank {rank}: the partner copy of {plan.directory}/"
+                                      f"{name} differs from what its writer hashed")
 
 
 def unrecorded(per_rank: list[Persisted]) -> list[str]:

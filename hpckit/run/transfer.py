@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from hpckit.errors import CheckpointError
 from hpckit.run.waiting import poll
 
 TRANSFER_TAG = 0x4852
@@ -47,9 +49,11 @@ class Received:
 
 
 def exchange(comm: Any, sends: list[Send], receives: list[Receive],
-             arrived: Callable[[], None] = lambda: None) -> list[Received]:
+             arrived: Callable[[], None] = lambda: None,
+             abandon: threading.Event | None = None) -> list[Received]:
     """Send ``sends`` and write ``receives`` (synced), in one loop; what arrived, hashed.
-    ``arrived`` is called after each file received (a fault point)."""
+    ``arrived`` is called after each file received (a fault point). A background exchange
+    ends with an error once ``abandon`` is set (its attempt ended; a peer may be gone)."""
     outgoing = _messages(sends)
     expected: dict[int, deque[Receive]] = {}
     for receive in receives:
@@ -61,16 +65,17 @@ def exchange(comm: Any, sends: list[Send], receives: list[Receive],
 
     def progress() -> bool:
         nonlocal in_flight, pending
+        if abandon is not None and abandon.is_set():
+            raise CheckpointError("the partner copy was abandoned: its attempt ended")
         if in_flight is not None and in_flight.test()[0]:
             in_flight = None
         if in_flight is None and pending is not None:
             in_flight = comm.isend(pending[1], dest=pending[0], tag=TRANSFER_TAG)
             pending = next(outgoing, None)
         while any(expected.values()):
-            status = _probe(comm)
-            if status is None:
+            source = _probe(comm, [s for s, waiting in expected.items() if waiting])
+            if source is None:
                 break
-            source = status.Get_source()
             finished = writer.take(expected[source][0], comm.recv(source=source,
                                                                   tag=TRANSFER_TAG))
             if finished is not None:
@@ -83,11 +88,10 @@ def exchange(comm: Any, sends: list[Send], receives: list[Receive],
     return done
 
 
-def _probe(comm: Any) -> Any:
-    from mpi4py import MPI
-
-    status = MPI.Status()
-    return status if comm.iprobe(source=MPI.ANY_SOURCE, tag=TRANSFER_TAG, status=status) else None
+def _probe(comm: Any, sources: list[int]) -> int | None:
+    """A source with a message waiting, among those this exchange still expects files from:
+    a source that has finished this exchange may already be sending the next one's."""
+    return next((s for s in sources if comm.iprobe(source=s, tag=TRANSFER_TAG)), None)
 
 
 def _messages(sends: list[Send]) -> Iterator[tuple[int, tuple[bytes | None, bool, str | None]]]:
