@@ -29,7 +29,7 @@ from hpckit.experiment.manifest import (
     checkpoint_dirname,
 )
 from hpckit.run import transfer
-from hpckit.run.cache import Nodes
+from hpckit.run.cache import NodeCache, Nodes
 from hpckit.run.levels import Levels
 from hpckit.run.plan import Plan
 from hpckit.run.transfer import Receive, Send, exchange
@@ -136,6 +136,29 @@ def test_killed_while_draining_the_last_checkpoint_it_drains_on_the_rerun(nodes,
     verify = run([HPCKIT, "verify", str(experiment), "checkpoint_000006"], timeout=60)
     assert "ok: 9 file(s) in 1 checkpoint(s)" in verify.output, verify.output
     assert steps(experiment) == list(range(EPOCHS))
+    assert final(output) == reference(4)
+
+
+def test_a_node_whose_cache_cannot_be_written_fails_the_run_and_the_rerun_resumes(
+        nodes, tmp_path, reference):
+    """The failed write surfaces from the background at the next report, on every rank,
+    naming the node; nothing of it is committed, and a rerun with the cache repaired runs
+    every step once."""
+    experiment = tmp_path / "exp"
+    root = Path(NodeCache(str(nodes.local), local(str(experiment))).root)
+    nodes.mount_disk("nodeb")
+    blocked = nodes.disk("nodeb") / root.relative_to(nodes.local) / "own"
+    blocked.parent.mkdir(parents=True, exist_ok=True)
+    blocked.write_text("a file where nodeb's cache needs a directory")
+    failed = nodes.mpiexec(TWO, 2, SHARDED, *cached_args(tmp_path, nodes.local), env=QUICK,
+                           expect=None)
+    assert failed.returncode != 0, failed.output
+    assert re.search(r"rank [23] on nodeb: caching checkpoint_000000", failed.output), failed.output
+    assert manifest(experiment)["checkpoints"] == [], failed.output
+    assert not (experiment / "metrics.jsonl").exists(), "the failed report was logged"
+    blocked.unlink()
+    output = on_nodes(nodes, TWO, tmp_path)
+    assert steps(experiment) == list(range(EPOCHS)), output
     assert final(output) == reference(4)
 
 

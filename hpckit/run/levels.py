@@ -19,7 +19,7 @@ from hpckit.experiment.manifest import CACHE, STORAGE, CheckpointRecord, is_chec
 from hpckit.logs import log
 from hpckit.run.background import Background
 from hpckit.run.cache import OWN, PARTNER, RESTORE, NodeCache, Nodes
-from hpckit.run.comm import all_reduce, everywhere, on_root
+from hpckit.run.comm import all_reduce, attempt, everywhere, on_root
 from hpckit.run.ledger import discard
 from hpckit.run.persist import persist
 from hpckit.run.plan import Persisted, Plan
@@ -68,24 +68,32 @@ class Levels:
 
     def write(self, plan: Plan, source: str | None, commit: Callable[[list[Persisted]], None],
               background: Background) -> Location | None:
-        """Collective: write this rank's files of ``plan`` into the node's cache. Without
-        partners rank 0 ``commit``s it at once (its location is returned); with them, the
-        partner copy starts in the ``background`` and a later report commits it."""
+        """Write this rank's files of ``plan`` into the node's cache. Without partners, a
+        collective step in which rank 0 ``commit``s it (its location is returned). With them,
+        the partner copy starts in the ``background``, where a failed write is raised too (as
+        a failed hand-over of an asynchronous checkpoint is), and a later report commits it
+        or raises on every rank."""
         assert plan.directory is not None
-        target = self.cache.location(plan.directory)
+        rank, directory, target = self.comm.rank, plan.directory, self.cache.location(plan.directory)
 
         def write() -> Persisted:
-            return Persisted(persist(plan, target, source, self.comm.rank))
+            return Persisted(persist(plan, target, source, rank))
 
-        what = f"caching {plan.directory} on each node"
         if not self.partnered:
-            all_reduce(self.comm, what, write, commit, CommitError)
+            all_reduce(self.comm, f"caching {directory} on each node", write, commit, CommitError)
             return target
-        mine = all_reduce(self.comm, what, write, lambda per: per, CommitError)[self.comm.rank]
+        mine, failure = attempt(rank, write)
         comm = self._partner_comm()
-        background.start(plan.directory, lambda: replace(mine, copies=tuple(
-            (r.name, r.sha256) for r in self._partner_copy(comm, plan))))
-        self._copying.add(plan.directory)
+
+        def copy() -> Persisted:
+            copies = self._partner_copy(comm, plan)  # even after a failed write: peers wait
+            if mine is None:
+                raise CheckpointError(f"rank {rank} on {self.host}: caching {directory}: "
+                                      f"{failure.error if failure else 'failed'}")
+            return replace(mine, copies=tuple((r.name, r.sha256) for r in copies))
+
+        background.start(directory, copy)
+        self._copying.add(directory)
         return None
 
     def committed(self, directory: str) -> Location | None:
