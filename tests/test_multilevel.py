@@ -139,6 +139,38 @@ def test_killed_while_draining_the_last_checkpoint_it_drains_on_the_rerun(nodes,
     assert final(output) == reference(4)
 
 
+def test_a_stop_at_a_report_without_a_checkpoint_sends_the_cached_latest_to_storage(
+        nodes, tmp_path, reference):
+    """A checkpoint every second epoch; SIGUSR2 before epoch 2's metrics-only report, which
+    commits the cached checkpoint of epoch 1 and stops: that one must reach storage_path, so
+    that a job requeued on other nodes (or after the caches are wiped) resumes from it."""
+    args = [*cached_args(tmp_path, nodes.local), "--every", "2", "--stop-at", "2"]
+    stopped = nodes.mpiexec(TWO, 2, SHARDED, *args, env=QUICK, expect=None)
+    assert stopped.returncode == 75, stopped.output
+    experiment = tmp_path / "exp"
+    assert levels(experiment) == {"checkpoint_000000": STORAGE}, stopped.output
+    assert "persisted checkpoint_000000 to storage_path (the stop (SIGUSR2))" in stopped.output
+    for host in TWO:
+        nodes.lose_disk(host)
+    output = nodes.mpiexec(TWO, 2, SHARDED, *args[:-2], env=QUICK).output
+    assert "from checkpoint_000000" in output, output
+    assert steps(experiment) == list(range(EPOCHS)), output
+    assert final(output) == reference(4)
+
+
+def test_without_mpi_thread_multiple_partner_copies_run_inside_report(nodes, tmp_path,
+                                                                      reference):
+    env = {**QUICK, "MPI4PY_RC_THREAD_LEVEL": "serialized"}
+    outcome = nodes.mpiexec(TWO, 2, SHARDED, *cached_args(tmp_path, nodes.local), env=env)
+    assert outcome.output.count("partner copies run inside report()") == 1, outcome.output
+    experiment = tmp_path / "exp"
+    assert levels(experiment)["checkpoint_000004"] == CACHE
+    partner = list(nodes.disk("nodeb").glob("*/partner/checkpoint_000004/state-rank0.npy"))
+    assert partner, "nodeb holds no copy of nodea's files"
+    assert steps(experiment) == list(range(EPOCHS))
+    assert final(outcome.output) == reference(4)
+
+
 def test_a_node_whose_cache_cannot_be_written_fails_the_run_and_the_rerun_resumes(
         nodes, tmp_path, reference):
     """The failed write surfaces from the background at the next report, on every rank,

@@ -97,6 +97,8 @@ class CommitProtocol:
         if plan.directory is None:
             if plan.stop:
                 self._drain()
+                if self.levels is not None:  # what the drain committed must reach storage
+                    self.levels.persist_latest(self.owner, f"the stop ({plan.stop})")
         elif plan.asynchronous and plan.level != CACHE:
             self._make_room()
             self._start_background(plan, handed, upload)
@@ -105,8 +107,8 @@ class CommitProtocol:
                 self._make_room()
             else:
                 self._drain()
-            self._persist_now(plan, handed)
-            release(handed, self.experiment.is_local)
+            if self._persist_now(plan, handed):
+                release(handed, self.experiment.is_local)
         self.callbacks.call_due()
         return Outcome(plan.stop, self.latest if self.latest is not before else None,
                        plan.finish)
@@ -253,15 +255,17 @@ class CommitProtocol:
         faults.reached("handed", self.comm.rank)
         return staged
 
-    def _persist_now(self, plan: Plan, handed: Handed) -> None:
+    def _persist_now(self, plan: Plan, handed: Handed) -> bool:
+        """Whether this rank's files are safe (persisted, or cached for the background)."""
         assert plan.directory is not None
         rank, started = self.comm.rank, time.perf_counter()
         target = self.experiment.join(plan.directory)
         if plan.level == CACHE and self.levels is not None:
-            cached = self.levels.write(plan, handed.source, lambda per_rank: self._ledger().commit(
-                plan, per_rank, self.last_metrics, started), self.background)
+            cached, safe = self.levels.write(plan, handed.source, lambda per_rank: self._ledger()
+                                             .commit(plan, per_rank, self.last_metrics, started),
+                                             self.background)
             self.latest = Checkpoint._at(cached) if cached else self.latest
-            return
+            return safe
 
         def write() -> Persisted:
             if plan.in_place:
@@ -282,6 +286,7 @@ class CommitProtocol:
         self.latest = Checkpoint._at(target)
         if self.owner is not None:
             self.owner.purge_evicted()
+        return True
 
     def _in_place_source(self, plan: Plan, handed: Handed) -> str:
         """In-place: on POSIX each rank hashes a share, on object storage uploads its own."""

@@ -41,9 +41,9 @@ class Levels:
         self.host = nodes.hosts[comm.rank]
         self.leader = nodes.ranks_on(self.host)[0] == comm.rank
         self.partnered = config.redundancy == "partner" and len(nodes.names) > 1
-        self._copies: Any = None
         self._copying: set[str] = set()  # cached checkpoints whose partner copy is under way
         self._abandon = threading.Event()
+        self._copies = _copies_comm(comm) if self.partnered else None
         if comm.rank == 0 and config.redundancy == "partner" and not self.partnered:
             log.warning("CheckpointConfig(redundancy='partner') needs two nodes or more; this "
                         "job runs on one (%s), so its cached checkpoints have no copy", self.host)
@@ -67,12 +67,12 @@ class Levels:
             self.cache.keep_only(plan.kept)
 
     def write(self, plan: Plan, source: str | None, commit: Callable[[list[Persisted]], None],
-              background: Background) -> Location | None:
+              background: Background) -> tuple[Location | None, bool]:
         """Write this rank's files of ``plan`` into the node's cache. Without partners, a
         collective step in which rank 0 ``commit``s it (its location is returned). With them,
         the partner copy starts in the ``background``, where a failed write is raised too (as
         a failed hand-over of an asynchronous checkpoint is), and a later report commits it
-        or raises on every rank."""
+        or raises on every rank. Also: whether this rank's files are in the cache."""
         assert plan.directory is not None
         rank, directory, target = self.comm.rank, plan.directory, self.cache.location(plan.directory)
 
@@ -81,20 +81,19 @@ class Levels:
 
         if not self.partnered:
             all_reduce(self.comm, f"caching {directory} on each node", write, commit, CommitError)
-            return target
+            return target, True
         mine, failure = attempt(rank, write)
-        comm = self._partner_comm()
 
         def copy() -> Persisted:
-            copies = self._partner_copy(comm, plan)  # even after a failed write: peers wait
+            copies = self._partner_copy(plan)  # even after a failed write: its peers wait
             if mine is None:
                 raise CheckpointError(f"rank {rank} on {self.host}: caching {directory}: "
                                       f"{failure.error if failure else 'failed'}")
             return replace(mine, copies=tuple((r.name, r.sha256) for r in copies))
 
-        background.start(directory, copy)
+        background.start(directory, copy if self._copies is not None else _done(copy))
         self._copying.add(directory)
-        return None
+        return None, mine is not None
 
     def committed(self, directory: str) -> Location | None:
         """Where a checkpoint committed after its partner copy is, when it is cached."""
@@ -103,16 +102,9 @@ class Levels:
         self._copying.discard(directory)
         return self.cache.location(directory)
 
-    def _partner_comm(self) -> Any:
-        """The communicator of the background partner copies (MPI_THREAD_MULTIPLE), made
-        collectively by the training thread at the first copy."""
-        if self._copies is None:
-            self._copies = self.comm.Dup()
-        return self._copies
-
-    def _partner_copy(self, comm: Any, plan: Plan) -> list[Received]:
-        """On the background thread: this rank's files to the partner node, and the previous
-        node's files into this node's partner directory."""
+    def _partner_copy(self, plan: Plan) -> list[Received]:
+        """This rank's files to the partner node, and the previous node's files into this
+        node's partner directory: on the background thread, on a communicator of its own."""
         assert plan.directory is not None
         rank, directory = self.comm.rank, plan.directory
         sends = [Send(self.nodes.sends_to(rank), self.cache.path(OWN, directory, name), name)
@@ -120,8 +112,8 @@ class Levels:
         receives = [Receive(source, name, self.cache.path(PARTNER, directory, name))
                     for source in self.nodes.receives_from(rank)
                     for name in plan.writes.get(source, [])]
-        received = exchange(comm, sends, receives, lambda: faults.reached("partnering", rank),
-                            self._abandon)
+        received = exchange(self._copies or self.comm, sends, receives,
+                            lambda: faults.reached("partnering", rank), self._abandon)
         failed = [r for r in received if r.error]
         if failed:
             raise CheckpointError(f"rank {rank} on {self.host}: the partner copy of {directory} "
@@ -183,6 +175,35 @@ class Levels:
 
         all_reduce(self.comm, f"persisting {record.directory} to storage_path", copy, commit,
                    CommitError, undo=lambda: discard(target))
+
+
+def _copies_comm(comm: Any) -> Any:
+    """A duplicate of ``comm`` for partner copies on the background thread, made at start-up
+    (collective); None when MPI cannot serve two threads at once, and the copies then run
+    in ``report()``, said once."""
+    from mpi4py import MPI
+
+    if MPI.Query_thread() == MPI.THREAD_MULTIPLE:
+        return comm.Dup()
+    if comm.rank == 0:
+        log.warning("MPI runs without MPI_THREAD_MULTIPLE (mpi4py.rc.thread_level or "
+                    "MPI4PY_RC_THREAD_LEVEL?), so partner copies run inside report() instead "
+                    "of in the background")
+    return None
+
+
+def _done(work: Callable[[], Persisted]) -> Callable[[], Persisted]:
+    """``work`` done now, on this thread; its outcome handed to the background as if there."""
+    try:
+        result = work()
+    except Exception as exc:  # noqa: BLE001  (raised again where the background's would be)
+        failure = exc
+
+        def again() -> Persisted:
+            raise failure
+
+        return again
+    return lambda: result
 
 
 def _cached_latest(owner: Experiment | None) -> tuple[CheckpointRecord | None, list[str]]:

@@ -8,6 +8,7 @@ import argparse
 import hashlib
 import json
 import os
+import signal
 import socket
 import tempfile
 import time
@@ -48,6 +49,8 @@ def train_loop(config: dict) -> None:
         if epoch == start:
             with open(os.path.join(artifacts, "fixed.txt"), "w") as f:
                 f.write(f"written once by rank {rank}\n")
+        if epoch == config["stop_at"] and rank == 0:
+            os.kill(os.getpid(), signal.SIGUSR2)  # as Slurm's warning would, before a report
         if (epoch + 1) % config["every"]:
             hpckit.report({"epoch": epoch, "loss": loss})
         else:
@@ -106,13 +109,14 @@ def main() -> None:
     p.add_argument("--cache", default=None, help="CheckpointConfig(cache_dir)")
     p.add_argument("--persist-every", type=int, default=1)
     p.add_argument("--redundancy", default=None)
+    p.add_argument("--stop-at", type=int, default=-1, help="rank 0 gets SIGUSR2 at this epoch")
     args = p.parse_args()
     trainer = DataParallelTrainer(
         train_loop,
         train_loop_config={"epochs": args.epochs, "epoch_seconds": args.epoch_seconds,
                            "shard_floats": args.shard_floats, "artifacts": args.artifacts,
                            "mode": args.mode, "every": args.every,
-                           "topology": args.topology},
+                           "topology": args.topology, "stop_at": args.stop_at},
         scaling_config=ScalingConfig(num_workers=MPI.COMM_WORLD.size),
         run_config=RunConfig(name=args.name, storage_path=args.storage,
                              sync_config=SyncConfig(
