@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import tempfile
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +19,8 @@ from cluster_nodes import nodes  # noqa: F401  (the fixture)
 from conftest import HPCKIT, manifest, metrics_lines, mpiexec, run
 from mpi4py import MPI
 
+import hpckit
+from hpckit import Checkpoint, DataParallelTrainer, RunConfig, UserCallback
 from hpckit.config import CheckpointConfig
 from hpckit.errors import CheckpointError, ConfigError
 from hpckit.experiment.manifest import (
@@ -320,3 +323,33 @@ def _raised(fn) -> BaseException | None:
     except BaseException as exc:  # noqa: BLE001  (the test inspects it)
         return exc
     return None
+
+
+class _Given(UserCallback):
+    def __init__(self) -> None:
+        self.paths: list[tuple[str, bool]] = []
+
+    def after_report(self, run_context, metrics, checkpoint) -> None:
+        if checkpoint is not None:
+            self.paths.append((checkpoint.path, os.path.isfile(os.path.join(checkpoint.path,
+                                                                            "m.txt"))))
+
+
+def _three_checkpoints(config: dict) -> None:
+    for step in range(3):
+        with tempfile.TemporaryDirectory() as d:
+            Path(d, "m.txt").write_text(str(step))
+            hpckit.report({"step": step}, checkpoint=Checkpoint.from_directory(d))
+
+
+def test_user_callbacks_are_given_each_checkpoint_where_it_is(tmp_path):
+    given = _Given()
+    DataParallelTrainer(_three_checkpoints, run_config=RunConfig(
+        name="cb", storage_path=str(tmp_path / "shared"), callbacks=[given],
+        checkpoint_config=CheckpointConfig(cache_dir=str(tmp_path / "cache"),
+                                           persist_every=2))).fit()
+    assert [os.path.basename(p) for p, _ in given.paths] == \
+        ["checkpoint_000000", "checkpoint_000001", "checkpoint_000002"]
+    assert all(found for _, found in given.paths), given.paths
+    assert given.paths[0][0].startswith(str(tmp_path / "cache")), "cached: the cache's copy"
+    assert given.paths[1][0].startswith(str(tmp_path / "shared")), "stored: storage_path"

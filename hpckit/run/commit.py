@@ -67,7 +67,8 @@ class CommitProtocol:
         self.callbacks = callbacks
         self.stop_when = stop_when  # RunConfig.stop
         self.levels = levels  # CheckpointConfig(cache_dir)
-        self.ledger = (Ledger(owner, config, callbacks, levels.nodes.hosts if levels else ())
+        self.ledger = (Ledger(owner, config, callbacks, levels.nodes.hosts if levels else (),
+                              levels.cache.location if levels else None)
                        if owner is not None else None)
         self.latest = latest
         self.staging = staging

@@ -8,6 +8,7 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,11 +60,13 @@ class Ledger:
     """The queue of reports that rank 0 has planned and not yet written."""
 
     def __init__(self, owner: Experiment, config: CheckpointConfig,
-                 callbacks: Callbacks | None = None, hosts: tuple[str, ...] = ()) -> None:
+                 callbacks: Callbacks | None = None, hosts: tuple[str, ...] = (),
+                 cached_at: Callable[[str], Location] | None = None) -> None:
         self.owner = owner
         self.config = config
         self.callbacks = callbacks
         self.hosts = hosts  # every rank's, recorded with a checkpoint in the node-local caches
+        self.cached_at = cached_at  # where this node caches a checkpoint
         self._queue: deque[Entry] = deque()
         self._score_missing_said = False
 
@@ -161,7 +164,9 @@ class Ledger:
         self._say_if_unscored(metrics)
         self.owner.commit(record, self.config)
         if self.callbacks:
-            self.callbacks.recorded(plan.step, Checkpoint._at(target))
+            where = (self.cached_at(plan.directory) if plan.level == CACHE and self.cached_at
+                     else target)
+            self.callbacks.recorded(plan.step, Checkpoint._at(where))
         if not is_checkpoint_dirname(plan.directory):
             try:
                 files.delete_file(target.join(PENDING_MARKER), missing_ok=True)
