@@ -164,9 +164,9 @@ class Ledger:
         self._say_if_unscored(metrics)
         self.owner.commit(record, self.config)
         if self.callbacks:
-            where = (self.cached_at(plan.directory) if plan.level == CACHE and self.cached_at
-                     else target)
-            self.callbacks.recorded(plan.step, Checkpoint._at(where))
+            at = (self.cached_at(plan.directory) if plan.level == CACHE and self.cached_at
+                  else target)
+            self.callbacks.recorded(plan.step, Checkpoint._at(at))
         if not is_checkpoint_dirname(plan.directory):
             try:
                 files.delete_file(target.join(PENDING_MARKER), missing_ok=True)
