@@ -51,3 +51,26 @@ def test_invalid_fields_are_named(edit, fragment):
                                      ("a//b", False), ("./a", False), ("a\\b", False)])
 def test_safe_relative_paths(path, ok):
     assert is_safe_relpath(path) is ok
+
+
+def test_a_manifest_read_while_a_run_replaces_it_is_read_again(tmp_path, monkeypatch):
+    """pyarrow reads an object's size (HEAD), then its bytes (GET): a commit in between cuts
+    the new manifest at the old size. That cannot be timed against a real server, so the cut
+    read is made here; a manifest that stays damaged still raises."""
+    from hpckit.experiment import reading
+    from hpckit.storage import files
+    from hpckit.storage.location import local
+
+    body = sample().to_json().encode()
+    (tmp_path / "manifest.json").write_bytes(body)
+    reads = []
+
+    def cut_once(location):
+        reads.append(location)
+        return body[: len(body) // 2] if len(reads) == 1 else body
+
+    monkeypatch.setattr(files, "read_bytes", cut_once)
+    assert reading.read_manifest(local(str(tmp_path))) is not None and len(reads) == 2
+    monkeypatch.setattr(files, "read_bytes", lambda location: body[:10])
+    with pytest.raises(ManifestError, match="not valid JSON"):
+        reading.read_manifest(local(str(tmp_path)))

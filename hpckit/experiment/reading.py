@@ -6,6 +6,7 @@ Anyone may read; only :class:`hpckit.experiment.Experiment` writes.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pyarrow.fs
@@ -16,6 +17,9 @@ from hpckit.storage import files
 from hpckit.storage.location import Location
 
 _FT = pyarrow.fs.FileType
+# pyarrow reads an object with a HEAD for its size, then GETs: replaced in between by a run
+# that commits, the manifest reads cut at the old size. Read again before calling it damaged.
+TORN_READ_WAITS = (0.05, 0.2)
 
 
 def read_manifest(experiment: Location) -> Manifest | None:
@@ -26,6 +30,11 @@ def read_manifest(experiment: Location) -> Manifest | None:
         return None
     if kind != _FT.File:
         raise StorageError(f"{location.display} is not a file; move it aside and run again.")
+    for wait in TORN_READ_WAITS:
+        try:
+            return Manifest.from_json(files.read_bytes(location), location.display)
+        except ManifestError:
+            time.sleep(wait)
     return Manifest.from_json(files.read_bytes(location), location.display)
 
 
