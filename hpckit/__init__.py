@@ -32,16 +32,16 @@ from hpckit.errors import (
 )
 from hpckit.launch.trainer import DataParallelTrainer
 from hpckit.result import Result
-from hpckit.run.context import TrainContext
-from hpckit.run.preemption import PreemptionInfo, get_preemption_info
-from hpckit.run.reported import (
+from hpckit.run.session.context import TrainContext
+from hpckit.run.session.preemption import PreemptionInfo, get_preemption_info
+from hpckit.run.session.reported import (
     CheckpointConsistencyMode,
     ReportedCheckpoint,
     ReportedCheckpointStatus,
     get_all_reported_checkpoints,
 )
-from hpckit.run.session import get_checkpoint, get_context, report
-from hpckit.run.startup import early as _early
+from hpckit.run.session.session import get_checkpoint, get_context, report
+from hpckit.run.startup.early import early as _early
 from hpckit.uncaught import install as _install_excepthook
 
 _early()

@@ -55,6 +55,12 @@ class CommitError(HpckitError):
     """A report's checkpoint could not be committed; raised identically on every rank."""
 
 
+class ProtocolError(CommitError):
+    """hpckit's own state diverged from what its protocol guarantees (a defect of hpckit, not
+    of the program): the message names what diverged. Raised where ``assert`` would vanish
+    under ``python -O``."""
+
+
 class ReportMismatchError(CommitError):
     """Ranks disagree on how many times they called ``report()``."""
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from hpckit.config import CheckpointConfig, FailureConfig, RunConfig
 from hpckit.result import Result
-from hpckit.run.session import get_checkpoint, get_context
+from hpckit.run.session.session import get_checkpoint, get_context
 from hpckit.sweep.analysis import ExperimentAnalysis
 from hpckit.sweep.config import TuneConfig
 from hpckit.sweep.guide import checkpoint_dir, report

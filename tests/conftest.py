@@ -115,7 +115,7 @@ def no_leftovers(tmp_path_factory: pytest.TempPathFactory):
     temporary directories. The MPICH shared memory they leave in /dev/shm is RAM: a suite's
     worth is about 1 GB, and a few runs on one machine once starved CI of memory. It is
     removed before and after the session once no process maps it."""
-    from hpckit.run.shm import SHM_DIR, remove_unmapped
+    from hpckit.run.startup.shm import SHM_DIR, remove_unmapped
 
     segments = [os.path.join(SHM_DIR, "mpich_*")]
     remove_unmapped(segments)

@@ -12,9 +12,9 @@ from pathlib import Path
 import pyarrow.fs
 
 from hpckit.experiment import verify as _verify
-from hpckit.storage import copy as _copy
+from hpckit import Result
+from hpckit.experiment.manifest import MANIFEST_NAME, METRICS_NAME, Manifest, is_checkpoint_dirname
 from hpckit.storage import files as _storage
-from hpckit.experiment.manifest import MANIFEST_NAME, Manifest, is_checkpoint_dirname
 from hpckit.storage.location import resolve
 
 TRIALS: list[dict] = []
@@ -42,6 +42,7 @@ def check_experiment(experiment: Path | str, before: State | None) -> State:
     for record in manifest.checkpoints:
         problems = _verify.verify(location, record)
         assert not problems, f"{record.directory} is named by the manifest but damaged: {problems}"
+    check_metrics(location, manifest)
     latest = manifest.latest.directory if manifest.latest else None
     if before is not None and before.latest is not None:
         assert latest is not None and latest >= before.latest, \
@@ -51,6 +52,24 @@ def check_experiment(experiment: Path | str, before: State | None) -> State:
     return State(latest, sorted(named),
                  [n for n in entries if is_checkpoint_dirname(n) and n not in named],
                  [n for n in entries if n.startswith(f".{MANIFEST_NAME}.tmp-")])
+
+
+def check_metrics(location, manifest: Manifest) -> None:
+    """The metrics are never behind the latest committed checkpoint: metrics.jsonl holds its
+    line, and ``Result.from_path`` shows its metrics or a later report's."""
+    latest = manifest.latest
+    if latest is None:
+        return
+    path = location.join(METRICS_NAME)
+    lines = ([json.loads(line) for line in _storage.read_bytes(path).decode().splitlines()
+              if line.strip()]
+             if _storage.file_type(path) != pyarrow.fs.FileType.NotFound else [])
+    own = [e for e in lines if e["step"] == latest.step]
+    assert own and own[-1]["metrics"] == latest.metrics, \
+        f"metrics.jsonl lacks step {latest.step} of {latest.directory}: {lines[-3:]}"
+    shown = Result._read(location)
+    assert shown.metrics == lines[-1]["metrics"] and lines[-1]["step"] >= latest.step, \
+        f"Result.from_path shows {shown.metrics}, behind {latest.directory} (step {latest.step})"
 
 
 def record(suite: str, case: str, outcome: str, **details: object) -> None:

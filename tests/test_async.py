@@ -13,8 +13,8 @@ from conftest import HERE, mpiexec
 from hpckit import CheckpointConfig, CheckpointUploadMode, ConfigError
 from hpckit.errors import CommitError
 from hpckit.experiment.manifest import FileRecord
-from hpckit.run.comm import RankFailure
-from hpckit.run.plan import (
+from hpckit.run.mpi.comm import RankFailure
+from hpckit.run.writing.plan import (
     Announcement,
     Finished,
     Persisted,

@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pyarrow.fs
 import pytest
+from conftest import JOB, run
 
 import hpckit
 from hpckit import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-from hpckit.errors import (CheckpointError, ConfigError, HpckitError, ManifestError, MetricsError,
-                           StorageError, TrainingFailedError)
+from hpckit.errors import (
+    CheckpointError,
+    ConfigError,
+    HpckitError,
+    ManifestError,
+    MetricsError,
+    StorageError,
+    TrainingFailedError,
+)
 from hpckit.torch import TorchTrainer
-
-from conftest import JOB, mpiexec, run
 
 
 @pytest.mark.parametrize("make,fragment", [

@@ -12,14 +12,19 @@ import torch
 from click.testing import CliRunner
 
 import hpckit
-from hpckit import (Checkpoint, CheckpointConfig, DataParallelTrainer, FailureConfig, HpckitError,
-                    Result, RunConfig, ScalingConfig)
-from hpckit.settings import Settings
-
-
-
-from hpckit.run.ranks import check_world as _check_world
+from hpckit import (
+    Checkpoint,
+    CheckpointConfig,
+    DataParallelTrainer,
+    FailureConfig,
+    HpckitError,
+    Result,
+    RunConfig,
+    ScalingConfig,
+)
 from hpckit.cli import main
+from hpckit.run.ranks import check_world as _check_world
+from hpckit.settings import Settings
 from hpckit.torch import load_state
 
 

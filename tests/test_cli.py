@@ -14,8 +14,8 @@ from click.testing import CliRunner
 
 import hpckit
 from hpckit import Checkpoint, CheckpointConfig, RunConfig
-from hpckit.storage.uris import parent
 from hpckit.cli import main
+from hpckit.storage.uris import parent
 from hpckit.torch import TorchTrainer
 
 

@@ -6,7 +6,6 @@ import hashlib
 import re
 
 import pytest
-
 from conftest import checkpoint_dirs, manifest, metrics_lines, mpiexec
 
 

@@ -12,8 +12,8 @@ import shutil
 import pytest
 from conftest import HERE, HPCKIT, checkpoint_dirs, mpiexec, run
 
-from hpckit.run.plan import assign_writers as _assign_writers
 from hpckit.errors import CheckpointError
+from hpckit.run.writing.plan import assign_writers as _assign_writers
 
 SHARDED = HERE / "ranks" / "sharded.py"
 

@@ -8,12 +8,11 @@ import re
 import sys
 
 import pytest
-
 from conftest import manifest, run
 
 from hpckit import CheckpointConfig
 from hpckit.errors import ConfigError
-from hpckit.run.interval import CheckpointClock, optimal_interval
+from hpckit.run.session.interval import CheckpointClock, optimal_interval
 
 ASKS_EACH_STEP = """
 import os, signal, sys, tempfile, time

@@ -22,9 +22,8 @@ import pytest
 import reliability
 from conftest import HERE, MPIEXEC, Run, mpiexec
 
-from hpckit.storage import copy as _copy
-from hpckit.storage import files as _storage
 from hpckit.faults import PHASES
+from hpckit.storage import files as _storage
 from hpckit.storage.location import resolve
 
 SHARDED = HERE / "ranks" / "sharded.py"

@@ -6,7 +6,6 @@ import sys
 import textwrap
 
 import pytest
-
 from conftest import manifest, mpiexec, python, run
 
 

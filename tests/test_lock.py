@@ -15,8 +15,8 @@ import pytest
 from conftest import HERE, MPIEXEC, mpiexec
 
 from hpckit import ExperimentLockedError
-from hpckit.settings import Settings
 from hpckit.experiment.lock import LOCK_NAME, Lock
+from hpckit.settings import Settings
 from hpckit.storage.location import resolve
 
 SHARDED = HERE / "ranks" / "sharded.py"

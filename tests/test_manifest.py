@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from hpckit.experiment.manifest import (CheckpointRecord, FileRecord, Manifest, is_safe_relpath)
 from hpckit.errors import ManifestError
 from hpckit.experiment.attempts import Attempt, AttemptStatus
+from hpckit.experiment.manifest import CheckpointRecord, FileRecord, Manifest, is_safe_relpath
 
 
 def sample() -> Manifest:

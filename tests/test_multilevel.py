@@ -31,11 +31,11 @@ from hpckit.experiment.manifest import (
     Manifest,
     checkpoint_dirname,
 )
-from hpckit.run import transfer
-from hpckit.run.cache import NodeCache, Nodes
-from hpckit.run.levels import Levels
-from hpckit.run.plan import Plan
-from hpckit.run.transfer import Receive, Send, exchange
+from hpckit.run.levels.cache import NodeCache, Nodes
+from hpckit.run.levels.levels import Levels
+from hpckit.run.mpi import transfer
+from hpckit.run.mpi.transfer import Receive, Send, exchange
+from hpckit.run.writing.plan import Plan
 from hpckit.storage.location import local
 
 SHARDED = Path(__file__).parent / "ranks" / "sharded.py"

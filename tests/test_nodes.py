@@ -7,7 +7,6 @@ import json
 import os
 import re
 
-import pytest
 from cluster_nodes import nodes  # noqa: F401  (the fixture)
 from conftest import HERE, manifest, mpiexec
 

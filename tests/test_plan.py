@@ -7,9 +7,9 @@ import pytest
 
 from hpckit.errors import CheckpointError, ReportMismatchError
 from hpckit.experiment.manifest import FileRecord
-from hpckit.run.comm import RankFailure
-from hpckit.run.plan import FINISH, REPORT, Announcement, Persisted, Plan, make_plan, merge
-from hpckit.run.retry import RetryPolicy
+from hpckit.run.ending.retry import RetryPolicy
+from hpckit.run.mpi.comm import RankFailure
+from hpckit.run.writing.plan import FINISH, REPORT, Announcement, Persisted, Plan, make_plan, merge
 
 
 def test_a_report_with_files_gets_a_directory_and_one_writer_per_name():

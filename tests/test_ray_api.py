@@ -9,6 +9,7 @@ import re
 import tempfile
 
 import pytest
+from conftest import HERE, mpiexec
 
 import hpckit as train  # as a Ray program writes `from ray import train`
 from hpckit import (
@@ -20,7 +21,6 @@ from hpckit import (
     Result,
     RunConfig,
 )
-from conftest import HERE, mpiexec
 
 RANKS = HERE / "ranks" / "reported.py"
 

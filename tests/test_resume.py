@@ -9,7 +9,6 @@ import sys
 import time
 
 import pytest
-
 from conftest import JOB, MPIEXEC, checkpoint_dirs, manifest, metrics_lines, mpiexec, python
 
 

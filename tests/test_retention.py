@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from hpckit.config import CheckpointConfig
 from hpckit.experiment.manifest import CheckpointRecord, checkpoint_dirname
 from hpckit.experiment.retention import rank_best_first, score_of, select_evictions
-from hpckit.config import CheckpointConfig
 
 
 def records(*scores):

@@ -10,7 +10,6 @@ import sys
 import time
 
 import pytest
-
 from conftest import HERE, HPCKIT, JOB, MPIEXEC, STEADY, final_params, run
 from s3_server import SECRET_KEY
 
@@ -27,7 +26,7 @@ def test_hpckit_run_commits_every_rank_shard_to_s3(s3):
     m = _manifest(s3, "runs/shards")
     assert m["latest"] == "checkpoint_000001"
     assert {f["rank"] for f in m["checkpoints"][-1]["files"]} == {0, 1, 2}
-    data = s3.filesystem().open_input_stream(f"hpckit/runs/shards/checkpoint_000001/model-rank=2.pt").read()
+    data = s3.filesystem().open_input_stream("hpckit/runs/shards/checkpoint_000001/model-rank=2.pt").read()
     assert data == bytes([2]) * 1000
     assert SECRET_KEY not in out.output and SECRET_KEY not in json.dumps(m)
     assert m["config"]["storage_path"].startswith("s3://***@hpckit/runs")

@@ -14,7 +14,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from conftest import HPCKIT, STEADY, final_params, manifest, metrics_lines, run
 
 TEMPLATES = Path(__file__).parent.parent / "slurm"

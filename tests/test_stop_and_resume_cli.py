@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -11,17 +10,15 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import HERE, HPCKIT, JOB, STEADY, final_params, manifest, metrics_lines, run
 
 import hpckit
 from hpckit import Checkpoint, RunConfig
-from hpckit.torch import TorchTrainer
-
-from conftest import HERE, HPCKIT, JOB, STEADY, final_params, manifest, metrics_lines, run
-from hpckit.launch.slurm import render_sbatch
-from hpckit.settings import Settings
-from hpckit.run.stop import EXIT_STOPPED
 from hpckit.errors import ConfigError
-
+from hpckit.launch.slurm import render_sbatch
+from hpckit.run.ending.stop import EXIT_STOPPED
+from hpckit.settings import Settings
+from hpckit.torch import TorchTrainer
 
 
 def _wait_for_epochs(experiment: Path, count: int, process: subprocess.Popen) -> None:

@@ -127,7 +127,7 @@ def test_a_second_ctrl_c_ends_at_once(tmp_path):
     """Rank 1 waits inside MPI (a collective of the user's), rank 0 inside report() for it.
     Ctrl-C reaches rank 0 there, which records the attempt and gives rank 1 the grace period
     to meet; a second Ctrl-C ends that wait."""
-    from hpckit.run.exit import INTERRUPT_GRACE
+    from hpckit.run.ending.exit import INTERRUPT_GRACE
 
     args = [sys.executable, str(NEWCOMER), "--stuck", "--sleep", "0.3"]
     output, once = _interrupt_after(_start([*args, "--storage", str(tmp_path / "a")]),

@@ -11,9 +11,9 @@ import os
 import pyarrow.fs
 import pytest
 
+from hpckit.errors import StorageError
 from hpckit.storage import copy as _copy
 from hpckit.storage import files as _storage
-from hpckit.errors import StorageError
 from hpckit.storage.location import resolve
 
 

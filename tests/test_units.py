@@ -132,7 +132,7 @@ def test_s3_uris_decode_their_keys_and_keep_tls_options():
 
 
 def test_only_shared_memory_that_nothing_maps_is_removed():
-    from hpckit.run.shm import SHM_DIR, remove_unmapped
+    from hpckit.run.startup.shm import SHM_DIR, remove_unmapped
 
     prefix = f"mpich_shm_test{os.getpid()}"
     old, new, mapped = (Path(SHM_DIR, f"{prefix}{name}_0") for name in ("old", "new", "mapped"))
@@ -169,7 +169,7 @@ def test_a_slurm_warning_after_the_run_is_ignored_through_the_interpreter_exit()
     when it finalizes, and Slurm's warning may come while the rank exits."""
     import signal
 
-    from hpckit.run import stop
+    from hpckit.run.ending import stop
 
     before = signal.signal(signal.SIGUSR2, signal.SIG_DFL)
     try:
@@ -188,7 +188,7 @@ def test_a_slurm_warning_after_the_run_is_ignored_through_the_interpreter_exit()
 
 def test_finalize_with_hydra_speaks_pmi_1_only_to_hydra(monkeypatch):
     """Slurm's PMI-2 also sets PMI_FD, but not MPI_LOCALRANKID: nothing is sent there."""
-    from hpckit.run import pmi
+    from hpckit.run.ending import pmi
 
     ours, theirs = os.pipe()
     try:

@@ -24,7 +24,9 @@ def open_experiment(experiment: str, allow_root: bool = False) -> tuple[Location
 
 def require(experiment: str) -> tuple[Location, Manifest]:
     location, manifest = open_experiment(experiment)
-    assert manifest is not None
+    if manifest is None:
+        raise click.UsageError(f"{location.display} has no manifest.json: it is not an hpckit "
+                               "experiment directory (pass {storage_path}/{name}).")
     return location, manifest
 
 

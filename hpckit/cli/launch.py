@@ -14,7 +14,7 @@ from hpckit.cli.common import require
 from hpckit.experiment.manifest import Manifest
 from hpckit.launch.process import run_script
 from hpckit.launch.slurm import render_sbatch
-from hpckit.run.retry import RetryPolicy
+from hpckit.run.ending.retry import RetryPolicy
 from hpckit.settings import variable
 from hpckit.storage.uris import parent, redact, restore_credentials
 

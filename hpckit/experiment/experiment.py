@@ -10,52 +10,38 @@ Every change writes a new manifest atomically before anything is deleted.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow.fs
 
 from hpckit import faults, interrupts
 from hpckit.config import CheckpointConfig, SyncConfig
-from hpckit.errors import ExperimentLockedError, HpckitError, StorageError
-from hpckit.experiment import verify
-from hpckit.experiment.attempts import Attempt, AttemptStatus
+from hpckit.errors import CheckpointError, ExperimentLockedError, HpckitError, StorageError
+from hpckit.experiment.attempts import AttemptStatus
 from hpckit.experiment.hangs import hung_unrecorded
 from hpckit.experiment.leftovers import leftovers, remove_leftovers, size_of
 from hpckit.experiment.lock import LOCK_NAME, Lock
 from hpckit.experiment.lock import read as read_lock
 from hpckit.experiment.manifest import (
     MANIFEST_NAME,
+    PENDING_MARKER,
+    VISIBLE_PREFIX,
     CheckpointRecord,
     Manifest,
+    is_checkpoint_dirname,
 )
 from hpckit.experiment.metrics import MetricsLog
 from hpckit.experiment.mirror import Mirror
+from hpckit.experiment.opening import Opening, numbered, prepare, resumable
 from hpckit.experiment.purge import Purge
-from hpckit.experiment.reading import check_root, read_manifest, require_manifest
+from hpckit.experiment.reading import read_manifest, require_manifest
 from hpckit.experiment.retention import recorded_config, select_evictions
 from hpckit.logs import log
 from hpckit.settings import Settings
 from hpckit.storage import files
 from hpckit.storage.location import Location
-
-_FT = pyarrow.fs.FileType
-
-
-@dataclass(frozen=True)
-class Opening:
-    """What a run brings to the experiment it opens."""
-
-    name: str
-    world_size: int
-    command: dict[str, Any]
-    config: dict[str, Any]
-    retention: dict[str, Any]
-    verify_on_resume: bool
-    attempt: Attempt
-    # How the attempt before ended (failed or hung), as its launcher saw it, and its ranks' PIDs.
-    previous_failure: tuple[AttemptStatus, str, frozenset[int]] | None = None
-    restored: str | None = None  # the cached checkpoint the ranks assembled (run.restore)
 
 
 @dataclass(frozen=True)
@@ -71,16 +57,6 @@ class Garbage:
         return sum(r.size for r in self.evicted) + sum(self.leftovers.values())
 
 
-def prepare(root: Location, name: str) -> Location:
-    """The experiment directory, created: the root must be usable and the path not a file."""
-    check_root(root)
-    experiment = root.join(name)
-    if files.file_type(experiment) == _FT.File:
-        raise StorageError(f"experiment path {experiment.display} is a file; choose another name.")
-    files.make_dir(experiment)
-    return experiment
-
-
 class Experiment:
     """The open experiment (rank 0 of a run, or a maintenance command)."""
 
@@ -92,7 +68,6 @@ class Experiment:
         self._metrics = metrics
         self._mirror = mirror
         self._purge = Purge(location)
-        self._evicted: list[CheckpointRecord] = []
 
     @property
     def manifest(self) -> Manifest:
@@ -110,9 +85,9 @@ class Experiment:
                 manifest = Manifest(opening.name, opening.world_size, opening.command,
                                     opening.config, opening.retention, time.time())
             else:
-                manifest = _resumable(location, found, opening)
+                manifest = resumable(location, found, opening)
             manifest = manifest.with_attempt(
-                _numbered(opening, manifest, found),
+                numbered(opening, manifest, found),
                 opening.previous_failure or hung_unrecorded(location, manifest))
             _write(location, manifest)
             if found is not None:
@@ -143,18 +118,67 @@ class Experiment:
         return cls(location, manifest)
 
     def commit(self, record: CheckpointRecord, config: CheckpointConfig) -> None:
-        """Commit ``record``: the new manifest is written atomically (the commit itself), then
-        its metrics line; what retention evicts is deleted later, by :meth:`purge_evicted`."""
+        """Commit ``record``, at whichever level it is: its metrics line first, then the new
+        manifest, written atomically (the commit itself), so that after a kill at any moment
+        the metrics are never behind the latest committed checkpoint (a resume drops a line
+        whose checkpoint did not commit). Then what retention evicts is deleted in the
+        background, and the mirror (if any) follows."""
         evicted = select_evictions([*self._manifest.checkpoints, record], config)
         updated = self._manifest.with_checkpoint(record, evicted)
         faults.reached("gathered", 0)
-        with interrupts.deferred():
-            _write(self.location, updated)
-            self._manifest = updated
-        faults.reached("committed", 0)
-        self._evicted += evicted
         if self._metrics is not None:
             self._metrics.append(record.step, record.metrics, record.directory)
+        self._replace(updated)
+        faults.reached("committed", 0)
+        if not is_checkpoint_dirname(record.directory):
+            self._unmark_pending(record.directory)
+        self._purge.start(evicted)
+        if self._mirror is not None:
+            self._mirror.after_commit(self._manifest)
+
+    def reserve(self, directory: str, planned: tuple[str, ...]) -> None:
+        """A checkpoint directory the user named (``report(checkpoint_dir_name=...)``):
+        refused if a committed or ``planned`` checkpoint has it or it holds files, else made
+        and marked pending, so that a run killed before its commit leaves a leftover that
+        resume recognises."""
+        target = self.location.join(directory)
+        taken = {r.directory for r in self._manifest.checkpoints} | set(planned)
+        if directory in taken or not _free(target):
+            raise CheckpointError(
+                f"report(checkpoint_dir_name={directory!r}): {target.display} already exists; "
+                "give each checkpoint its own name (e.g. with the epoch in it).")
+        files.make_dir(target)
+        files.write_bytes(target.join(PENDING_MARKER), b"")
+
+    def clear(self, directory: str) -> None:
+        """A checkpoint directory about to be written, emptied of what an earlier report left
+        there (files written in place, then another directory handed)."""
+        files.delete_dir(self.location.join(directory))
+
+    def _unmark_pending(self, directory: str) -> None:
+        try:
+            files.delete_file(self.location.join(directory, PENDING_MARKER), missing_ok=True)
+        except HpckitError as exc:  # committed all the same; the marker is harmless
+            log.warning("could not remove %s's pending marker (harmless; hpckit gc removes it): "
+                        "%s", self.location.join(directory).display, exc)
+
+    def leave_marker(self) -> str:
+        """A marker file that every rank must see (the storage is shared); its name."""
+        marker = f"{VISIBLE_PREFIX}{uuid.uuid4().hex}"
+        files.write_bytes(self.location.join(marker), b"")
+        return marker
+
+    def remove_marker(self, marker: str) -> None:
+        files.delete_file(self.location.join(marker))
+
+    def discard(self, directory: str) -> None:
+        """A checkpoint that failed before its commit: its directory is removed, best-effort
+        (the manifest never named it, and a resume removes what is left)."""
+        try:
+            files.delete_dir(self.location.join(directory))
+        except HpckitError as exc:
+            log.warning("could not remove failed checkpoint %s (resume removes it): %s",
+                        self.location.join(directory).display, exc)
 
     def persisted(self, directory: str) -> None:
         """The cached checkpoint ``directory`` is now complete on storage_path too."""
@@ -164,14 +188,6 @@ class Experiment:
         with interrupts.deferred():
             _write(self.location, updated)
             self._manifest = updated
-
-    def purge_evicted(self) -> None:
-        """After every rank has learned the commit: delete what it evicted, in the background,
-        and mirror the experiment if a mirror is configured."""
-        self._purge.start(self._evicted)
-        self._evicted = []
-        if self._mirror is not None:
-            self._mirror.after_commit(self._manifest)
 
     def wait_for_purge(self) -> None:
         """Before a new checkpoint is written: the previous eviction has finished."""
@@ -242,43 +258,13 @@ def end_abandoned_attempt(location: Location, error: str,
         Experiment(location, manifest).end_attempt(status, error)
 
 
-def _numbered(opening: Opening, manifest: Manifest, found: Manifest | None) -> Attempt:
-    """This run's attempt, numbered across every run of the experiment (not per run), with
-    its configuration when that differs from the attempt before."""
-    changed = found is None or found.config != opening.config or not found.attempts
-    return replace(opening.attempt, attempt=len(manifest.attempts),
-                   config=opening.config if changed else None)
-
-
-def _resumable(location: Location, manifest: Manifest, opening: Opening) -> Manifest:
-    """The manifest of a run being resumed: links out of it and damaged checkpoints dropped,
-    this run's retention, world size, command and configuration recorded (``hpckit resume``
-    repeats the latest)."""
-    manifest = manifest.without(verify.escaping(location, manifest))
-    manifest = manifest.without(_unservable(manifest, opening.restored))
-    if opening.verify_on_resume:
-        manifest = manifest.without(verify.damaged(location, manifest))
-    latest = manifest.latest
-    if manifest.world_size != opening.world_size:
-        log.warning("resuming %s with %d ranks; it was recorded with %d", opening.name,
-                    opening.world_size, manifest.world_size)
-    log.info("resuming experiment %s from %s", location.display,
-             latest.directory if latest else "its start (no checkpoint was committed)")
-    return replace(manifest, next_step=latest.step + 1 if latest else 0,
-                    retention=opening.retention, world_size=opening.world_size,
-                    command=opening.command, config=opening.config)
-
-
-def _unservable(manifest: Manifest, restored: str | None) -> list[CheckpointRecord]:
-    """Cached checkpoints newer than what this run restarts from: no node of it holds them."""
-    floor = max((r.index for r in manifest.checkpoints if r.on_storage or r.directory == restored),
-                default=-1)
-    gone = [r for r in manifest.checkpoints if not r.on_storage and r.index > floor]
-    if gone:
-        log.warning("dropped %s from the manifest: in node-local caches that this run cannot "
-                    "read (no cache_dir, or other nodes); the run repeats their work",
-                    ", ".join(r.directory for r in gone))
-    return gone
+def _free(target: Location) -> bool:
+    """Nothing is there, or an empty directory: what a run killed between making a reserved
+    directory and marking it pending leaves (on S3 a directory marker), which no leftover
+    check can tell from a user's directory, and which holds nothing to lose."""
+    kind = files.file_type(target)
+    return kind == pyarrow.fs.FileType.NotFound or (
+        kind == pyarrow.fs.FileType.Directory and not files.list_files(target))
 
 
 def _write(location: Location, manifest: Manifest) -> None:

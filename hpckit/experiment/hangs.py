@@ -1,4 +1,4 @@
-"""Where the hang watchdog (:mod:`hpckit.run.hang`) keeps a hung rank's stacks, and how a
+"""Where the hang watchdog (:mod:`hpckit.run.ending.hang`) keeps a hung rank's stacks, and how a
 later run tells that the attempt before it hung although nobody could record it: under
 ``srun`` or ``mpirun`` every rank ends, rank 0 included, and no launcher of hpckit's saw it."""
 
@@ -19,6 +19,13 @@ def _stem(attempt: int) -> str:
 
 def stacks_name(attempt: int, rank: int) -> str:
     return f"{LOGS}/{_stem(attempt)}{rank}.txt"
+
+
+def keep_stacks(target: Location, stacks: bytes) -> None:
+    """A hung rank's stacks, at ``target`` (:func:`stacks_name`): each rank writes its own,
+    the one file of the experiment directory that ranks other than 0 write."""
+    files.make_dir(target.parent)
+    files.write_bytes(target, stacks)
 
 
 def hung_unrecorded(location: Location,

@@ -30,6 +30,7 @@ LOGS = "logs"  # the hang watchdog's stacks (experiment.hangs)
 RESERVED_NAMES = frozenset({"artifacts", "tensorboard", LOGS, STAGING_NAME, MANIFEST_NAME,
                             METRICS_NAME})
 PENDING_MARKER = ".hpckit-pending"
+VISIBLE_PREFIX = ".hpckit-visible-"  # a run's check that every rank sees the experiment
 # Where a committed checkpoint is complete: on storage_path, or only in the node-local caches
 # of the nodes named by its hosts (CheckpointConfig(cache_dir), docs/multilevel.md).
 STORAGE, CACHE = "storage", "cache"

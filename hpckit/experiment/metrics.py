@@ -55,8 +55,8 @@ class MetricsLog:
 
     def append(self, step: int, metrics: dict[str, Any], checkpoint: str | None) -> None:
         line = _line(step, time.time(), metrics, checkpoint)
+        files.append_text(self.location, line, lambda: "".join([*self.lines, line]))
         self.lines.append(line)
-        files.append_text(self.location, line, lambda: "".join(self.lines))
         if self.scalars is not None:
             self.scalars.add(step, metrics)
 

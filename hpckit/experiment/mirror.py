@@ -19,7 +19,7 @@ import time
 import pyarrow.fs
 
 from hpckit.config import SyncConfig
-from hpckit.errors import HpckitError
+from hpckit.errors import HpckitError, ProtocolError
 from hpckit.experiment.manifest import MANIFEST_NAME, METRICS_NAME, Manifest, is_checkpoint_dirname
 from hpckit.experiment.reading import read_manifest
 from hpckit.logs import log
@@ -31,7 +31,9 @@ from hpckit.storage.uris import redact
 
 class Mirror:
     def __init__(self, experiment: Location, name: str, config: SyncConfig) -> None:
-        assert config.mirror is not None
+        if config.mirror is None:
+            raise ProtocolError("a mirror was set up without SyncConfig(mirror=...); please "
+                                "report this to hpckit's authors")
         self.source = experiment
         self.config = config
         self.target_text = uris.join(config.mirror, name)
@@ -79,20 +81,21 @@ class Mirror:
                      time.perf_counter() - started)
 
     def _run_command(self) -> None:
-        assert self.config.mirror_command is not None
+        command = self.config.mirror_command
+        if command is None:
+            return
         source = self.source.path if self.source.is_local else self.source.display
-        if callable(self.config.mirror_command):
+        if callable(command):
             try:
-                self.config.mirror_command(source, self.target_text)
+                command(source, self.target_text)
             except Exception as exc:  # the user's function: its failure is the mirror's
                 raise subprocess.SubprocessError(f"the syncer function raised {exc!r}") from exc
             return
-        command = self.config.mirror_command.format(source=shlex.quote(source),
-                                                    target=shlex.quote(self.target_text))
-        done = subprocess.run(command, shell=True, capture_output=True, text=True)
+        line = command.format(source=shlex.quote(source), target=shlex.quote(self.target_text))
+        done = subprocess.run(line, shell=True, capture_output=True, text=True)
         if done.returncode != 0:
             raise subprocess.SubprocessError(
-                f"`{redact(command)}` exited with {done.returncode}: {done.stderr.strip()[-500:]}")
+                f"`{redact(line)}` exited with {done.returncode}: {done.stderr.strip()[-500:]}")
 
     def _copy(self, manifest: Manifest) -> None:
         if self._target is None:

@@ -22,12 +22,12 @@ from hpckit.launch.forwarding import (
     signal_ranks,
 )
 from hpckit.logs import log
-from hpckit.run.exit import INTERRUPT_GRACE
-from hpckit.run.hang import EXIT_HUNG
-from hpckit.run.retry import RetryPolicy
-from hpckit.run.shm import remove_left_by_ranks
-from hpckit.run.startup import process_started
-from hpckit.run.stop import EXIT_INTERRUPTED, EXIT_STOPPED, ignored
+from hpckit.run.ending.exit import INTERRUPT_GRACE
+from hpckit.run.ending.hang import EXIT_HUNG
+from hpckit.run.ending.retry import RetryPolicy
+from hpckit.run.ending.stop import EXIT_INTERRUPTED, EXIT_STOPPED, ignored
+from hpckit.run.startup.early import process_started
+from hpckit.run.startup.shm import remove_left_by_ranks
 from hpckit.settings import Settings, variable
 from hpckit.storage.uris import redact
 

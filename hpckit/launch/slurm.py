@@ -1,5 +1,5 @@
 """Slurm: the sbatch scripts that `hpckit resume --sbatch` and `hpckit sweep` write
-(requeueing is rank-side, in :mod:`hpckit.run.stop`)."""
+(requeueing is rank-side, in :mod:`hpckit.run.ending.stop`)."""
 
 from __future__ import annotations
 

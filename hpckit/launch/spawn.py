@@ -24,21 +24,22 @@ from hpckit.errors import (
     WorkerGroupError,
 )
 from hpckit.experiment.attempts import AttemptStatus
-from hpckit.experiment.experiment import end_abandoned_attempt, prepare
+from hpckit.experiment.experiment import end_abandoned_attempt
 from hpckit.experiment.hangs import HUNG
+from hpckit.experiment.opening import prepare
 from hpckit.experiment.reading import read_manifest
 from hpckit.launch.forwarding import EXIT_TERMINATED
 from hpckit.launch.process import mpiexec, run_process, started_for
 from hpckit.logs import log
 from hpckit.result import Result
-from hpckit.run import stop
-from hpckit.run.comm import describe
-from hpckit.run.exit import ERRORS, RESUME_HINT, read_errors
-from hpckit.run.hang import EXIT_HUNG
+from hpckit.run.ending import stop
+from hpckit.run.ending.exit import ERRORS, RESUME_HINT, read_errors
+from hpckit.run.ending.hang import EXIT_HUNG
+from hpckit.run.ending.retry import RetryPolicy
+from hpckit.run.ending.stop import EXIT_INTERRUPTED, EXIT_STOPPED
 from hpckit.run.job import TrainingJob
+from hpckit.run.mpi.comm import describe
 from hpckit.run.ranks import configure_logs
-from hpckit.run.retry import RetryPolicy
-from hpckit.run.stop import EXIT_INTERRUPTED, EXIT_STOPPED
 from hpckit.settings import Settings, variable
 from hpckit.storage.location import Location
 

@@ -6,15 +6,17 @@ import os
 import pickle
 
 from hpckit import settings
+from hpckit.errors import LaunchError
 from hpckit.launch.mainimport import enter
 from hpckit.launch.spawn import RETURNED
-from hpckit.run.comm import world
+from hpckit.run.mpi.comm import world
 from hpckit.run.ranks import run_ranks
 
 
 def main() -> None:
     current = settings.refresh()
-    assert current.worker, "hpckit.launch.worker is started by a trainer's fit(), not by hand"
+    if not current.worker:
+        raise LaunchError("hpckit.launch.worker is started by a trainer's fit(), not by hand")
     enter(current.worker)
     with open(os.path.join(current.worker, "job.pkl"), "rb") as f:
         job = pickle.load(f)

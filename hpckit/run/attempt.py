@@ -7,7 +7,6 @@ import os
 import socket
 import sys
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,29 +19,32 @@ from hpckit.errors import PreemptionError, StorageError
 from hpckit.experiment import retention
 from hpckit.experiment.artifacts import Artifacts
 from hpckit.experiment.attempts import Attempt, AttemptStatus, previous_failure
-from hpckit.experiment.experiment import Experiment, Opening
+from hpckit.experiment.experiment import Experiment
 from hpckit.experiment.manifest import Manifest
+from hpckit.experiment.opening import Opening
 from hpckit.logs import log
 from hpckit.result import Result
-from hpckit.run import restore, stop
-from hpckit.run.callbacks import Callbacks
-from hpckit.run.comm import (
+from hpckit.run.commit.callbacks import Callbacks
+from hpckit.run.commit.protocol import CommitProtocol
+from hpckit.run.ending import stop
+from hpckit.run.ending.hang import HangWatch
+from hpckit.run.job import TrainingJob, command_record, sendable
+from hpckit.run.levels import restore
+from hpckit.run.levels.levels import Levels
+from hpckit.run.mpi.comm import (
     Topology,
     everywhere,
     failed_ranks,
     on_root,
     raised_together,
 )
-from hpckit.run.commit import CommitProtocol
-from hpckit.run.context import TrainContext
-from hpckit.run.handover import Staging
-from hpckit.run.hang import HangWatch
-from hpckit.run.interval import CheckpointClock, agreed_due
-from hpckit.run.job import TrainingJob, command_record, sendable
-from hpckit.run.levels import Levels
-from hpckit.run.preemption import not_requeued_after, preemption_info
-from hpckit.run.session import Session, activate
-from hpckit.run.startup import ready_since
+from hpckit.run.mpi.waiting import from_root
+from hpckit.run.session.context import TrainContext
+from hpckit.run.session.interval import CheckpointClock, agreed_due
+from hpckit.run.session.preemption import not_requeued_after, preemption_info
+from hpckit.run.session.session import Session, activate
+from hpckit.run.startup.early import ready_since
+from hpckit.run.writing.handover import Staging
 from hpckit.settings import Settings
 from hpckit.storage import files
 from hpckit.storage.location import Location, local
@@ -97,7 +99,7 @@ def run_attempt(job: TrainingJob, ranks: Ranks, settings: Settings, number: int)
         if owner is not None:
             owner.end_attempt(AttemptStatus.FINISHED, None, session.protocol.reports)
             summary = (owner.manifest.to_json(), owner.history(), sendable(returned))
-        manifest_json, history, returned = comm.bcast(summary, root=0)
+        manifest_json, history, returned = from_root(comm, summary)
         return Result._build(location, Manifest.from_json(manifest_json, location.display),
                              history, returned)
     except KeyboardInterrupt:
@@ -122,8 +124,7 @@ def _open(job: TrainingJob, root: Location, world_size: int, settings: Settings,
                       previous_failure(settings), restored)
     owner = Experiment.open(root, opening, settings, job.run_config.sync_config)
     try:
-        marker = f".hpckit-visible-{uuid.uuid4().hex}"
-        files.write_bytes(owner.location.join(marker), b"")
+        marker = owner.leave_marker()
     except BaseException:
         owner.close()
         raise
@@ -134,7 +135,8 @@ def _open(job: TrainingJob, root: Location, world_size: int, settings: Settings,
                         last.attempt if last else 0)
 
 
-def _check_shared(comm: Any, location: Location, marker: str, topology: Topology) -> None:
+def _check_shared(comm: Any, location: Location, marker: str, topology: Topology,
+                  owner: Experiment | None) -> None:
     def visible() -> None:
         if files.file_type(location.join(marker)) != pyarrow.fs.FileType.File:
             raise StorageError(
@@ -144,8 +146,8 @@ def _check_shared(comm: Any, location: Location, marker: str, topology: Topology
                 "filesystem (Lustre, NFS) or S3.")
 
     everywhere(comm, visible, "checking that every rank sees the storage", StorageError)
-    if comm.rank == 0:
-        files.delete_file(location.join(marker))
+    if owner is not None:
+        owner.remove_marker(marker)
 
 
 def _start(job: TrainingJob, ranks: Ranks, settings: Settings, number: int,
@@ -154,7 +156,7 @@ def _start(job: TrainingJob, ranks: Ranks, settings: Settings, number: int,
     """Everything between opening the experiment and the first step; an error here ends
     the attempt as failed (interrupted, for Ctrl-C) with its message, on every rank alike."""
     try:
-        _check_shared(ranks.comm, location, start.marker, ranks.topology)
+        _check_shared(ranks.comm, location, start.marker, ranks.topology, owner)
         job.backend.setup(ranks.comm, ranks.local_comm, ranks.topology, job.scaling_config,
                           settings)
         session = _session(job, ranks, settings, number, location, start, owner, leveled)
@@ -278,6 +280,6 @@ def _stop_run(session: Session, owner: Experiment | None, settings: Settings,
                         "again, or: hpckit resume %s", latest.uri if latest else "-", reason,
                         owner.location.display)
     comm = session.protocol.comm
-    if comm.bcast(requeued, root=0):
+    if from_root(comm, requeued):
         raise SystemExit(stop.EXIT_STOPPED)
     raise uncaught.shown_elsewhere(PreemptionError(preemption_info(comm, session, settings)))

@@ -14,8 +14,9 @@ from typing import Any
 
 from hpckit.checkpoint import Checkpoint
 from hpckit.config import RunConfig, ScalingConfig
+from hpckit.errors import ProtocolError
 from hpckit.logs import log
-from hpckit.run.comm import Topology
+from hpckit.run.mpi.comm import Topology
 from hpckit.settings import Settings
 from hpckit.storage.location import Location, resolve
 from hpckit.storage.uris import redact
@@ -73,7 +74,9 @@ class TrainingJob:
 
     @property
     def name(self) -> str:
-        assert self.run_config.name is not None, "named() sets the name before a run"
+        if self.run_config.name is None:
+            raise ProtocolError("a training job was run before it was named (TrainingJob.named); "
+                                "please report this to hpckit's authors")
         return self.run_config.name
 
     def call_train_loop(self) -> Any:

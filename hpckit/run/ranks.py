@@ -9,13 +9,15 @@ from hpckit import logs
 from hpckit.errors import LaunchError, PreemptionError
 from hpckit.logs import log
 from hpckit.result import Result
-from hpckit.run import exit as rank_exit
-from hpckit.run import shm, stop
 from hpckit.run.attempt import AttemptFailed, Ranks, run_attempt
-from hpckit.run.comm import RankFailure, discover, raised_together, world
+from hpckit.run.ending import exit as rank_exit
+from hpckit.run.ending import stop
+from hpckit.run.ending.retry import RetryPolicy
 from hpckit.run.job import TrainingJob
-from hpckit.run.retry import RetryPolicy
-from hpckit.run.watchdog import StartupWatchdog
+from hpckit.run.mpi.comm import RankFailure, discover, raised_together, world
+from hpckit.run.mpi.waiting import from_root, wait_for_all
+from hpckit.run.startup import shm
+from hpckit.run.startup.watchdog import StartupWatchdog
 from hpckit.settings import Settings
 
 
@@ -48,7 +50,7 @@ def _run(job: TrainingJob, settings: Settings, group: Any) -> Result:
         if redirected and comm.rank == 0:
             log.warning("%s", redirected)
         topology, local_comm = discover(comm)
-        name = comm.bcast(job.named(settings).name if comm.rank == 0 else None, root=0)
+        name = from_root(comm, job.named(settings).name if comm.rank == 0 else None)
     job = job.named(settings, name)
     policy = RetryPolicy(job.run_config.failure_config.max_failures)
     number = settings.attempt
@@ -62,7 +64,7 @@ def _run(job: TrainingJob, settings: Settings, group: Any) -> Result:
             if settings.worker and comm.rank == 0:  # for fit() in the process that started us
                 rank_exit.write_error(settings.worker, rank_exit.ErrorReport(
                     RankFailure.capture(0, stopped), training=False))
-            comm.barrier()  # a rank that exits (75) first would have mpiexec end rank 0 mid-write
+            wait_for_all(comm)  # a rank that exits (75) first would have mpiexec end rank 0 mid-write
             raise
         except AttemptFailed as failure:
             # A single rank that hpckit did not launch restarts itself, and so do a sweep's

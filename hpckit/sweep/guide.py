@@ -21,7 +21,7 @@ from typing import Any
 from hpckit.checkpoint import Checkpoint
 from hpckit.errors import ConfigError
 from hpckit.experiment.manifest import custom_dirname_problem
-from hpckit.run import session
+from hpckit.run.session import session
 
 _pending: tuple[str, int | None] | None = None  # this rank's directory for the next report
 OPTIONS = ("checkpoint_dir_name", "checkpoint_upload_mode", "delete_local_checkpoint_after_upload")

@@ -20,7 +20,7 @@ from hpckit.errors import ConfigError
 from hpckit.launch import mainimport
 from hpckit.launch.trainer import DataParallelTrainer
 from hpckit.logs import log
-from hpckit.run.comm import world
+from hpckit.run.mpi.comm import world
 from hpckit.sweep.analysis import ExperimentAnalysis
 from hpckit.sweep.config import TuneConfig
 from hpckit.sweep.guide import GuideFunction, takes_checkpoint_dir

@@ -10,9 +10,9 @@ from typing import Any
 from hpckit import logs
 from hpckit import settings as _settings
 from hpckit.logs import log
-from hpckit.run.exit import interrupted, register_pid, requeued_now
-from hpckit.run.stop import EXIT_STOPPED
-from hpckit.run.waiting import from_root, gather_to_root, wait_for_all
+from hpckit.run.ending.exit import interrupted, register_pid, requeued_now
+from hpckit.run.ending.stop import EXIT_STOPPED
+from hpckit.run.mpi.waiting import from_root, gather_to_root, wait_for_all
 from hpckit.sweep.placement import TrialQueue, split
 from hpckit.sweep.record import Trial
 
@@ -33,7 +33,7 @@ def run_packed(world: Any, per_trial: int, max_concurrent: int | None, pending: 
     try:
         while groups.takes_trials:
             index = queue.take() if groups.leader else None
-            index = groups.comm.bcast(index, root=0)
+            index = from_root(groups.comm, index)
             if index is None:
                 break
             ended.append(run_one(index, groups.comm))

@@ -19,8 +19,8 @@ from hpckit.errors import TrainingFailedError
 from hpckit.launch.process import mpiexec, run_process, started_for
 from hpckit.launch.spawn import write_payload
 from hpckit.logs import log
-from hpckit.run import stop
-from hpckit.run.stop import EXIT_INTERRUPTED, EXIT_STOPPED
+from hpckit.run.ending import stop
+from hpckit.run.ending.stop import EXIT_INTERRUPTED, EXIT_STOPPED
 from hpckit.settings import Settings, variable
 
 TUNER = "tuner.pkl"

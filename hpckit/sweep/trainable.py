@@ -19,8 +19,8 @@ from typing import Any
 
 from hpckit.checkpoint import Checkpoint
 from hpckit.errors import ConfigError
-from hpckit.run import session
-from hpckit.run.stop import criterion_met
+from hpckit.run.ending.stop import criterion_met
+from hpckit.run.session import session
 
 META = ".tune_trainable.json"
 STATE = ".tune_state.pkl"

@@ -20,12 +20,13 @@ from typing import Any
 from hpckit import logs
 from hpckit import settings as _settings
 from hpckit.config import RunConfig
-from hpckit.errors import ConfigError, ManifestError, TrainingFailedError
+from hpckit.errors import ConfigError, ManifestError, ProtocolError, TrainingFailedError
 from hpckit.launch import mainimport
 from hpckit.logs import log
 from hpckit.result import Result
-from hpckit.run.comm import world
 from hpckit.run.job import DEFAULT_STORAGE, jsonable
+from hpckit.run.mpi.comm import world
+from hpckit.run.mpi.waiting import from_root
 from hpckit.storage.location import Location, resolve
 from hpckit.sweep import placement, space
 from hpckit.sweep.config import TuneConfig
@@ -177,10 +178,9 @@ class Tuner:
             except ConfigError as exc:
                 manifest = exc
         if comm is not None:
-            manifest = comm.bcast(manifest, root=0)
-        if isinstance(manifest, ConfigError):
-            raise manifest
-        assert manifest is not None
+            manifest = from_root(comm, manifest)
+        if not isinstance(manifest, SweepManifest):
+            raise manifest or ProtocolError("rank 0 sent no sweep manifest")
         return manifest
 
     def _planned(self, record: SweepRecord, shared: bool) -> SweepManifest:
@@ -288,7 +288,7 @@ def _on_root(comm: Any, read: Any) -> Any:
     """What rank 0 reads, on every rank (``read`` runs once when there is no ``comm``)."""
     if comm is None:
         return read()
-    return comm.bcast(read() if comm.rank == 0 else None, root=0)
+    return from_root(comm, read() if comm.rank == 0 else None)
 
 
 def _default_name(trainable: Trainable) -> str:

@@ -7,13 +7,15 @@ import os
 import pickle
 
 from hpckit import settings as _settings
+from hpckit.errors import LaunchError
 from hpckit.launch.mainimport import enter
 from hpckit.sweep.spawned import TUNER
 
 
 def main() -> None:
     current = _settings.refresh()
-    assert current.sweep_payload, "hpckit.sweep.worker is started by Tuner.fit(), not by hand"
+    if not current.sweep_payload:
+        raise LaunchError("hpckit.sweep.worker is started by Tuner.fit(), not by hand")
     enter(current.sweep_payload)
     with open(os.path.join(current.sweep_payload, TUNER), "rb") as f:
         tuner = pickle.load(f)

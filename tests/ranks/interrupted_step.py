@@ -9,11 +9,12 @@ import os
 import sys
 import time
 
-import hpckit  # noqa: F401  (first, as always: it sets up what MPI needs)
-from hpckit.run import pmi
-from hpckit.run.comm import all_reduce
-from hpckit.run.waiting import wait_for_all
 from mpi4py import MPI
+
+import hpckit  # noqa: F401  (first, as always: it sets up what MPI needs)
+from hpckit.run.ending import pmi
+from hpckit.run.mpi.comm import all_reduce
+from hpckit.run.mpi.waiting import wait_for_all
 
 comm = MPI.COMM_WORLD.Dup()
 meeting = MPI.COMM_WORLD.Dup()

@@ -3,11 +3,11 @@ the first run: each rank leaves a marker and sleeps before importing torch, so t
 send the stop signal while the ranks are still starting. ``DIE_RANK`` makes that rank exit
 during start-up instead (with ``--die``)."""
 
-import hpckit  # noqa: F401  (first: from here on the stop signal is caught)
-
 import os
 import sys
 import time
+
+import hpckit  # noqa: F401  (first: from here on the stop signal is caught)
 
 if os.environ.get("SLURM_RESTART_COUNT", "0") == "0" and os.environ.get("SLOW_START_MARKER"):
     open(f"{os.environ['SLOW_START_MARKER']}.{os.environ['SLURM_PROCID']}", "w").close()

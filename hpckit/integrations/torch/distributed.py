@@ -12,8 +12,9 @@ from hpckit.errors import LaunchError
 from hpckit.integrations.torch.config import TorchConfig
 from hpckit.integrations.torch.devices import assign_gpus, cpu_threads
 from hpckit.logs import log
-from hpckit.run.comm import Topology, everywhere
 from hpckit.run.job import Backend
+from hpckit.run.mpi.comm import Topology, everywhere
+from hpckit.run.mpi.waiting import from_root, share
 from hpckit.settings import Settings
 
 _devices: list[Any] = []
@@ -54,7 +55,7 @@ def setup(comm: Any, local_comm: Any, topology: Topology, scaling: ScalingConfig
     import torch
     import torch.distributed as dist
 
-    visible = local_comm.allgather(settings.cuda_visible_devices)
+    visible = share(local_comm, settings.cuda_visible_devices)
     _devices = everywhere(comm, lambda: _choose_devices(topology, scaling, visible),
                           "choosing devices", LaunchError)[comm.rank]
     timeout = timedelta(seconds=config.timeout_s)
@@ -79,7 +80,7 @@ def _join(comm: Any, topology: Topology, settings: Settings, backend: str,
     if comm.rank == 0:
         store = dist.TCPStore(_rendezvous_host(topology, settings), 0, topology.world_size,
                               is_master=True, timeout=timeout, wait_for_workers=False)
-    host, port = comm.bcast((store.host, store.port) if store else None, root=0)
+    host, port = from_root(comm, (store.host, store.port) if store else None)
     if store is None:
         store = dist.TCPStore(host, port, topology.world_size, is_master=False, timeout=timeout)
     dist.init_process_group(backend, store=store, rank=comm.rank, world_size=comm.size,

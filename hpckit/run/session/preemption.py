@@ -3,7 +3,7 @@
 On a cluster the job learns it from the stop signal (``HPCKIT_STOP_SIGNAL``, SIGUSR2 by
 default: Slurm's time-limit warning ``--signal=USR2@120``, or ``scancel --signal=USR2``) or
 from SIGTERM (Slurm's preemption, which ends the job GraceTime seconds later). The stop
-machinery (:mod:`hpckit.run.stop`) already catches both on every rank; this asks the ranks
+machinery (:mod:`hpckit.run.ending.stop`) already catches both on every rank; this asks the ranks
 together, so they all get one answer. The deadline is the job's end time as Slurm gives it:
 the time limit, or the preemption time plus the grace time.
 """
@@ -20,9 +20,10 @@ from typing import Any
 
 from hpckit import settings as _settings
 from hpckit.errors import HpckitError
-from hpckit.run import stop
-from hpckit.run.comm import all_reduce
-from hpckit.run.session import Session, current
+from hpckit.run.ending import stop
+from hpckit.run.mpi.comm import all_reduce
+from hpckit.run.mpi.waiting import from_root, share
+from hpckit.run.session.session import Session, current
 
 
 @dataclass(frozen=True)
@@ -70,8 +71,8 @@ def _info(ranks: list[tuple[str, int]], deadline_ms: int | None) -> PreemptionIn
 def preemption_info(comm: Any, session: Session, settings: _settings.Settings) -> PreemptionInfo:
     """Every rank, together, once a stop ended the run: what ``PreemptionError`` carries."""
     topology = session.context.topology
-    ranks = comm.allgather((topology.hostname, topology.world_rank))
-    return _info(ranks, comm.bcast(job_end_ms(settings) if comm.rank == 0 else None, root=0))
+    ranks = share(comm, (topology.hostname, topology.world_rank))
+    return _info(ranks, from_root(comm, job_end_ms(settings) if comm.rank == 0 else None))
 
 
 def not_requeued_after(signal_name: str, settings: _settings.Settings) -> str | None:

@@ -17,14 +17,14 @@ from typing import Any, TypeVar, cast
 
 from hpckit import logs
 from hpckit.errors import HpckitError
-from hpckit.run.waiting import from_root, gather_to_root, root_work
+from hpckit.run.mpi.waiting import from_root, gather_to_root, root_work
 
 T = TypeVar("T")
 R = TypeVar("R")
 K = TypeVar("K")
 
 # Errors raised on every rank together by raise_failures: such an error ends the run on each
-# rank as it is, while an error of one rank alone must abort the job (see run.exit).
+# rank as it is, while an error of one rank alone must abort the job (see run.ending.exit).
 _raised_together: weakref.WeakSet[BaseException] = weakref.WeakSet()
 _failed_ranks: weakref.WeakKeyDictionary[BaseException, list[RankFailure]] = \
     weakref.WeakKeyDictionary()
@@ -179,7 +179,7 @@ def all_reduce(comm: Any, what: str, local: Callable[[], T], reduce: Callable[[l
     ``local``; rank 0 runs ``reduce`` over every rank's value; every rank receives its result.
     A failure anywhere is raised on every rank as one error naming the failed ranks.
 
-    Every rank waits for the others in Python, sleeping (:mod:`hpckit.run.waiting`): Ctrl-C
+    Every rank waits for the others in Python, sleeping (:mod:`hpckit.run.mpi.waiting`): Ctrl-C
     reaches it at once, and it leaves the CPU to rank 0's ``reduce`` (a checkpoint's copy and
     hash). ``undo`` runs on rank 0 when a rank's ``local`` failed, and the error is then
     always a ``kind`` naming the failed ranks (``reduce`` raises and undoes its own failures).

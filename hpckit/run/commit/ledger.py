@@ -12,25 +12,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import pyarrow.fs
-
 from hpckit.checkpoint import Checkpoint
 from hpckit.config import CheckpointConfig
-from hpckit.errors import CheckpointError, HpckitError
+from hpckit.errors import HpckitError
 from hpckit.experiment.experiment import Experiment
 from hpckit.experiment.manifest import (
     CACHE,
-    PENDING_MARKER,
     CheckpointRecord,
     FileRecord,
     checkpoint_dirname,
-    is_checkpoint_dirname,
 )
 from hpckit.experiment.nested import flatten
 from hpckit.experiment.retention import score_of
 from hpckit.logs import log
-from hpckit.run.callbacks import Callbacks
-from hpckit.run.plan import (
+from hpckit.run.commit.callbacks import Callbacks
+from hpckit.run.writing.plan import (
     Announcement,
     Persisted,
     Plan,
@@ -40,7 +36,6 @@ from hpckit.run.plan import (
     raise_background_failure,
     unrecorded,
 )
-from hpckit.storage import files
 from hpckit.storage.copy import sha256_file
 from hpckit.storage.location import Location
 
@@ -79,29 +74,16 @@ class Ledger:
         else:
             self._log_report(step, metrics)
 
-    def reserve(self, directory: str) -> None:
-        """A checkpoint directory the user named: refused if taken, else marked pending so
-        that a run killed before its commit leaves a leftover that resume recognises."""
-        target = self.owner.location.join(directory)
-        taken = {r.directory for r in self.owner.manifest.checkpoints}
-        taken |= {e.plan.directory for e in self._queue if e.plan and e.plan.directory}
-        if directory in taken or not _free(target):
-            raise CheckpointError(
-                f"report(checkpoint_dir_name={directory!r}): {target.display} already exists; "
-                "give each checkpoint its own name (e.g. with the epoch in it).")
-        files.make_dir(target)
-        files.write_bytes(target.join(PENDING_MARKER), b"")
-
     def prepare(self, plan: Plan, next_index: int) -> None:
         """Before any rank writes: the previous purge is done, a named directory is free (and
-        marked pending), a stale pending one is cleared."""
-        assert plan.directory is not None
+        marked pending), a stale one written in place and then not used is cleared."""
+        directory = plan.checkpoint()[0]
         self.owner.wait_for_purge()
-        target = self.owner.location.join(plan.directory)
-        if plan.directory != checkpoint_dirname(next_index):
-            self.reserve(plan.directory)
+        target = self.owner.location.join(directory)
+        if directory != checkpoint_dirname(next_index):
+            self.owner.reserve(directory, self.pending)
         elif not plan.in_place and target.is_local and os.path.isdir(target.path):
-            files.delete_dir(target)  # files written in place, then another directory handed
+            self.owner.clear(directory)
 
     def expect(self, plan: Plan, metrics: dict[str, Any]) -> None:
         """A checkpoint now persisted in the background, committed by :meth:`commit_finished`."""
@@ -125,7 +107,7 @@ class Ledger:
         if failures:
             # Those before the failed one are committed; it and the later ones are dropped.
             for directory in pending[len(committed):]:
-                discard(self.owner.location.join(directory))
+                self.owner.discard(directory)
             raise_background_failure(pending[len(committed)], failures)
         return committed
 
@@ -147,39 +129,33 @@ class Ledger:
                started: float) -> None:
         """Merge what the ranks persisted (checking partner copies against it) and commit it
         in the manifest."""
-        assert plan.directory is not None
-        target = self.owner.location.join(plan.directory)
+        directory, index = plan.checkpoint()
+        target = self.owner.location.join(directory)
         try:
             written = merge(plan, per_rank)
             written += [_hash_late(target, name) for name in unrecorded(per_rank)]
             check_copies(plan, per_rank)
         except (HpckitError, OSError):
-            discard(target)
+            self.owner.discard(directory)
             raise
-        assert plan.index is not None
-        record = CheckpointRecord(plan.index, plan.directory,
+        record = CheckpointRecord(index, directory,
                                   plan.step, time.time(), metrics,
                                   tuple(sorted(written, key=lambda r: r.path)), plan.level,
                                   self.hosts if plan.level == CACHE else ())
         self._say_if_unscored(metrics)
         self.owner.commit(record, self.config)
         if self.callbacks:
-            at = (self.cached_at(plan.directory) if plan.level == CACHE and self.cached_at
+            at = (self.cached_at(directory) if plan.level == CACHE and self.cached_at
                   else target)
             self.callbacks.recorded(plan.step, Checkpoint._at(at))
-        if not is_checkpoint_dirname(plan.directory):
-            try:
-                files.delete_file(target.join(PENDING_MARKER), missing_ok=True)
-            except HpckitError as exc:  # committed all the same; the marker is harmless
-                log.warning("could not remove %s's pending marker: %s", plan.directory, exc)
         where = ", node-local caches" if plan.level == CACHE else ""
         if plan.asynchronous:
             log.info("step %d: committed %s (%s in %d file(s)%s), %.0f ms after its report",
-                     plan.step, plan.directory, human_size(record.size), len(written), where,
+                     plan.step, directory, human_size(record.size), len(written), where,
                      (time.perf_counter() - started) * 1000)
         else:
             log.info("step %d: %s; committed %s (%s in %d file(s)%s) in %.0f ms", plan.step,
-                     summary(record.metrics), plan.directory, human_size(record.size),
+                     summary(record.metrics), directory, human_size(record.size),
                      len(written), where, (time.perf_counter() - started) * 1000)
 
     def _log_report(self, step: int, metrics: dict[str, Any]) -> None:
@@ -201,26 +177,10 @@ class Ledger:
                     "those.", attribute, reported, attribute)
 
 
-def _free(target: Location) -> bool:
-    """Nothing is there, or an empty directory: what a run killed between making a reserved
-    directory and marking it pending leaves (on S3 a directory marker), which no leftover
-    check can tell from a user's directory, and which holds nothing to lose."""
-    kind = files.file_type(target)
-    return kind == pyarrow.fs.FileType.NotFound or (
-        kind == pyarrow.fs.FileType.Directory and not files.list_files(target))
-
-
 def _hash_late(target: Location, name: str) -> FileRecord:
     log.debug("hashing %s on rank 0: no rank's listing of %s held it", name, target.name)
     size, digest = sha256_file(os.path.join(target.path, name), sync=True)
     return FileRecord(name, size, 0, digest)
-
-
-def discard(target: Location) -> None:
-    try:
-        files.delete_dir(target)
-    except HpckitError as exc:
-        log.warning("could not remove failed checkpoint %s (resume removes it): %s", target.name, exc)
 
 
 def summary(metrics: dict[str, Any], most: int = 6) -> str:

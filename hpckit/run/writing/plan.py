@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hpckit.errors import CheckpointError, CommitError, ReportMismatchError
+from hpckit.errors import CheckpointError, CommitError, ProtocolError, ReportMismatchError
 from hpckit.experiment.manifest import (
     STORAGE,
     FileRecord,
@@ -16,7 +16,7 @@ from hpckit.experiment.manifest import (
     custom_dirname_problem,
     is_safe_relpath,
 )
-from hpckit.run.comm import RankFailure, raise_failures
+from hpckit.run.mpi.comm import RankFailure, raise_failures
 
 # REPORT: a report() call; FINISH: the training function returned; DRAIN: every rank waited for
 # its background checkpoints (the in-flight limit was reached, or a stop was agreed).
@@ -76,6 +76,13 @@ class Plan:
     finish: bool = False  # RunConfig(stop=...) was met: the run ends after this report
     level: str = STORAGE  # or CACHE: the node-local caches only (CheckpointConfig(cache_dir))
     kept: tuple[str, ...] | None = None  # with caches: every checkpoint they keep
+
+    def checkpoint(self) -> tuple[str, int]:
+        """The directory and index of the checkpoint this plan writes."""
+        if self.directory is None or self.index is None:
+            raise ProtocolError(f"the plan of step {self.step} writes no checkpoint, yet a rank "
+                                "went on to write one; please report this to hpckit's authors")
+        return self.directory, self.index
 
 
 def make_plan(announcements: list[Announcement], step: int, next_index: int) -> Plan:

@@ -23,7 +23,7 @@ from hpckit.checkpoint import Checkpoint
 from hpckit.config import CheckpointUploadMode
 from hpckit.errors import CheckpointError
 from hpckit.experiment.manifest import STAGING_NAME
-from hpckit.run.persist import list_source, local_source
+from hpckit.run.writing.shares import list_source, local_source
 from hpckit.storage.location import Location
 
 
@@ -140,11 +140,18 @@ class Staging:
             if os.stat(root).st_dev == device:
                 break
         if not made:
-            raise OSError(errno.EACCES, f"no staging directory could be made for {source}")
+            tried = " or ".join(root for root in (self.shared, self.local) if root)
+            raise OSError(errno.EACCES, f"rank {self.rank}: no staging directory could be made "
+                          f"for {source} in {tried}; make one of them writable, or set "
+                          "HPCKIT_LOCAL_DIR to a writable local path")
         staged = os.path.join(made[-1], directory)
         shutil.rmtree(staged, ignore_errors=True)
         os.makedirs(staged)
         return staged
+
+    def release(self, staged: str) -> None:
+        """A staged (or local in-place) directory whose files are persisted."""
+        shutil.rmtree(staged, ignore_errors=True)
 
     def remove(self) -> None:
         """Everything this rank staged (at the end of its attempt)."""

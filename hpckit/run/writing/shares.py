@@ -11,9 +11,9 @@ from typing import Any
 
 from hpckit import faults
 from hpckit.checkpoint import Checkpoint
-from hpckit.errors import CheckpointError
+from hpckit.errors import CheckpointError, ProtocolError
 from hpckit.experiment.manifest import FileRecord, is_safe_relpath
-from hpckit.run.plan import Persisted, Plan, share_hashing
+from hpckit.run.writing.plan import Persisted, Plan, share_hashing
 from hpckit.storage.copy import fsync_tree, persist_file, progress, sha256_file
 from hpckit.storage.location import Location
 
@@ -59,7 +59,10 @@ def persist(plan: Plan, target: Location, source: str | None, rank: int, *, move
     writes, hashes = plan.writes.get(rank, []), plan.hashes.get(rank, [])
     if not writes and not hashes:
         return []
-    assert source is not None, "the plan assigns files only to ranks that handed some"
+    if source is None:
+        raise ProtocolError(f"rank {rank}: the plan of {target.name} assigns it files "
+                            f"({(writes + hashes)[0]}, ...) but it handed none; please report "
+                            "this to hpckit's authors")
 
     def one(rel: str) -> FileRecord:
         src = os.path.join(source, rel)

@@ -19,10 +19,10 @@ from hpckit.errors import CheckpointError, HpckitError, StorageError
 from hpckit.experiment.manifest import CheckpointRecord
 from hpckit.experiment.reading import read_manifest
 from hpckit.logs import log
-from hpckit.run.cache import OWN, RESTORE, NodeCache, Nodes
-from hpckit.run.comm import all_reduce, everywhere, on_root
-from hpckit.run.levels import Levels, locate
-from hpckit.run.transfer import Receive, Send, exchange
+from hpckit.run.levels.cache import OWN, RESTORE, NodeCache, Nodes
+from hpckit.run.levels.levels import Levels, locate
+from hpckit.run.mpi.comm import all_reduce, everywhere, on_root
+from hpckit.run.mpi.transfer import Receive, Send, exchange
 from hpckit.storage.copy import sha256_file
 from hpckit.storage.location import Location
 
@@ -131,9 +131,7 @@ def _assemble(comm: Any, cache: NodeCache, nodes: Nodes, record: CheckpointRecor
 
 
 def _path(cache: NodeCache, directory: str, name: str) -> str:
-    found = cache.find(directory, name)
-    assert found is not None, "located on this node a moment ago"
-    return found[1]
+    return cache.held(directory, name)
 
 
 def _link(cache: NodeCache, directory: str, name: str) -> str:

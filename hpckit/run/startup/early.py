@@ -8,7 +8,8 @@ from hpckit import processes
 from hpckit import settings as _settings
 from hpckit.errors import HpckitError
 from hpckit.logs import log
-from hpckit.run import shm, stop
+from hpckit.run.ending import stop
+from hpckit.run.startup import shm
 
 IMPORTED_AT = time.time()
 _first = True

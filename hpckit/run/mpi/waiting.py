@@ -86,3 +86,19 @@ def root_work(comm: Any, work: Callable[[], T]) -> T:
         _unawaited.extend(comm.isend(INTERRUPTED, dest=rank, tag=BCAST_TAG)
                           for rank in range(1, comm.size))
         raise
+
+
+def share(comm: Any, value: T) -> list[T]:
+    """Every rank's ``value`` on every rank, in rank order: an allgather that Ctrl-C reaches."""
+    gathered = (root_work(comm, lambda: gather_to_root(comm, value)) if comm.rank == 0
+                else gather_to_root(comm, value))
+    return list(from_root(comm, gathered))
+
+
+def meet_within(comm: Any, seconds: float) -> bool:
+    """Wait at most ``seconds`` for every rank to come here; whether all came."""
+    request = comm.Ibarrier()
+    deadline = time.monotonic() + seconds
+    while not request.Test() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return bool(request.Test())

@@ -14,8 +14,9 @@ from typing import Any, NoReturn
 from hpckit import logs, uncaught
 from hpckit.errors import TrainingFailedError, WorkerGroupError
 from hpckit.logs import log
-from hpckit.run import pmi, stop
-from hpckit.run.comm import RankFailure, describe, failed_ranks, world
+from hpckit.run.ending import pmi, stop
+from hpckit.run.mpi.comm import RankFailure, describe, failed_ranks, world
+from hpckit.run.mpi.waiting import meet_within
 from hpckit.settings import Settings
 
 ABORT_GRACE = 0.5
@@ -126,7 +127,7 @@ def interrupted(exc: KeyboardInterrupt, meeting: Any = None) -> NoReturn:
     program's ``except KeyboardInterrupt`` still sees it. Several ranks wait a moment for
     one another (rank 0 may still be recording), then each exits with status 130 at once,
     since a rank stopped inside a collective would wait forever for the others. When all
-    met, each tells hydra first (:mod:`hpckit.run.pmi`); else hydra ends those that did not
+    met, each tells hydra first (:mod:`hpckit.run.ending.pmi`); else hydra ends those that did not
     come as the first rank exits. ``meeting``: the ranks to meet (default: the run's; a sweep
     gives its whole world)."""
     stop.exit_on_next_interrupt()
@@ -136,11 +137,7 @@ def interrupted(exc: KeyboardInterrupt, meeting: Any = None) -> NoReturn:
         stop.interrupt_handled()
         raise exc
     _flush()
-    request = comm.Ibarrier()
-    deadline = time.monotonic() + INTERRUPT_GRACE
-    while not request.Test() and time.monotonic() < deadline:
-        time.sleep(0.005)
-    if request.Test():  # all met, all exit now; a rank that did not is left to the launcher
+    if meet_within(comm, INTERRUPT_GRACE):  # all exit now; one that did not is left to the launcher
         pmi.finalize_with_hydra()
     os._exit(stop.EXIT_INTERRUPTED)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpckit.errors import CheckpointError
-from hpckit.run.waiting import poll
+from hpckit.run.mpi.waiting import poll
 
 TRANSFER_TAG = 0x4852
 CHUNK = 16 << 20

@@ -29,10 +29,9 @@ import time
 from types import TracebackType
 from typing import Any
 
-from hpckit.experiment.hangs import stacks_name
+from hpckit.experiment.hangs import keep_stacks, stacks_name
 from hpckit.logs import log
 from hpckit.processes import children
-from hpckit.storage import files
 from hpckit.storage.location import Location
 
 EXIT_HUNG = 124  # as timeout(1) ends a command that ran too long
@@ -57,8 +56,8 @@ class HangWatch:
         if self.timeout is not None:
             self._stderr = _stderr()
             self._arm()
-            self._thread = threading.Thread(target=self._watch, name="hpckit-hang-watch",
-                                            daemon=True)
+            self._thread = threading.Thread(target=self._watch, args=(self.timeout,),
+                                            name="hpckit-hang-watch", daemon=True)
             self._thread.start()
         return self
 
@@ -80,17 +79,15 @@ class HangWatch:
             self._arm()
 
     def _arm(self) -> None:
-        assert self.timeout is not None
         self._armed = time.monotonic()
-        if self._stderr is not None:
+        if self._stderr is not None and self.timeout is not None:
             faulthandler.dump_traceback_later(self.timeout + BACKSTOP_S, exit=True,
                                               file=self._stderr)
 
-    def _watch(self) -> None:
-        assert self.timeout is not None
-        every = min(1.0, self.timeout / 10)
+    def _watch(self, timeout: float) -> None:
+        every = min(1.0, timeout / 10)
         while not self._done.wait(every):
-            if time.monotonic() - self._last > self.timeout:
+            if time.monotonic() - self._last > timeout:
                 self._hung()
 
     def _hung(self) -> None:
@@ -131,8 +128,7 @@ def _keep(target: Location, stacks: bytes) -> str:
 
     def write() -> None:
         try:
-            files.make_dir(target.parent)
-            files.write_bytes(target, stacks)
+            keep_stacks(target, stacks)
         except BaseException as exc:
             failure.append(exc)
 

@@ -19,9 +19,9 @@ from typing import Any
 
 from hpckit.errors import HpckitError
 from hpckit.logs import log
-from hpckit.run import stop
-from hpckit.run.comm import all_reduce
-from hpckit.run.plan import check_agreed
+from hpckit.run.ending import stop
+from hpckit.run.mpi.comm import all_reduce
+from hpckit.run.writing.plan import check_agreed
 
 MEASURED = 5  # blocking times the median is taken over
 

@@ -13,17 +13,16 @@ from typing import Any
 
 from hpckit import faults
 from hpckit.config import CheckpointConfig
-from hpckit.errors import CheckpointError, CommitError
+from hpckit.errors import CheckpointError, CommitError, ProtocolError
 from hpckit.experiment.experiment import Experiment
 from hpckit.experiment.manifest import CACHE, STORAGE, CheckpointRecord, is_checkpoint_dirname
 from hpckit.logs import log
-from hpckit.run.background import Background
-from hpckit.run.cache import OWN, PARTNER, RESTORE, NodeCache, Nodes
-from hpckit.run.comm import all_reduce, attempt, everywhere, on_root
-from hpckit.run.ledger import discard
-from hpckit.run.persist import persist
-from hpckit.run.plan import Persisted, Plan
-from hpckit.run.transfer import Receive, Received, Send, exchange
+from hpckit.run.levels.cache import OWN, PARTNER, RESTORE, NodeCache, Nodes
+from hpckit.run.mpi.comm import all_reduce, attempt, everywhere, on_root
+from hpckit.run.mpi.transfer import Receive, Received, Send, exchange
+from hpckit.run.writing.inflight import Background
+from hpckit.run.writing.plan import Persisted, Plan
+from hpckit.run.writing.shares import persist
 from hpckit.storage.copy import fsync_tree, persist_file
 from hpckit.storage.location import Location
 
@@ -35,7 +34,9 @@ class Levels:
 
     def __init__(self, comm: Any, config: CheckpointConfig, experiment: Location,
                  nodes: Nodes) -> None:
-        assert config.cache_dir is not None
+        if config.cache_dir is None:
+            raise ProtocolError("checkpoint levels were set up without "
+                                "CheckpointConfig(cache_dir); please report this to hpckit's authors")
         self.comm, self.config, self.experiment, self.nodes = comm, config, experiment, nodes
         self.cache = NodeCache(config.cache_dir, experiment)
         self.host = nodes.hosts[comm.rank]
@@ -73,8 +74,8 @@ class Levels:
         the partner copy starts in the ``background``, where a failed write is raised too (as
         a failed hand-over of an asynchronous checkpoint is), and a later report commits it
         or raises on every rank. Also: whether this rank's files are in the cache."""
-        assert plan.directory is not None
-        rank, directory, target = self.comm.rank, plan.directory, self.cache.location(plan.directory)
+        rank, directory = self.comm.rank, plan.checkpoint()[0]
+        target = self.cache.location(directory)
 
         def write() -> Persisted:
             return Persisted(persist(plan, target, source, rank))
@@ -105,8 +106,7 @@ class Levels:
     def _partner_copy(self, plan: Plan) -> list[Received]:
         """This rank's files to the partner node, and the previous node's files into this
         node's partner directory: on the background thread, on a communicator of its own."""
-        assert plan.directory is not None
-        rank, directory = self.comm.rank, plan.directory
+        rank, directory = self.comm.rank, plan.checkpoint()[0]
         sends = [Send(self.nodes.sends_to(rank), self.cache.path(OWN, directory, name), name)
                  for name in plan.writes.get(rank, [])]
         receives = [Receive(source, name, self.cache.path(PARTNER, directory, name))
@@ -155,9 +155,8 @@ class Levels:
         def copy() -> dict[str, str]:
             digests = {}
             for name in mine:
-                found = self.cache.find(record.directory, name)
-                assert found is not None, "located on this node a moment ago"
-                digests[name] = persist_file(found[1], target.join(name))[1]
+                digests[name] = persist_file(self.cache.held(record.directory, name),
+                                             target.join(name))[1]
                 faults.reached("draining", self.comm.rank)
             if target.is_local and mine:
                 fsync_tree(target.path, mine)
@@ -169,12 +168,11 @@ class Levels:
             if bad:
                 raise CheckpointError(f"{record.directory}/{bad[0]} read back from a node-local "
                                       "cache differs from its checksum; it stays cached only")
-            assert owner is not None
-            owner.persisted(record.directory)
+            _owner(owner).persisted(record.directory)
             log.info("persisted %s to storage_path (%s)", record.directory, why)
 
         all_reduce(self.comm, f"persisting {record.directory} to storage_path", copy, commit,
-                   CommitError, undo=lambda: discard(target))
+                   CommitError, undo=lambda: _owner(owner).discard(record.directory))
 
 
 def _copies_comm(comm: Any) -> Any:
@@ -206,12 +204,19 @@ def _done(work: Callable[[], Persisted]) -> Callable[[], Persisted]:
     return lambda: result
 
 
+def _owner(owner: Experiment | None) -> Experiment:
+    """Rank 0's experiment, where only rank 0 may act."""
+    if owner is None:
+        raise ProtocolError("a rank other than 0 asked for rank 0's experiment in the checkpoint "
+                            "levels; please report this to hpckit's authors")
+    return owner
+
+
 def _cached_latest(owner: Experiment | None) -> tuple[CheckpointRecord | None, list[str]]:
     """The newest checkpoint if it is cached only, and every checkpoint the manifest names."""
-    assert owner is not None
-    latest = owner.manifest.latest
+    latest = _owner(owner).manifest.latest
     return (latest if latest is not None and not latest.on_storage else None,
-            [r.directory for r in owner.manifest.checkpoints])
+            [r.directory for r in _owner(owner).manifest.checkpoints])
 
 
 def locate(comm: Any, cache: NodeCache, nodes: Nodes, record: CheckpointRecord, leader: bool

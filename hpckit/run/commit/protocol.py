@@ -17,7 +17,6 @@ What retention evicts is deleted after the commit, in the background (``experime
 
 from __future__ import annotations
 
-import shutil
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -30,15 +29,15 @@ from hpckit.experiment.experiment import Experiment
 from hpckit.experiment.manifest import CACHE, checkpoint_dirname
 from hpckit.experiment.values import to_json_metrics
 from hpckit.logs import log
-from hpckit.run import stop
-from hpckit.run.background import Background
-from hpckit.run.callbacks import Callbacks
-from hpckit.run.comm import RankFailure, all_reduce, attempt
-from hpckit.run.handover import Handed, Staging, Upload, hand_in, hand_over, release, same_filesystem
-from hpckit.run.ledger import Ledger, discard
-from hpckit.run.levels import Levels
-from hpckit.run.persist import persist, persist_in_place
-from hpckit.run.plan import DRAIN, FINISH, REPORT, Announcement, Persisted, Plan, make_plan
+from hpckit.run.commit.callbacks import Callbacks
+from hpckit.run.commit.ledger import Ledger
+from hpckit.run.ending import stop
+from hpckit.run.levels.levels import Levels
+from hpckit.run.mpi.comm import RankFailure, all_reduce, attempt
+from hpckit.run.writing.handover import Handed, Staging, Upload, hand_in, hand_over, release, same_filesystem
+from hpckit.run.writing.inflight import Background
+from hpckit.run.writing.plan import DRAIN, FINISH, REPORT, Announcement, Persisted, Plan, make_plan
+from hpckit.run.writing.shares import persist, persist_in_place
 from hpckit.storage.location import Location
 
 
@@ -169,8 +168,6 @@ class CommitProtocol:
             cached = self.levels.committed(directory) if self.levels is not None else None
             self.latest = Checkpoint._at(cached or self.experiment.join(directory))
         self.background.forget(plan.committed)
-        if plan.committed and self.owner is not None:
-            self.owner.purge_evicted()
         if announcement.kind == REPORT:
             self.next_step = plan.step + 1
         if plan.index is not None:
@@ -215,8 +212,8 @@ class CommitProtocol:
         self._drain(keep=limit - 1)
 
     def _start_background(self, plan: Plan, handed: Handed, upload: Upload) -> None:
-        assert plan.directory is not None
-        rank, target = self.comm.rank, self.experiment.join(plan.directory)
+        directory = plan.checkpoint()[0]
+        rank, target = self.comm.rank, self.experiment.join(directory)
         if plan.in_place:
             checkpoint = handed.checkpoint
 
@@ -226,11 +223,11 @@ class CommitProtocol:
                 source = self._in_place_source(plan, handed)
                 persisted = persist_in_place(source, target, rank, self.comm.size, "background")
                 if not target.is_local:
-                    shutil.rmtree(source, ignore_errors=True)
+                    self.staging.release(source)
                 faults.reached("persisted", rank)
                 return persisted
 
-            self.background.start(plan.directory, in_place)
+            self.background.start(directory, in_place)
             return
         staged, failure = attempt(rank, lambda: self._hand_over(plan, handed, upload))
 
@@ -240,17 +237,17 @@ class CommitProtocol:
             records = (persist(plan, target, staged, rank, phase="background",
                                move=same_filesystem(staged, target)) if staged else [])
             if staged:
-                shutil.rmtree(staged, ignore_errors=True)
+                self.staging.release(staged)
             faults.reached("persisted", rank)
             return Persisted(records)
 
-        self.background.start(plan.directory, staged_files)
+        self.background.start(directory, staged_files)
 
     def _hand_over(self, plan: Plan, handed: Handed, upload: Upload) -> str | None:
-        assert plan.directory is not None
+        directory = plan.checkpoint()[0]
         if handed.source is None:
             return None
-        staged = self.staging.for_files(handed.source, plan.directory)
+        staged = self.staging.for_files(handed.source, directory)
         hand_over(handed.source, staged, plan.writes.get(self.comm.rank, []),
                   plan.hashes.get(self.comm.rank, []), handed.owned)
         faults.reached("handed", self.comm.rank)
@@ -258,9 +255,9 @@ class CommitProtocol:
 
     def _persist_now(self, plan: Plan, handed: Handed) -> bool:
         """Whether this rank's files are safe (persisted, or cached for the background)."""
-        assert plan.directory is not None
+        directory = plan.checkpoint()[0]
         rank, started = self.comm.rank, time.perf_counter()
-        target = self.experiment.join(plan.directory)
+        target = self.experiment.join(directory)
         if plan.level == CACHE and self.levels is not None:
             cached, safe = self.levels.write(plan, handed.source, lambda per_rank: self._ledger()
                                              .commit(plan, per_rank, self.last_metrics, started),
@@ -282,17 +279,15 @@ class CommitProtocol:
         def commit(per_rank: list[Persisted]) -> None:
             self._ledger().commit(plan, per_rank, self.last_metrics, started)
 
-        all_reduce(self.comm, f"persisting {plan.directory}", write, commit, CommitError,
-                   undo=lambda: discard(target))
+        all_reduce(self.comm, f"persisting {directory}", write, commit, CommitError,
+                   undo=lambda: self._ledger().owner.discard(target.name))
         self.latest = Checkpoint._at(target)
-        if self.owner is not None:
-            self.owner.purge_evicted()
         return True
 
     def _in_place_source(self, plan: Plan, handed: Handed) -> str:
         """In-place: on POSIX each rank hashes a share, on object storage uploads its own."""
-        assert plan.directory is not None
-        return handed.source or self.staging.in_place(plan.directory)
+        directory = plan.checkpoint()[0]
+        return handed.source or self.staging.in_place(directory)
 
     def _ledger(self) -> Ledger:
         if self.ledger is None:

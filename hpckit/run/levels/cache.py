@@ -14,9 +14,13 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
+from hpckit.errors import CheckpointError
+from hpckit.logs import log
 from hpckit.storage.location import Location
 
 OWN, PARTNER, RESTORE = "own", "partner", "restore"
@@ -57,6 +61,7 @@ class NodeCache:
     def __init__(self, cache_dir: str, experiment: Location) -> None:
         key = hashlib.sha256(experiment.display.encode()).hexdigest()[:12]
         self.root = os.path.join(cache_dir, f"hpckit-{experiment.name}-{key}")
+        self._said_unremovable = False
 
     def path(self, level: str, directory: str, name: str = "") -> str:
         return os.path.join(self.root, level, directory, name) if name else \
@@ -77,15 +82,31 @@ class NodeCache:
                 return level, path
         return None
 
+    def held(self, directory: str, name: str) -> str:
+        """The path of ``name`` of checkpoint ``directory``, which this node was found to hold."""
+        found = self.find(directory, name)
+        if found is None:
+            raise CheckpointError(
+                f"{directory}/{name} was in {self.root} on {socket.gethostname()} a moment ago "
+                "and is gone now: something else removes files from the node-local cache while "
+                "hpckit runs; give each run a cache_dir of its own")
+        return found[1]
+
     def keep_only(self, kept: Iterable[str]) -> None:
-        """Remove every cached checkpoint the manifest no longer names (node's first rank)."""
+        """Remove every cached checkpoint the manifest no longer names (node's first rank).
+        What cannot be removed is said once, and tried again at the next prune."""
         names = set(kept)
         for level in (OWN, PARTNER, RESTORE):
             parent = os.path.join(self.root, level)
             for entry in os.listdir(parent) if os.path.isdir(parent) else []:
                 if entry not in names:
-                    shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+                    shutil.rmtree(os.path.join(parent, entry), onerror=self._unremovable)
 
-    def clear(self, directory: str) -> None:
-        for level in (OWN, PARTNER):
-            shutil.rmtree(self.path(level, directory), ignore_errors=True)
+    def _unremovable(self, _function: object, path: str, excinfo: tuple[Any, ...]) -> None:
+        error = excinfo[1]
+        if not self._said_unremovable:
+            self._said_unremovable = True
+            log.warning("could not remove %s from the node-local cache on %s (%s); the cache "
+                        "keeps growing until it can: check its permissions and free space, or "
+                        "remove it by hand once the run ends (said once)", path,
+                        socket.gethostname(), error)

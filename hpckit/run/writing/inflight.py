@@ -11,8 +11,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass
 
-from hpckit.run.comm import RankFailure
-from hpckit.run.plan import Finished, Persisted
+from hpckit.errors import ProtocolError
+from hpckit.run.mpi.comm import RankFailure
+from hpckit.run.writing.plan import Finished, Persisted
 
 
 @dataclass(frozen=True)
@@ -61,8 +62,12 @@ class Background:
     def forget(self, committed: tuple[str, ...]) -> None:
         """Drop the checkpoints the ranks just committed (always the oldest)."""
         for directory in committed:
-            oldest = self._in_flight.popleft()
-            assert oldest.directory == directory, (oldest.directory, directory)
+            oldest = self._in_flight.popleft() if self._in_flight else None
+            if oldest is None or oldest.directory != directory:
+                raise ProtocolError(
+                    f"rank {self.rank}: rank 0 committed {directory} while this rank's oldest "
+                    f"checkpoint in flight is {oldest.directory if oldest else 'none'}; please "
+                    "report this to hpckit's authors")
 
     def close(self, wait: bool = True) -> None:
         """At the end of the attempt: what was not committed is abandoned, after any file

@@ -12,12 +12,12 @@ from hpckit.config import CheckpointUploadMode
 from hpckit.errors import ConfigError, HpckitError
 from hpckit.experiment.artifacts import Artifacts
 from hpckit.logs import log
-from hpckit.run.commit import CommitProtocol
-from hpckit.run.context import TrainContext
-from hpckit.run.handover import Upload
-from hpckit.run.hang import HangWatch
-from hpckit.run.interval import CheckpointClock
-from hpckit.run.stop import CriterionMet, StopRequested
+from hpckit.run.commit.protocol import CommitProtocol
+from hpckit.run.ending.hang import HangWatch
+from hpckit.run.ending.stop import CriterionMet, StopRequested
+from hpckit.run.session.context import TrainContext
+from hpckit.run.session.interval import CheckpointClock
+from hpckit.run.writing.handover import Upload
 
 
 @dataclass

@@ -10,7 +10,7 @@ from hpckit.checkpoint import Checkpoint
 from hpckit.errors import ConfigError
 from hpckit.experiment import retention
 from hpckit.experiment.reading import require_manifest
-from hpckit.run.session import current
+from hpckit.run.session.session import current
 from hpckit.storage.location import Location
 
 

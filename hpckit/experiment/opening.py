@@ -1,0 +1,86 @@
+"""What a run brings to the experiment it opens, and the experiment directory and manifest
+made ready for it: created on first use; on resume, links out of it, damaged checkpoints and
+cached ones this run cannot read dropped, and this run's configuration recorded."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pyarrow.fs
+
+from hpckit.errors import StorageError
+from hpckit.experiment import verify
+from hpckit.experiment.attempts import Attempt, AttemptStatus
+from hpckit.experiment.manifest import CheckpointRecord, Manifest
+from hpckit.experiment.reading import check_root
+from hpckit.logs import log
+from hpckit.storage import files
+from hpckit.storage.location import Location
+
+_FT = pyarrow.fs.FileType
+
+
+@dataclass(frozen=True)
+class Opening:
+    """What a run brings to the experiment it opens."""
+
+    name: str
+    world_size: int
+    command: dict[str, Any]
+    config: dict[str, Any]
+    retention: dict[str, Any]
+    verify_on_resume: bool
+    attempt: Attempt
+    # How the attempt before ended (failed or hung), as its launcher saw it, and its ranks' PIDs.
+    previous_failure: tuple[AttemptStatus, str, frozenset[int]] | None = None
+    restored: str | None = None  # the cached checkpoint the ranks assembled (run.restore)
+
+
+def prepare(root: Location, name: str) -> Location:
+    """The experiment directory, created: the root must be usable and the path not a file."""
+    check_root(root)
+    experiment = root.join(name)
+    if files.file_type(experiment) == _FT.File:
+        raise StorageError(f"experiment path {experiment.display} is a file; choose another name.")
+    files.make_dir(experiment)
+    return experiment
+
+
+def numbered(opening: Opening, manifest: Manifest, found: Manifest | None) -> Attempt:
+    """This run's attempt, numbered across every run of the experiment (not per run), with
+    its configuration when that differs from the attempt before."""
+    changed = found is None or found.config != opening.config or not found.attempts
+    return replace(opening.attempt, attempt=len(manifest.attempts),
+                   config=opening.config if changed else None)
+
+
+def resumable(location: Location, manifest: Manifest, opening: Opening) -> Manifest:
+    """The manifest of a run being resumed: links out of it and damaged checkpoints dropped,
+    this run's retention, world size, command and configuration recorded (``hpckit resume``
+    repeats the latest)."""
+    manifest = manifest.without(verify.escaping(location, manifest))
+    manifest = manifest.without(_unservable(manifest, opening.restored))
+    if opening.verify_on_resume:
+        manifest = manifest.without(verify.damaged(location, manifest))
+    latest = manifest.latest
+    if manifest.world_size != opening.world_size:
+        log.warning("resuming %s with %d ranks; it was recorded with %d", opening.name,
+                    opening.world_size, manifest.world_size)
+    log.info("resuming experiment %s from %s", location.display,
+             latest.directory if latest else "its start (no checkpoint was committed)")
+    return replace(manifest, next_step=latest.step + 1 if latest else 0,
+                    retention=opening.retention, world_size=opening.world_size,
+                    command=opening.command, config=opening.config)
+
+
+def _unservable(manifest: Manifest, restored: str | None) -> list[CheckpointRecord]:
+    """Cached checkpoints newer than what this run restarts from: no node of it holds them."""
+    floor = max((r.index for r in manifest.checkpoints if r.on_storage or r.directory == restored),
+                default=-1)
+    gone = [r for r in manifest.checkpoints if not r.on_storage and r.index > floor]
+    if gone:
+        log.warning("dropped %s from the manifest: in node-local caches that this run cannot "
+                    "read (no cache_dir, or other nodes); the run repeats their work",
+                    ", ".join(r.directory for r in gone))
+    return gone

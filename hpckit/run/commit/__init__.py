@@ -1,0 +1,12 @@
+"""The commit protocol behind ``report()`` (``protocol``): the collective steps every rank
+takes, rank 0's ledger of reports not yet written to the experiment, in report order
+(``ledger``), and the run's UserCallbacks, called on rank 0 outside the collectives
+(``callbacks``).
+
+The experiment directory changes only through rank 0's
+:class:`~hpckit.experiment.experiment.Experiment` (manifest, metrics, markers, discarded
+checkpoints) and, for the files inside a pending checkpoint, through ``run.writing``.
+
+May import: ``run.levels``, ``run.writing``, ``run.ending`` (stop requests), ``run.mpi``,
+experiment, checkpoint, storage and the ground layer.
+"""

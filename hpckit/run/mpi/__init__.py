@@ -1,0 +1,9 @@
+"""MPI primitives: the world and its topology, collective steps that fail on every rank
+together (``comm``), waiting for other ranks in Python where Ctrl-C reaches the waiting rank
+(``waiting``), and files sent from rank to rank (``transfer``).
+
+Every wait between ranks in hpckit goes through this package; no other module calls a
+blocking MPI collective (``tests/test_invariants.py`` fails when one does).
+
+May import: the ground layer (errors, logs). Nothing else of ``hpckit.run``.
+"""
