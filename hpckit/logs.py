@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from typing import Any
 
 from hpckit import settings
 
@@ -64,3 +65,19 @@ def configure(rank: int, level: str | None = None, encoding: str = "TEXT") -> No
 def debugging() -> bool:
     """Whether the user asked for tracebacks (``HPCKIT_LOG_LEVEL=DEBUG``)."""
     return log.isEnabledFor(logging.DEBUG)
+
+
+def metrics_summary(metrics: dict[str, Any], most: int = 6) -> str:
+    """The first few scalar metrics, compactly: ``loss=0.1234 acc=0.91``."""
+    shown = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+             for k, v in metrics.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)]
+    return " ".join(shown[:most]) + (" ..." if len(shown) > most else "") or "(no metrics)"
+
+
+def human_size(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"

@@ -353,3 +353,35 @@ def test_user_callbacks_are_given_each_checkpoint_where_it_is(tmp_path):
     assert all(found for _, found in given.paths), given.paths
     assert given.paths[0][0].startswith(str(tmp_path / "cache")), "cached: the cache's copy"
     assert given.paths[1][0].startswith(str(tmp_path / "shared")), "stored: storage_path"
+
+
+def _evictions_at_each_commit(config: dict) -> None:
+    """checkpoint_000001 goes to storage_path (persist_every=2); the cached commit of
+    checkpoint_000002 evicts it (num_to_keep=1), and its directory must go then, not at the
+    next commit on storage_path."""
+    experiment = Path(config["experiment"])
+    for step in range(3):
+        with tempfile.TemporaryDirectory() as d:
+            Path(d, "m.txt").write_text(str(step))
+            hpckit.report({"step": step}, checkpoint=Checkpoint.from_directory(d))
+        if step == 1:
+            assert (experiment / "checkpoint_000001" / "m.txt").is_file()
+    stored = experiment / "checkpoint_000001"
+    for _ in range(200):  # the purge runs in the background: at most a few seconds here
+        if not stored.exists():
+            break
+        threading.Event().wait(0.05)
+    kept = [r["directory"] for r in json.loads((experiment / "manifest.json").read_text())
+            ["checkpoints"]]
+    assert kept == ["checkpoint_000002"], kept
+    assert not stored.exists(), "the cached commit of checkpoint_000002 evicted " \
+        "checkpoint_000001 but its directory on storage_path is still there"
+
+
+def test_a_cached_commit_deletes_what_it_evicts_at_once(tmp_path):
+    DataParallelTrainer(
+        _evictions_at_each_commit, train_loop_config={"experiment": str(tmp_path / "s" / "ev")},
+        run_config=RunConfig(name="ev", storage_path=str(tmp_path / "s"),
+                             checkpoint_config=CheckpointConfig(
+                                 num_to_keep=1, cache_dir=str(tmp_path / "cache"),
+                                 persist_every=2))).fit()

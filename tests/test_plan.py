@@ -9,7 +9,7 @@ from hpckit.errors import CheckpointError, ReportMismatchError
 from hpckit.experiment.manifest import FileRecord
 from hpckit.run.ending.retry import RetryPolicy
 from hpckit.run.mpi.comm import RankFailure
-from hpckit.run.writing.plan import FINISH, REPORT, Announcement, Persisted, Plan, make_plan, merge
+from hpckit.run.writing.plan import RETURNED, REPORT, Announcement, Persisted, Plan, make_plan, merge
 
 
 def test_a_report_with_files_gets_a_directory_and_one_writer_per_name():
@@ -24,12 +24,12 @@ def test_a_report_with_files_gets_a_directory_and_one_writer_per_name():
 
 def test_a_report_without_files_or_the_finish_plans_no_checkpoint():
     assert make_plan([Announcement(REPORT, 1), Announcement(REPORT, 1)], 4, 0) == Plan(4)
-    assert make_plan([Announcement(FINISH, 2)] * 3, 4, 0).directory is None
+    assert make_plan([Announcement(RETURNED, 2)] * 3, 4, 0).directory is None
 
 
 def test_ranks_at_different_reports_are_named():
     with pytest.raises(ReportMismatchError) as info:
-        make_plan([Announcement(REPORT, 2), Announcement(FINISH, 1), Announcement(REPORT, 2)], 0, 0)
+        make_plan([Announcement(REPORT, 2), Announcement(RETURNED, 1), Announcement(REPORT, 2)], 0, 0)
     text = str(info.value)
     assert "rank 0: called report() for the 2nd time" in text
     assert "rank 1: returned from the training function after 1 report() call(s)" in text

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hpckit.errors import MetricsError
+from hpckit.storage.uris import redact
 
 
 def to_json_metrics(metrics: Any) -> dict[str, Any]:
@@ -68,3 +69,18 @@ def _scalar(value: Any) -> Any:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def jsonable(value: Any) -> Any:
+    """The config as JSON for the manifest: secrets in URIs redacted, other objects repr'd."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, str):
+        return redact(value)
+    if value is None or isinstance(value, (bool, int)):
+        return value
+    if isinstance(value, float):
+        return value if value == value and abs(value) != float("inf") else None
+    return repr(value)

@@ -4,6 +4,7 @@ shared, set up the back-end, run the training function with a session, and end t
 from __future__ import annotations
 
 import os
+import pickle
 import socket
 import sys
 import time
@@ -28,7 +29,7 @@ from hpckit.run.commit.callbacks import Callbacks
 from hpckit.run.commit.protocol import CommitProtocol
 from hpckit.run.ending import stop
 from hpckit.run.ending.hang import HangWatch
-from hpckit.run.job import TrainingJob, command_record, sendable
+from hpckit.run.job import TrainingJob, command_record
 from hpckit.run.levels import restore
 from hpckit.run.levels.levels import Levels
 from hpckit.run.mpi.comm import (
@@ -61,7 +62,7 @@ class Start:
     next_step: int
     next_index: int
     marker: str
-    attempt: int  # the attempt's number in the manifest, across every run of the experiment
+    recorded_number: int  # the attempt's number in the manifest, across every run
 
 
 class AttemptFailed(Exception):
@@ -88,28 +89,28 @@ def run_attempt(job: TrainingJob, ranks: Ranks, settings: Settings, number: int)
     root = job.storage_root(settings)
     location = root.join(job.name)
     levels, restored = restore.prepare(comm, job.run_config.checkpoint_config, location)
-    owner, start = on_root(comm, lambda: _open(job, root, comm.size, settings, number,
+    experiment, start = on_root(comm, lambda: _open(job, root, comm.size, settings, number,
                                                restored.directory),
                            f"opening experiment {location.display}", StorageError)
     try:
-        session = _start(job, ranks, settings, number, location, start, owner, began,
+        session = _start(job, ranks, settings, number, location, start, experiment, began,
                          (levels, restored))
-        returned = _train(job, session, owner, settings)
+        returned = _train(job, session, experiment, settings)
         summary = None
-        if owner is not None:
-            owner.end_attempt(AttemptStatus.FINISHED, None, session.protocol.reports)
-            summary = (owner.manifest.to_json(), owner.history(), sendable(returned))
+        if experiment is not None:
+            experiment.end_attempt(AttemptStatus.FINISHED, None, session.protocol.reports)
+            summary = (experiment.manifest.to_json(), experiment.history(), sendable(returned))
         manifest_json, history, returned = from_root(comm, summary)
         return Result._build(location, Manifest.from_json(manifest_json, location.display),
                              history, returned)
     except KeyboardInterrupt:
-        opened, owner = owner, None
+        opened, experiment = experiment, None
         if opened is not None:
             opened.close(promptly=True)
         raise
     finally:
-        if owner is not None:
-            owner.close()
+        if experiment is not None:
+            experiment.close()
 
 
 def _open(job: TrainingJob, root: Location, world_size: int, settings: Settings,
@@ -122,21 +123,21 @@ def _open(job: TrainingJob, root: Location, world_size: int, settings: Settings,
     opening = Opening(job.name, world_size, command_record(settings), job.config_record(root),
                       retention.record(config), config.verify_on_resume, attempt,
                       previous_failure(settings), restored)
-    owner = Experiment.open(root, opening, settings, job.run_config.sync_config)
+    experiment = Experiment.open(root, opening, settings, job.run_config.sync_config)
     try:
-        marker = owner.leave_marker()
+        marker = experiment.leave_marker()
     except BaseException:
-        owner.close()
+        experiment.close()
         raise
-    latest = owner.manifest.latest
-    last = owner.manifest.last_attempt
-    return owner, Start(latest.directory if latest else None, owner.manifest.next_step,
-                        owner.manifest.next_checkpoint_index, marker,
+    latest = experiment.manifest.latest
+    last = experiment.manifest.last_attempt
+    return experiment, Start(latest.directory if latest else None, experiment.manifest.next_step,
+                        experiment.manifest.next_checkpoint_index, marker,
                         last.attempt if last else 0)
 
 
 def _check_shared(comm: Any, location: Location, marker: str, topology: Topology,
-                  owner: Experiment | None) -> None:
+                  experiment: Experiment | None) -> None:
     def visible() -> None:
         if files.file_type(location.join(marker)) != pyarrow.fs.FileType.File:
             raise StorageError(
@@ -146,23 +147,23 @@ def _check_shared(comm: Any, location: Location, marker: str, topology: Topology
                 "filesystem (Lustre, NFS) or S3.")
 
     everywhere(comm, visible, "checking that every rank sees the storage", StorageError)
-    if owner is not None:
-        owner.remove_marker(marker)
+    if experiment is not None:
+        experiment.remove_marker(marker)
 
 
 def _start(job: TrainingJob, ranks: Ranks, settings: Settings, number: int,
-           location: Location, start: Start, owner: Experiment | None, began: float,
+           location: Location, start: Start, experiment: Experiment | None, began: float,
            leveled: Leveled) -> Session:
     """Everything between opening the experiment and the first step; an error here ends
     the attempt as failed (interrupted, for Ctrl-C) with its message, on every rank alike."""
     try:
-        _check_shared(ranks.comm, location, start.marker, ranks.topology, owner)
+        _check_shared(ranks.comm, location, start.marker, ranks.topology, experiment)
         job.backend.setup(ranks.comm, ranks.local_comm, ranks.topology, job.scaling_config,
                           settings)
-        session = _session(job, ranks, settings, number, location, start, owner, leveled)
+        session = _session(job, ranks, settings, number, location, start, experiment, leveled)
     except BaseException as exc:
-        if owner is not None:
-            owner.end_attempt(_ending(exc), f"{type(exc).__name__} at start-up: {exc}", 0)
+        if experiment is not None:
+            experiment.end_attempt(_ending(exc), f"{type(exc).__name__} at start-up: {exc}", 0)
         raise
     since, counted = ready_since(settings, began)
     log.info("%d rank(s) on %d node(s) ready in %.2f s %s; experiment %s",
@@ -176,7 +177,7 @@ def _ending(exc: BaseException) -> AttemptStatus:
 
 
 def _session(job: TrainingJob, ranks: Ranks, settings: Settings, number: int,
-             location: Location, start: Start, owner: Experiment | None,
+             location: Location, start: Start, experiment: Experiment | None,
              leveled: Leveled) -> Session:
     rank = ranks.comm.rank
     sync = job.run_config.sync_config
@@ -188,7 +189,7 @@ def _session(job: TrainingJob, ranks: Ranks, settings: Settings, number: int,
     staging = Staging(location, rank, settings.local_dir)
     staging.remove()  # what an earlier attempt of this rank left
     protocol = CommitProtocol(ranks.comm, location, job.run_config.checkpoint_config,
-                              (start.next_step, start.next_index), owner, latest, staging,
+                              (start.next_step, start.next_index), experiment, latest, staging,
                               callbacks(job, location), job.run_config.stop, levels)
     context = TrainContext(ranks.topology, job.name, location, number, settings.launcher,
                            settings.slurm(), artifact_dir=lambda: artifacts.directory,
@@ -196,7 +197,7 @@ def _session(job: TrainingJob, ranks: Ranks, settings: Settings, number: int,
                            checkpoint_dir=protocol.checkpoint_dir,
                            checkpoint_due=lambda: agreed_due(
                                ranks.comm, clock, lambda: session.stop_requested is not None))
-    watch = HangWatch(job.run_config.failure_config.hang_timeout_s, location, start.attempt, rank)
+    watch = HangWatch(job.run_config.failure_config.hang_timeout_s, location, start.recorded_number, rank)
     clock = CheckpointClock(job.run_config.checkpoint_config.mtbf_s)
     session = Session(context, protocol, job.resume_from_checkpoint, artifacts, watch, clock)
     return session
@@ -209,7 +210,7 @@ def callbacks(job: TrainingJob, location: Location) -> Callbacks:
     return Callbacks(job.run_config.callbacks or [], context)
 
 
-def _train(job: TrainingJob, session: Session, owner: Experiment | None,
+def _train(job: TrainingJob, session: Session, experiment: Experiment | None,
            settings: Settings) -> Any:
     """Run the training function; what it returned."""
     activate(session)
@@ -220,27 +221,27 @@ def _train(job: TrainingJob, session: Session, owner: Experiment | None,
                 returned = job.call_train_loop()
             except stop.CriterionMet:  # RunConfig(stop=...): done, as if it had returned
                 returned = None
-            session.protocol.finish()
+            session.protocol.returned()
         return returned
     except stop.StopRequested as requested:
-        _stop_run(session, owner, settings, str(requested),
+        _stop_run(session, experiment, settings, str(requested),
                   job.run_config.failure_config.max_preemption_failures)
     except KeyboardInterrupt:
         stop.exit_on_next_interrupt()
         interrupted = True
-        if owner is not None:
-            owner.end_attempt(AttemptStatus.INTERRUPTED, "interrupted by SIGINT (Ctrl-C)",
+        if experiment is not None:
+            experiment.end_attempt(AttemptStatus.INTERRUPTED, "interrupted by SIGINT (Ctrl-C)",
                               session.protocol.reports)
             if not settings.worker:  # else the process that started the ranks says it
-                latest = owner.manifest.latest
+                latest = experiment.manifest.latest
                 log.warning("%s", stop.interrupted_line(
-                    owner.location.display,
-                    owner.location.join(latest.directory).display if latest else None))
+                    experiment.location.display,
+                    experiment.location.join(latest.directory).display if latest else None))
         raise
     except BaseException as exc:
         together = raised_together(exc)
-        if owner is not None:
-            owner.end_attempt(AttemptStatus.FAILED, f"{type(exc).__name__}: {exc}",
+        if experiment is not None:
+            experiment.end_attempt(AttemptStatus.FAILED, f"{type(exc).__name__}: {exc}",
                               session.protocol.reports)
             session.protocol.callbacks.failed(failed_ranks(exc) or {0: exc})
         raise AttemptFailed(exc, together) from exc
@@ -250,17 +251,17 @@ def _train(job: TrainingJob, session: Session, owner: Experiment | None,
         session.artifacts.close()
 
 
-def _stop_run(session: Session, owner: Experiment | None, settings: Settings,
+def _stop_run(session: Session, experiment: Experiment | None, settings: Settings,
               signal_name: str, limit: int) -> None:
     """After the checkpoint that followed a stop request: requeue under Slurm (up to
     ``limit`` times, FailureConfig.max_preemption_failures) and exit 75; not requeued,
     raise PreemptionError on every rank (as Ray does), which exits 75 if uncaught."""
     requeued = False
-    if owner is not None:
+    if experiment is not None:
         reason = f"stop requested by {signal_name}"
         reports = session.protocol.reports
         job = settings.job_to_requeue
-        before = sum(a.status is AttemptStatus.REQUEUED for a in owner.manifest.attempts)
+        before = sum(a.status is AttemptStatus.REQUEUED for a in experiment.manifest.attempts)
         refused = job and not_requeued_after(signal_name, settings)
         if refused:
             job = None
@@ -270,16 +271,27 @@ def _stop_run(session: Session, owner: Experiment | None, settings: Settings,
             reason += (f"; not requeued: FailureConfig(max_preemption_failures={limit}) reached "
                        f"after {before} requeue(s)")
         # Recorded before asking: Slurm may end this job as soon as it requeues it.
-        owner.end_attempt(AttemptStatus.REQUEUED if job else AttemptStatus.STOPPED, reason, reports)
+        experiment.end_attempt(AttemptStatus.REQUEUED if job else AttemptStatus.STOPPED, reason, reports)
         requeued = bool(job) and stop.requeue(settings)
         if not requeued:
             if job:
-                owner.end_attempt(AttemptStatus.STOPPED, reason, reports)
+                experiment.end_attempt(AttemptStatus.STOPPED, reason, reports)
             latest = session.protocol.latest
             log.warning("stopped after committing %s (%s). To continue, run the same command "
                         "again, or: hpckit resume %s", latest.uri if latest else "-", reason,
-                        owner.location.display)
+                        experiment.location.display)
     comm = session.protocol.comm
     if from_root(comm, requeued):
         raise SystemExit(stop.EXIT_STOPPED)
     raise uncaught.shown_elsewhere(PreemptionError(preemption_info(comm, session, settings)))
+
+
+def sendable(value: Any) -> Any:
+    """Rank 0's return value if it can be sent to the other ranks (pickled), else None."""
+    try:
+        pickle.dumps(value)
+    except Exception as exc:
+        log.warning("the training function's return value cannot be pickled (%s); "
+                    "Result.return_value is None", exc)
+        return None
+    return value

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import pickle
 import sys
 import time
 from collections.abc import Callable
@@ -15,7 +14,7 @@ from typing import Any
 from hpckit.checkpoint import Checkpoint
 from hpckit.config import RunConfig, ScalingConfig
 from hpckit.errors import ProtocolError
-from hpckit.logs import log
+from hpckit.experiment.values import jsonable
 from hpckit.run.mpi.comm import Topology
 from hpckit.settings import Settings
 from hpckit.storage.location import Location, resolve
@@ -119,29 +118,3 @@ def default_name(settings: Settings) -> str:
 def _qualified_name(fn: Callable[..., Any]) -> str:
     module = getattr(fn, "__module__", None) or "?"
     return f"{'__main__' if module == '__mp_main__' else module}.{getattr(fn, '__qualname__', fn)}"
-
-
-def jsonable(value: Any) -> Any:
-    """The config as JSON for the manifest: secrets in URIs redacted, other objects repr'd."""
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, str):
-        return redact(value)
-    if value is None or isinstance(value, (bool, int)):
-        return value
-    if isinstance(value, float):
-        return value if value == value and abs(value) != float("inf") else None
-    return repr(value)
-
-
-def sendable(value: Any) -> Any:
-    """Rank 0's return value if it can be sent to the other ranks (pickled), else None."""
-    try:
-        pickle.dumps(value)
-    except Exception as exc:
-        log.warning("the training function's return value cannot be pickled (%s); "
-                    "Result.return_value is None", exc)
-        return None
-    return value

@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow.fs
 
 from hpckit.errors import ManifestError
-from hpckit.run.job import jsonable
+from hpckit.experiment.values import jsonable
 from hpckit.storage import files
 from hpckit.storage.location import Location
 

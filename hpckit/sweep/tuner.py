@@ -21,10 +21,11 @@ from hpckit import logs
 from hpckit import settings as _settings
 from hpckit.config import RunConfig
 from hpckit.errors import ConfigError, ManifestError, ProtocolError, TrainingFailedError
+from hpckit.experiment.values import jsonable
 from hpckit.launch import mainimport
 from hpckit.logs import log
 from hpckit.result import Result
-from hpckit.run.job import DEFAULT_STORAGE, jsonable
+from hpckit.run.job import DEFAULT_STORAGE
 from hpckit.run.mpi.comm import world
 from hpckit.run.mpi.waiting import from_root
 from hpckit.storage.location import Location, resolve

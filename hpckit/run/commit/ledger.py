@@ -24,16 +24,16 @@ from hpckit.experiment.manifest import (
 )
 from hpckit.experiment.nested import flatten
 from hpckit.experiment.retention import score_of
-from hpckit.logs import log
+from hpckit.logs import human_size, log, metrics_summary
 from hpckit.run.commit.callbacks import Callbacks
 from hpckit.run.writing.plan import (
     Announcement,
     Persisted,
     Plan,
     check_copies,
-    finished_everywhere,
     merge,
     raise_background_failure,
+    settled_everywhere,
     unrecorded,
 )
 from hpckit.storage.copy import sha256_file
@@ -54,10 +54,10 @@ class Entry:
 class Ledger:
     """The queue of reports that rank 0 has planned and not yet written."""
 
-    def __init__(self, owner: Experiment, config: CheckpointConfig,
+    def __init__(self, experiment: Experiment, config: CheckpointConfig,
                  callbacks: Callbacks | None = None, hosts: tuple[str, ...] = (),
                  cached_at: Callable[[str], Location] | None = None) -> None:
-        self.owner = owner
+        self.experiment = experiment
         self.config = config
         self.callbacks = callbacks
         self.hosts = hosts  # every rank's, recorded with a checkpoint in the node-local caches
@@ -68,7 +68,7 @@ class Ledger:
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         """A report without a checkpoint: logged now, or after the checkpoints before it."""
         if log.isEnabledFor(logging.INFO):
-            log.info("step %d: %s", step, summary(metrics))
+            log.info("step %d: %s", step, metrics_summary(metrics))
         if self._queue:
             self._queue.append(Entry(step, metrics, None, time.perf_counter()))
         else:
@@ -78,16 +78,16 @@ class Ledger:
         """Before any rank writes: the previous purge is done, a named directory is free (and
         marked pending), a stale one written in place and then not used is cleared."""
         directory = plan.checkpoint()[0]
-        self.owner.wait_for_purge()
-        target = self.owner.location.join(directory)
+        self.experiment.wait_for_purge()
+        target = self.experiment.location.join(directory)
         if directory != checkpoint_dirname(next_index):
-            self.owner.reserve(directory, self.pending)
+            self.experiment.reserve(directory, self.pending)
         elif not plan.in_place and target.is_local and os.path.isdir(target.path):
-            self.owner.clear(directory)
+            self.experiment.clear(directory)
 
     def expect(self, plan: Plan, metrics: dict[str, Any]) -> None:
         """A checkpoint now persisted in the background, committed by :meth:`commit_finished`."""
-        log.info("step %d: %s; %s in the background", plan.step, summary(metrics),
+        log.info("step %d: %s; %s in the background", plan.step, metrics_summary(metrics),
                  f"copying {plan.directory} to partner nodes" if plan.level == CACHE
                  else f"persisting {plan.directory}")
         self._queue.append(Entry(plan.step, metrics, plan, time.perf_counter()))
@@ -101,13 +101,13 @@ class Ledger:
         """Commit, in order, the background checkpoints every rank has finished, with the
         metrics lines queued behind them; raise (after discarding them) if one failed."""
         pending = list(self.pending)
-        finished, failures = finished_everywhere(announcements, pending)
+        finished, failures = settled_everywhere(announcements, pending)
         ready = dict(finished)
         committed = self._commit_ready(ready)
         if failures:
             # Those before the failed one are committed; it and the later ones are dropped.
             for directory in pending[len(committed):]:
-                self.owner.discard(directory)
+                self.experiment.discard(directory)
             raise_background_failure(pending[len(committed)], failures)
         return committed
 
@@ -130,20 +130,20 @@ class Ledger:
         """Merge what the ranks persisted (checking partner copies against it) and commit it
         in the manifest."""
         directory, index = plan.checkpoint()
-        target = self.owner.location.join(directory)
+        target = self.experiment.location.join(directory)
         try:
             written = merge(plan, per_rank)
             written += [_hash_late(target, name) for name in unrecorded(per_rank)]
             check_copies(plan, per_rank)
         except (HpckitError, OSError):
-            self.owner.discard(directory)
+            self.experiment.discard(directory)
             raise
         record = CheckpointRecord(index, directory,
                                   plan.step, time.time(), metrics,
                                   tuple(sorted(written, key=lambda r: r.path)), plan.level,
                                   self.hosts if plan.level == CACHE else ())
         self._say_if_unscored(metrics)
-        self.owner.commit(record, self.config)
+        self.experiment.commit(record, self.config)
         if self.callbacks:
             at = (self.cached_at(directory) if plan.level == CACHE and self.cached_at
                   else target)
@@ -155,11 +155,11 @@ class Ledger:
                      (time.perf_counter() - started) * 1000)
         else:
             log.info("step %d: %s; committed %s (%s in %d file(s)%s) in %.0f ms", plan.step,
-                     summary(record.metrics), directory, human_size(record.size),
+                     metrics_summary(record.metrics), directory, human_size(record.size),
                      len(written), where, (time.perf_counter() - started) * 1000)
 
     def _log_report(self, step: int, metrics: dict[str, Any]) -> None:
-        self.owner.log_report(step, metrics)
+        self.experiment.log_report(step, metrics)
         if self.callbacks:
             self.callbacks.recorded(step, None)
 
@@ -181,19 +181,3 @@ def _hash_late(target: Location, name: str) -> FileRecord:
     log.debug("hashing %s on rank 0: no rank's listing of %s held it", name, target.name)
     size, digest = sha256_file(os.path.join(target.path, name), sync=True)
     return FileRecord(name, size, 0, digest)
-
-
-def summary(metrics: dict[str, Any], most: int = 6) -> str:
-    """The first few scalar metrics, compactly: ``loss=0.1234 acc=0.91``."""
-    shown = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-             for k, v in metrics.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)]
-    return " ".join(shown[:most]) + (" ..." if len(shown) > most else "") or "(no metrics)"
-
-
-def human_size(size: int) -> str:
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{size} B"

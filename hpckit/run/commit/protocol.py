@@ -21,10 +21,9 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hpckit import faults
 from hpckit.checkpoint import Checkpoint
 from hpckit.config import CheckpointConfig, CheckpointUploadMode
-from hpckit.errors import CheckpointError, CommitError, ControllerError, HpckitError
+from hpckit.errors import CommitError, ControllerError, HpckitError, ProtocolError
 from hpckit.experiment.experiment import Experiment
 from hpckit.experiment.manifest import CACHE, checkpoint_dirname
 from hpckit.experiment.values import to_json_metrics
@@ -33,45 +32,46 @@ from hpckit.run.commit.callbacks import Callbacks
 from hpckit.run.commit.ledger import Ledger
 from hpckit.run.ending import stop
 from hpckit.run.levels.levels import Levels
-from hpckit.run.mpi.comm import RankFailure, all_reduce, attempt
-from hpckit.run.writing.handover import Handed, Staging, Upload, hand_in, hand_over, release, same_filesystem
-from hpckit.run.writing.inflight import Background
-from hpckit.run.writing.plan import DRAIN, FINISH, REPORT, Announcement, Persisted, Plan, make_plan
-from hpckit.run.writing.shares import persist, persist_in_place
+from hpckit.run.mpi.comm import RankFailure, all_reduce, captured
+from hpckit.run.writing.handover import Handed, Staging, Upload, hand_in, release
+from hpckit.run.writing.inflight import InFlight
+from hpckit.run.writing.plan import DRAIN, REPORT, RETURNED, Announcement, Persisted, Plan, make_plan
+from hpckit.run.writing.writer import ShareWriter
 from hpckit.storage.location import Location
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a report did: the stop the ranks agreed on (if any), the newest checkpoint it
-    committed (its own, or a background one that finished)."""
+    """What a report did: the newest checkpoint it committed (its own, or a background one
+    that settled), and whether ``RunConfig(stop=...)`` was met."""
 
-    stop: str | None
     committed: Checkpoint | None
-    finish: bool = False
+    criterion_met: bool = False
 
 
 class CommitProtocol:
-    """One rank's side of the protocol for one attempt; ``owner`` is rank 0's experiment."""
+    """One rank's side of the protocol for one attempt; ``experiment`` is rank 0's (None elsewhere)."""
 
-    def __init__(self, comm: Any, experiment: Location, config: CheckpointConfig,
-                 progress: tuple[int, int], owner: Experiment | None, latest: Checkpoint | None,
+    def __init__(self, comm: Any, location: Location, config: CheckpointConfig,
+                 progress: tuple[int, int], experiment: Experiment | None, latest: Checkpoint | None,
                  staging: Staging, callbacks: Callbacks, stop_when: Any = None,
                  levels: Levels | None = None) -> None:
         self.comm = comm
-        self.experiment = experiment
+        self.location = location
         self.config = config
         self.next_step, self.next_index = progress
-        self.owner = owner
+        self.experiment = experiment
         self.callbacks = callbacks
         self.stop_when = stop_when  # RunConfig.stop
         self.levels = levels  # CheckpointConfig(cache_dir)
-        self.ledger = (Ledger(owner, config, callbacks, levels.nodes.hosts if levels else (),
+        self.ledger = (Ledger(experiment, config, callbacks, levels.nodes.hosts if levels else (),
                               levels.cache.location if levels else None)
-                       if owner is not None else None)
+                       if experiment is not None else None)
         self.latest = latest
+        self.stop: str | None = None  # the stop every rank agreed on; stop.received() is a rank's
         self.staging = staging
-        self.background = Background(comm.rank)
+        self.in_flight = InFlight(comm.rank)
+        self.writer = ShareWriter(comm.rank, comm.size, staging, self.in_flight)
         self.reports = 0
         self.last_metrics: dict[str, Any] = {}
         self._mine: dict[str, Any] | None = None
@@ -85,12 +85,12 @@ class CommitProtocol:
     def report(self, metrics: Any, checkpoint: Checkpoint | None, upload: Upload) -> Outcome:
         rank, before = self.comm.rank, self.latest
         self.reports += 1
-        handed, failure = attempt(rank, lambda: self._prepare(metrics, checkpoint, upload))
+        handed, failure = captured(rank, lambda: self._prepare(metrics, checkpoint, upload))
         failure = failure or self._callback_failure()
         handed = handed or Handed()
         plan = self._announce(Announcement(
             REPORT, self.reports, handed.files, failure, stop.received(), handed.in_place,
-            self.background.finished(), upload.mode is CheckpointUploadMode.ASYNC, upload.dir_name,
+            self.in_flight.settled(), upload.mode is CheckpointUploadMode.ASYNC, upload.dir_name,
             self._mine if self.callbacks else None))
         if self.levels is not None:
             self.levels.tidy(plan)
@@ -98,33 +98,32 @@ class CommitProtocol:
             if plan.stop:
                 self._drain()
                 if self.levels is not None:  # what the drain committed must reach storage
-                    self.levels.persist_latest(self.owner, f"the stop ({plan.stop})")
+                    self.levels.persist_latest(self.experiment, f"the stop ({plan.stop})")
         elif plan.asynchronous and plan.level != CACHE:
             self._make_room()
-            self._start_background(plan, handed, upload)
+            self.writer.in_background(plan, handed, self.location.join(plan.checkpoint()[0]))
         else:
             if plan.asynchronous:  # cached now, copied to the partner node in the background
                 self._make_room()
             else:
                 self._drain()
             if self._persist_now(plan, handed):
-                release(handed, self.experiment.is_local)
+                release(handed, self.location.is_local)
         self.callbacks.call_due()
-        return Outcome(plan.stop, self.latest if self.latest is not before else None,
-                       plan.finish)
+        return Outcome(self.latest if self.latest is not before else None, plan.criterion_met)
 
-    def finish(self) -> None:
+    def returned(self) -> None:
         """Collective end of the training function: commits what is still in the background,
         and catches ranks that reported fewer times."""
-        self.background.wait()
-        self._announce(Announcement(FINISH, self.reports, finished=self.background.finished(),
+        self.in_flight.wait()
+        self._announce(Announcement(RETURNED, self.reports, settled=self.in_flight.settled(),
                                     failure=self._callback_failure()))
         self.callbacks.call_due()
         failure = self._callback_failure()
         if failure is not None:  # a callback of the last reports: every rank must hear of it
-            self._announce(Announcement(FINISH, self.reports, failure=failure))
+            self._announce(Announcement(RETURNED, self.reports, failure=failure))
         if self.levels is not None:
-            self.levels.persist_latest(self.owner, "the last checkpoint of the run")
+            self.levels.persist_latest(self.experiment, "the last checkpoint of the run")
             self.levels.release()
 
     def _callback_failure(self) -> RankFailure | None:
@@ -139,7 +138,7 @@ class CommitProtocol:
         operation under way, and leaves the staged files to the next attempt."""
         if self.levels is not None:
             self.levels.abandon()
-        self.background.close(wait=not promptly)
+        self.in_flight.close(wait=not promptly)
         if not promptly:
             self.staging.remove()
 
@@ -151,7 +150,7 @@ class CommitProtocol:
         if checkpoint is None:
             return Handed()
         pending = self.staging.in_place_path(checkpoint_dirname(self.next_index))
-        return hand_in(checkpoint, upload, self.comm.rank, pending, self.experiment)
+        return hand_in(checkpoint, upload, self.comm.rank, pending, self.location)
 
     def _announce(self, announcement: Announcement) -> Plan:
         if self._broken is not None:
@@ -159,15 +158,16 @@ class CommitProtocol:
         try:
             plan = all_reduce(self.comm, "report()", lambda: announcement, self._plan, CommitError)
         except HpckitError as exc:
-            if len(self.background):
-                # Background checkpoints may have been committed or dropped without every
+            if len(self.in_flight):
+                # InFlight checkpoints may have been committed or dropped without every
                 # rank learning which: this attempt's protocol ends here, on every rank alike.
                 self._broken = exc
             raise
-        for directory in plan.committed:
-            cached = self.levels.committed(directory) if self.levels is not None else None
-            self.latest = Checkpoint._at(cached or self.experiment.join(directory))
-        self.background.forget(plan.committed)
+        if plan.stop and self.stop is None:
+            self.stop = plan.stop
+        landed = self.in_flight.land(plan.committed)
+        if landed is not None:
+            self._now_latest(landed)
         if announcement.kind == REPORT:
             self.next_step = plan.step + 1
         if plan.index is not None:
@@ -182,7 +182,7 @@ class CommitProtocol:
         plan = replace(plan, committed=ledger.commit_finished(announcements))
         if self.levels is not None:
             plan = self.levels.leveled(plan, tuple(
-                r.directory for r in ledger.owner.manifest.checkpoints) + ledger.pending)
+                r.directory for r in ledger.experiment.manifest.checkpoints) + ledger.pending)
         if announcements[0].kind != REPORT:
             return plan
         self.callbacks.heard(plan.step, [a.metrics or {} for a in announcements])
@@ -190,20 +190,20 @@ class CommitProtocol:
             ledger.log(plan.step, self.last_metrics)
         elif plan.asynchronous:
             ledger.expect(plan, self.last_metrics)
-        finish = stop.criterion_met(self.stop_when, self.experiment.name, self.last_metrics,
+        met = stop.criterion_met(self.stop_when, self.location.name, self.last_metrics,
                                     plan.step + 1)
-        return replace(plan, finish=finish)
+        return replace(plan, criterion_met=met)
 
     def _drain(self, keep: int = 0) -> None:
         """Wait until at most ``keep`` background checkpoints run, and commit the others."""
-        if len(self.background) <= keep:
+        if len(self.in_flight) <= keep:
             return
-        self.background.wait(keep)
-        self._announce(Announcement(DRAIN, self.reports, finished=self.background.finished()))
+        self.in_flight.wait(keep)
+        self._announce(Announcement(DRAIN, self.reports, settled=self.in_flight.settled()))
 
     def _make_room(self) -> None:
         limit = self.config.max_checkpoints_in_flight
-        if len(self.background) < limit:
+        if len(self.in_flight) < limit:
             return
         if not self._told_of_wait and self.comm.rank == 0:
             log.info("report() waits for the previous checkpoint to be persisted (%d in flight, "
@@ -211,85 +211,34 @@ class CommitProtocol:
             self._told_of_wait = True
         self._drain(keep=limit - 1)
 
-    def _start_background(self, plan: Plan, handed: Handed, upload: Upload) -> None:
-        directory = plan.checkpoint()[0]
-        rank, target = self.comm.rank, self.experiment.join(directory)
-        if plan.in_place:
-            checkpoint = handed.checkpoint
-
-            def in_place() -> Persisted:
-                if checkpoint is not None:
-                    checkpoint._wait_until_written()
-                source = self._in_place_source(plan, handed)
-                persisted = persist_in_place(source, target, rank, self.comm.size, "background")
-                if not target.is_local:
-                    self.staging.release(source)
-                faults.reached("persisted", rank)
-                return persisted
-
-            self.background.start(directory, in_place)
-            return
-        staged, failure = attempt(rank, lambda: self._hand_over(plan, handed, upload))
-
-        def staged_files() -> Persisted:
-            if failure is not None:
-                raise CheckpointError(f"rank {rank}: handing over {handed.source}: {failure.error}")
-            records = (persist(plan, target, staged, rank, phase="background",
-                               move=same_filesystem(staged, target)) if staged else [])
-            if staged:
-                self.staging.release(staged)
-            faults.reached("persisted", rank)
-            return Persisted(records)
-
-        self.background.start(directory, staged_files)
-
-    def _hand_over(self, plan: Plan, handed: Handed, upload: Upload) -> str | None:
-        directory = plan.checkpoint()[0]
-        if handed.source is None:
-            return None
-        staged = self.staging.for_files(handed.source, directory)
-        hand_over(handed.source, staged, plan.writes.get(self.comm.rank, []),
-                  plan.hashes.get(self.comm.rank, []), handed.owned)
-        faults.reached("handed", self.comm.rank)
-        return staged
-
     def _persist_now(self, plan: Plan, handed: Handed) -> bool:
         """Whether this rank's files are safe (persisted, or cached for the background)."""
         directory = plan.checkpoint()[0]
-        rank, started = self.comm.rank, time.perf_counter()
-        target = self.experiment.join(directory)
+        started = time.perf_counter()
+        target = self.location.join(directory)
         if plan.level == CACHE and self.levels is not None:
             cached, safe = self.levels.write(plan, handed.source, lambda per_rank: self._ledger()
                                              .commit(plan, per_rank, self.last_metrics, started),
-                                             self.background)
-            self.latest = Checkpoint._at(cached) if cached else self.latest
+                                             self.in_flight)
+            if cached is not None:
+                self._now_latest(cached)
             return safe
-
-        def write() -> Persisted:
-            if plan.in_place:
-                if handed.checkpoint is not None:  # an asynchronous save made synchronous
-                    handed.checkpoint._wait_until_written()
-                source = self._in_place_source(plan, handed)
-                persisted = persist_in_place(source, target, rank, self.comm.size)
-            else:
-                persisted = Persisted(persist(plan, target, handed.source, rank))
-            faults.reached("written", rank)
-            return persisted
 
         def commit(per_rank: list[Persisted]) -> None:
             self._ledger().commit(plan, per_rank, self.last_metrics, started)
 
-        all_reduce(self.comm, f"persisting {directory}", write, commit, CommitError,
-                   undo=lambda: self._ledger().owner.discard(target.name))
-        self.latest = Checkpoint._at(target)
+        all_reduce(self.comm, f"persisting {directory}", lambda: self.writer.now(plan, handed, target),
+                   commit, CommitError,
+                   undo=lambda: self._ledger().experiment.discard(target.name))
+        self._now_latest(target)
         return True
 
-    def _in_place_source(self, plan: Plan, handed: Handed) -> str:
-        """In-place: on POSIX each rank hashes a share, on object storage uploads its own."""
-        directory = plan.checkpoint()[0]
-        return handed.source or self.staging.in_place(directory)
+    def _now_latest(self, location: Location) -> None:
+        """The one place that moves ``latest``: a checkpoint every rank knows is committed."""
+        self.latest = Checkpoint._at(location)
 
     def _ledger(self) -> Ledger:
         if self.ledger is None:
-            raise RuntimeError(f"rank {self.comm.rank} asked for rank 0's experiment")
+            raise ProtocolError(f"rank {self.comm.rank} asked for rank 0's experiment in the "
+                                "commit protocol; please report this to hpckit's authors")
         return self.ledger

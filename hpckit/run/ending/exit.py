@@ -3,7 +3,6 @@ the error payload it leaves for the process that launched it (see :mod:`hpckit.l
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
 import sys
@@ -110,9 +109,15 @@ def read_errors(payload: str) -> list[ErrorReport]:
 
 def register_pid(settings: Settings) -> None:
     """Let the process that launched this rank send it the stop signal."""
-    if settings.pid_dir:
-        with contextlib.suppress(OSError):
-            open(os.path.join(settings.pid_dir, str(os.getpid())), "w").close()
+    if not settings.pid_dir:
+        return
+    path = os.path.join(settings.pid_dir, str(os.getpid()))
+    try:
+        open(path, "w").close()
+    except OSError as exc:
+        log.warning("could not write %s (%s): the process that launched this rank cannot pass "
+                    "it Ctrl-C or the stop signal, so the rank may outlive it; make %s "
+                    "writable (HPCKIT_PID_DIR)", path, exc, settings.pid_dir)
 
 
 def prepare_interrupts(comm: Any) -> None:

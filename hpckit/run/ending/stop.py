@@ -90,7 +90,7 @@ def terminations(stop_signal: signal.Signals) -> Iterator[None]:
     request too: Slurm sends it to the job steps when it preempts the job, then SIGKILL
     after the partition's GraceTime; ``scancel`` sends it, then SIGKILL after KillWait. The
     next report() commits its checkpoint and the run stops, requeued only where Slurm
-    preempted the job (:func:`hpckit.run.session.preemption.preempted_by_slurm`). A rank that never
+    preempted the job (:func:`hpckit.run.session.preemption.not_requeued_after`). A rank that never
     reaches report() is ended by the SIGKILL that follows (or, under ``hpckit run`` and
     ``python train.py``, by a second SIGTERM to that process). Processes the rank forks
     (multiprocessing) keep SIGTERM's default."""

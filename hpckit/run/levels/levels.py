@@ -18,11 +18,11 @@ from hpckit.experiment.experiment import Experiment
 from hpckit.experiment.manifest import CACHE, STORAGE, CheckpointRecord, is_checkpoint_dirname
 from hpckit.logs import log
 from hpckit.run.levels.cache import OWN, PARTNER, RESTORE, NodeCache, Nodes
-from hpckit.run.mpi.comm import all_reduce, attempt, everywhere, on_root
+from hpckit.run.mpi.comm import all_reduce, captured, everywhere, on_root
 from hpckit.run.mpi.transfer import Receive, Received, Send, exchange
-from hpckit.run.writing.inflight import Background
-from hpckit.run.writing.plan import Persisted, Plan
-from hpckit.run.writing.shares import persist
+from hpckit.run.writing.inflight import InFlight
+from hpckit.run.writing.plan import Persisted, Plan, in_background
+from hpckit.run.writing.shares import write_share
 from hpckit.storage.copy import fsync_tree, persist_file
 from hpckit.storage.location import Location
 
@@ -32,17 +32,16 @@ PREFERENCE = (OWN, PARTNER, RESTORE)
 class Levels:
     """This rank's view of the checkpoint levels of one attempt."""
 
-    def __init__(self, comm: Any, config: CheckpointConfig, experiment: Location,
+    def __init__(self, comm: Any, config: CheckpointConfig, location: Location,
                  nodes: Nodes) -> None:
         if config.cache_dir is None:
             raise ProtocolError("checkpoint levels were set up without "
                                 "CheckpointConfig(cache_dir); please report this to hpckit's authors")
-        self.comm, self.config, self.experiment, self.nodes = comm, config, experiment, nodes
-        self.cache = NodeCache(config.cache_dir, experiment)
+        self.comm, self.config, self.location, self.nodes = comm, config, location, nodes
+        self.cache = NodeCache(config.cache_dir, location)
         self.host = nodes.hosts[comm.rank]
         self.leader = nodes.ranks_on(self.host)[0] == comm.rank
         self.partnered = config.redundancy == "partner" and len(nodes.names) > 1
-        self._copying: set[str] = set()  # cached checkpoints whose partner copy is under way
         self._abandon = threading.Event()
         self._copies = _copies_comm(comm) if self.partnered else None
         if comm.rank == 0 and config.redundancy == "partner" and not self.partnered:
@@ -60,7 +59,7 @@ class Levels:
         stored = (plan.stop is not None or plan.in_place or not is_checkpoint_dirname(plan.directory)
                   or (plan.index + 1) % self.config.persist_every == 0)
         return replace(plan, level=STORAGE if stored else CACHE,
-                       asynchronous=plan.stop is None if stored else self.partnered,
+                       asynchronous=in_background(plan.stop, stored or self.partnered),
                        kept=(*kept, plan.directory))
 
     def tidy(self, plan: Plan) -> None:
@@ -68,22 +67,22 @@ class Levels:
             self.cache.keep_only(plan.kept)
 
     def write(self, plan: Plan, source: str | None, commit: Callable[[list[Persisted]], None],
-              background: Background) -> tuple[Location | None, bool]:
+              in_flight: InFlight) -> tuple[Location | None, bool]:
         """Write this rank's files of ``plan`` into the node's cache. Without partners, a
         collective step in which rank 0 ``commit``s it (its location is returned). With them,
-        the partner copy starts in the ``background``, where a failed write is raised too (as
+        the partner copy starts in the ``in_flight``, where a failed write is raised too (as
         a failed hand-over of an asynchronous checkpoint is), and a later report commits it
         or raises on every rank. Also: whether this rank's files are in the cache."""
         rank, directory = self.comm.rank, plan.checkpoint()[0]
         target = self.cache.location(directory)
 
         def write() -> Persisted:
-            return Persisted(persist(plan, target, source, rank))
+            return Persisted(write_share(plan, target, source, rank))
 
         if not self.partnered:
             all_reduce(self.comm, f"caching {directory} on each node", write, commit, CommitError)
             return target, True
-        mine, failure = attempt(rank, write)
+        mine, failure = captured(rank, write)
 
         def copy() -> Persisted:
             copies = self._partner_copy(plan)  # even after a failed write: its peers wait
@@ -92,16 +91,8 @@ class Levels:
                                       f"{failure.error if failure else 'failed'}")
             return replace(mine, copies=tuple((r.name, r.sha256) for r in copies))
 
-        background.start(directory, copy if self._copies is not None else _done(copy))
-        self._copying.add(directory)
+        in_flight.start(directory, target, copy if self._copies is not None else _done(copy))
         return None, mine is not None
-
-    def committed(self, directory: str) -> Location | None:
-        """Where a checkpoint committed after its partner copy is, when it is cached."""
-        if directory not in self._copying:
-            return None
-        self._copying.discard(directory)
-        return self.cache.location(directory)
 
     def _partner_copy(self, plan: Plan) -> list[Received]:
         """This rank's files to the partner node, and the previous node's files into this
@@ -130,18 +121,18 @@ class Levels:
             self._copies.Free()
             self._copies = None
 
-    def persist_latest(self, owner: Experiment | None, why: str) -> None:
+    def persist_latest(self, experiment: Experiment | None, why: str) -> None:
         """Collective: when the newest checkpoint is cached only, copy it to storage_path
         (each file from one node that holds it) and record it there; then the caches keep
         only what the manifest names."""
-        _, (record, kept) = on_root(self.comm, lambda: (None, _cached_latest(owner)),
+        _, (record, kept) = on_root(self.comm, lambda: (None, _cached_latest(experiment)),
                                     "finding the newest checkpoint", CommitError)
         if record is not None:
-            self._persist(owner, record, why)
+            self._persist(experiment, record, why)
         if self.leader:
             self.cache.keep_only(kept)
 
-    def _persist(self, owner: Experiment | None, record: CheckpointRecord, why: str) -> None:
+    def _persist(self, experiment: Experiment | None, record: CheckpointRecord, why: str) -> None:
         where = locate(self.comm, self.cache, self.nodes, record, self.leader)[0]
         missing = [f.path for f in record.files if f.path not in where]
         if missing:
@@ -149,7 +140,7 @@ class Levels:
                 f"{record.directory} is cached on {', '.join(sorted(set(record.hosts)))} and none "
                 f"of this job's nodes holds {missing[0]}; it cannot go to storage_path. The "
                 "checkpoints on storage_path are intact; rerun on the nodes that cached it.")
-        target = self.experiment.join(record.directory)
+        target = self.location.join(record.directory)
         mine = [f.path for f in record.files if where[f.path][0] == self.comm.rank]
 
         def copy() -> dict[str, str]:
@@ -166,13 +157,16 @@ class Levels:
             copied = {name: digest for d in per_rank for name, digest in d.items()}
             bad = [f.path for f in record.files if copied.get(f.path) != f.sha256]
             if bad:
-                raise CheckpointError(f"{record.directory}/{bad[0]} read back from a node-local "
-                                      "cache differs from its checksum; it stays cached only")
-            _owner(owner).persisted(record.directory)
+                rank, level = where[bad[0]]
+                raise CheckpointError(
+                    f"{record.directory}/{bad[0]} read back from the node-local cache ({level} "
+                    f"copy) of {self.nodes.hosts[rank]} differs from its checksum (a damaged "
+                    f"local disk?); it stays cached only, and {target.display} is not recorded")
+            _rank0(experiment).persisted(record.directory)
             log.info("persisted %s to storage_path (%s)", record.directory, why)
 
         all_reduce(self.comm, f"persisting {record.directory} to storage_path", copy, commit,
-                   CommitError, undo=lambda: _owner(owner).discard(record.directory))
+                   CommitError, undo=lambda: _rank0(experiment).discard(record.directory))
 
 
 def _copies_comm(comm: Any) -> Any:
@@ -204,19 +198,19 @@ def _done(work: Callable[[], Persisted]) -> Callable[[], Persisted]:
     return lambda: result
 
 
-def _owner(owner: Experiment | None) -> Experiment:
+def _rank0(experiment: Experiment | None) -> Experiment:
     """Rank 0's experiment, where only rank 0 may act."""
-    if owner is None:
+    if experiment is None:
         raise ProtocolError("a rank other than 0 asked for rank 0's experiment in the checkpoint "
                             "levels; please report this to hpckit's authors")
-    return owner
+    return experiment
 
 
-def _cached_latest(owner: Experiment | None) -> tuple[CheckpointRecord | None, list[str]]:
+def _cached_latest(experiment: Experiment | None) -> tuple[CheckpointRecord | None, list[str]]:
     """The newest checkpoint if it is cached only, and every checkpoint the manifest names."""
-    latest = _owner(owner).manifest.latest
+    latest = _rank0(experiment).manifest.latest
     return (latest if latest is not None and not latest.on_storage else None,
-            [r.directory for r in _owner(owner).manifest.checkpoints])
+            [r.directory for r in _rank0(experiment).manifest.checkpoints])
 
 
 def locate(comm: Any, cache: NodeCache, nodes: Nodes, record: CheckpointRecord, leader: bool

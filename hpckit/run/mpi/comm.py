@@ -150,7 +150,7 @@ def _failure_error(failures: list[RankFailure], what: str, kind: type[HpckitErro
     return kind(describe(failures, what))
 
 
-def attempt(rank: int, fn: Callable[[], T]) -> tuple[T | None, RankFailure | None]:
+def captured(rank: int, fn: Callable[[], T]) -> tuple[T | None, RankFailure | None]:
     try:
         return fn(), None
     except Exception as exc:
@@ -164,7 +164,7 @@ def on_root(comm: Any, fn: Callable[[], tuple[K, T]], what: str,
     kept: K | None = None
     outcome = None
     if comm.rank == 0:
-        result, failure = root_work(comm, lambda: attempt(0, fn))
+        result, failure = root_work(comm, lambda: captured(0, fn))
         kept, shared = result if result is not None else (None, None)
         outcome = (shared, failure)
     value, failure = from_root(comm, outcome)
@@ -184,7 +184,7 @@ def all_reduce(comm: Any, what: str, local: Callable[[], T], reduce: Callable[[l
     hash). ``undo`` runs on rank 0 when a rank's ``local`` failed, and the error is then
     always a ``kind`` naming the failed ranks (``reduce`` raises and undoes its own failures).
     """
-    own = attempt(comm.rank, local)
+    own = captured(comm.rank, local)
     outcome = None
     if comm.rank == 0:
         outcome = root_work(comm, lambda: _reduce_gathered(comm, own, reduce, undo))
@@ -208,14 +208,14 @@ def _reduce_gathered(comm: Any, own: tuple[T | None, RankFailure | None],
 
 
 def _reduced(fn: Callable[[], R]) -> tuple[R | None, list[RankFailure], bool]:
-    result, failure = attempt(0, fn)
+    result, failure = captured(0, fn)
     return result, [failure] if failure else [], False
 
 
 def everywhere(comm: Any, fn: Callable[[], T], what: str,
                kind: type[HpckitError] = HpckitError) -> list[T]:
     """Run ``fn`` on every rank; all results to every rank, or one error raised on every rank."""
-    own = attempt(comm.rank, fn)
+    own = captured(comm.rank, fn)
     gathered = (root_work(comm, lambda: gather_to_root(comm, own)) if comm.rank == 0
                 else gather_to_root(comm, own))
     outcomes = from_root(comm, gathered)

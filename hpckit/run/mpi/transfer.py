@@ -66,7 +66,9 @@ def exchange(comm: Any, sends: list[Send], receives: list[Receive],
     def progress() -> bool:
         nonlocal in_flight, pending
         if abandon is not None and abandon.is_set():
-            raise CheckpointError("the partner copy was abandoned: its attempt ended")
+            raise CheckpointError(f"rank {comm.rank}: the copy of {len(sends)} file(s) to and "
+                                  f"{len(receives)} from other ranks was abandoned: its attempt "
+                                  "ended (a peer may be gone); the next attempt starts afresh")
         if in_flight is not None and in_flight.test()[0]:
             in_flight = None
         if in_flight is None and pending is not None:

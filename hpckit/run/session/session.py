@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from hpckit.checkpoint import Checkpoint
@@ -30,24 +30,26 @@ class Session:
     artifacts: Artifacts
     watch: HangWatch
     clock: CheckpointClock
-    stop_requested: str | None = None
+
+    @property
+    def stop_requested(self) -> str | None:
+        """The stop the ranks agreed on (its signal's name), kept by the commit protocol."""
+        return self.protocol.stop
 
     def report(self, metrics: Any, checkpoint: Checkpoint | None, upload: Upload) -> None:
-        if self.stop_requested and upload.mode is CheckpointUploadMode.ASYNC:
-            upload = replace(upload, mode=CheckpointUploadMode.SYNC)
+        already = self.stop_requested
         began = time.perf_counter()
         outcome = self.protocol.report(metrics, checkpoint, upload)
         self.clock.reported(None if checkpoint is None else time.perf_counter() - began)
         self.watch.progressed()
         self.artifacts.sync()
-        if outcome.stop and not self.stop_requested:
-            self.stop_requested = outcome.stop
-            if self.context.get_world_rank() == 0:
-                log.warning("stop requested (%s): the run stops after its next committed "
-                            "checkpoint", outcome.stop)
-        if self.stop_requested and outcome.committed is not None:
-            raise StopRequested(self.stop_requested)
-        if outcome.finish:
+        stop = self.stop_requested
+        if stop and not already and self.context.get_world_rank() == 0:
+            log.warning("stop requested (%s): the run stops after its next committed "
+                        "checkpoint", stop)
+        if stop and outcome.committed is not None:
+            raise StopRequested(stop)
+        if outcome.criterion_met:
             if self.context.get_world_rank() == 0:
                 log.info("RunConfig(stop=...) is met: the run ends after this report")
             raise CriterionMet()

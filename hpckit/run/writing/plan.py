@@ -18,9 +18,9 @@ from hpckit.experiment.manifest import (
 )
 from hpckit.run.mpi.comm import RankFailure, raise_failures
 
-# REPORT: a report() call; FINISH: the training function returned; DRAIN: every rank waited for
+# REPORT: a report() call; RETURNED: the training function returned; DRAIN: every rank waited for
 # its background checkpoints (the in-flight limit was reached, or a stop was agreed).
-REPORT, FINISH, DRAIN = "report", "finish", "drain"
+REPORT, RETURNED, DRAIN = "report", "returned", "drain"
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class Persisted:
 
 
 @dataclass(frozen=True)
-class Finished:
+class Settled:
     """One background checkpoint that this rank has finished persisting, or failed to."""
 
     directory: str
@@ -53,7 +53,7 @@ class Announcement:
     failure: RankFailure | None = None
     stop: str | None = None
     in_place: bool = False
-    finished: tuple[Finished, ...] = ()
+    settled: tuple[Settled, ...] = ()
     asynchronous: bool = False
     dir_name: str | None = None
     metrics: dict[str, Any] | None = None  # this rank's, sent only for UserCallbacks
@@ -73,7 +73,7 @@ class Plan:
     asynchronous: bool = False
     index: int | None = None
     committed: tuple[str, ...] = ()
-    finish: bool = False  # RunConfig(stop=...) was met: the run ends after this report
+    criterion_met: bool = False  # RunConfig(stop=...) was met: the run ends after this report
     level: str = STORAGE  # or CACHE: the node-local caches only (CheckpointConfig(cache_dir))
     kept: tuple[str, ...] | None = None  # with caches: every checkpoint they keep
 
@@ -104,9 +104,16 @@ def make_plan(announcements: list[Announcement], step: int, next_index: int) -> 
             "into get_checkpoint_dir() or hands its own directory. Write the extra files into "
             "get_checkpoint_dir() too.")
     writes, hashes = assign_writers(handed)
-    asynchronous = stop is None and all(a.asynchronous for a in announcements)
+    asynchronous = in_background(stop, all(a.asynchronous for a in announcements))
     directory = _directory_name(announcements, bool(in_place)) or checkpoint_dirname(next_index)
     return Plan(step, stop, directory, writes, hashes, bool(in_place), asynchronous, next_index)
+
+
+def in_background(stop: str | None, asked: bool) -> bool:
+    """Whether a checkpoint is persisted in the background: where asked, and never once a stop
+    is agreed (the run ends as soon as that checkpoint is committed). The one place that
+    decides it, for every level."""
+    return asked and stop is None
 
 
 def _directory_name(announcements: list[Announcement], in_place: bool) -> str | None:
@@ -130,11 +137,11 @@ def _directory_name(announcements: list[Announcement], in_place: bool) -> str | 
     return name
 
 
-def finished_everywhere(announcements: list[Announcement], pending: list[str]
+def settled_everywhere(announcements: list[Announcement], pending: list[str]
                         ) -> tuple[list[tuple[str, list[Persisted]]], list[RankFailure]]:
     """The oldest of the ``pending`` checkpoints that every rank has finished, in order, with
     what each rank persisted; and the failures of the next one, when a rank's failed."""
-    done = [{f.directory: f for f in a.finished} for a in announcements]
+    done = [{f.directory: f for f in a.settled} for a in announcements]
     ready: list[tuple[str, list[Persisted]]] = []
     for directory in pending:
         outcomes = [d.get(directory) for d in done]
@@ -237,7 +244,8 @@ def check_copies(plan: Plan, per_rank: list[Persisted]) -> None:
         for name, sha256 in persisted.copies:
             if written.get(name) != sha256:
                 raise CheckpointError(f"rank {rank}: the partner copy of {plan.directory}/"
-                                      f"{name} differs from what its writer hashed")
+                                      f"{name} differs from what its writer hashed (a damaged "
+                                      "transfer or local disk); the checkpoint is not committed")
 
 
 def unrecorded(per_rank: list[Persisted]) -> list[str]:

@@ -51,7 +51,7 @@ def list_source(source: str, rank: int) -> list[tuple[str, int]]:
     return sorted(found)
 
 
-def persist(plan: Plan, target: Location, source: str | None, rank: int, *, move: bool = False,
+def write_share(plan: Plan, target: Location, source: str | None, rank: int, *, move: bool = False,
             phase: str = "writing") -> list[FileRecord]:
     """Write this rank's assigned files into ``target`` durably, hash its duplicates. With
     ``move`` (a staging directory on the target's filesystem) the files are renamed into place
@@ -83,7 +83,7 @@ def persist(plan: Plan, target: Location, source: str | None, rank: int, *, move
     return records
 
 
-def persist_in_place(directory: str, target: Location, rank: int, ranks: int,
+def sync_in_place(directory: str, target: Location, rank: int, ranks: int,
                      phase: str = "writing") -> Persisted:
     """A checkpoint written in place. On POSIX storage ``directory`` is the shared pending
     checkpoint: this rank hashes and syncs its share of the files every rank wrote there. On

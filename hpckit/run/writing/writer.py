@@ -1,0 +1,85 @@
+"""This rank writing its share of a planned checkpoint: now, inside ``report()`` (files
+written in place hashed and synced where they are; handed files persisted), or in the
+background, where ``report()`` only hands the files over into staging and the in-flight
+thread persists them. The room where a new way to write a share goes (a staging snapshot
+of GPU state, a user's upload function)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hpckit import faults
+from hpckit.errors import CheckpointError
+from hpckit.run.mpi.comm import captured
+from hpckit.run.writing.handover import Handed, Staging, hand_over, same_filesystem
+from hpckit.run.writing.inflight import InFlight
+from hpckit.run.writing.plan import Persisted, Plan
+from hpckit.run.writing.shares import sync_in_place, write_share
+from hpckit.storage.location import Location
+
+
+@dataclass(frozen=True)
+class ShareWriter:
+    """One rank's writer for one attempt."""
+
+    rank: int
+    size: int
+    staging: Staging
+    in_flight: InFlight
+
+    def now(self, plan: Plan, handed: Handed, target: Location) -> Persisted:
+        """Persist this rank's share into ``target`` before ``report()`` returns."""
+        if plan.in_place:
+            if handed.checkpoint is not None:  # an asynchronous save made synchronous
+                handed.checkpoint._wait_until_written()
+            persisted = sync_in_place(self._in_place_source(plan, handed), target, self.rank,
+                                      self.size)
+        else:
+            persisted = Persisted(write_share(plan, target, handed.source, self.rank))
+        faults.reached("written", self.rank)
+        return persisted
+
+    def in_background(self, plan: Plan, handed: Handed, target: Location) -> None:
+        """Start persisting this rank's share on the in-flight thread; a failed hand-over is
+        raised there, so that every rank learns of it at the next collective step."""
+        directory = plan.checkpoint()[0]
+        if plan.in_place:
+            self.in_flight.start(directory, target, lambda: self._in_place(plan, handed, target))
+            return
+        staged, failure = captured(self.rank, lambda: self._hand_over(plan, handed))
+
+        def staged_files() -> Persisted:
+            if failure is not None:
+                raise CheckpointError(f"rank {self.rank}: handing over {handed.source}: "
+                                      f"{failure.error}")
+            records = (write_share(plan, target, staged, self.rank, phase="background",
+                                   move=same_filesystem(staged, target)) if staged else [])
+            if staged:
+                self.staging.release(staged)
+            faults.reached("persisted", self.rank)
+            return Persisted(records)
+
+        self.in_flight.start(directory, target, staged_files)
+
+    def _in_place(self, plan: Plan, handed: Handed, target: Location) -> Persisted:
+        if handed.checkpoint is not None:
+            handed.checkpoint._wait_until_written()
+        source = self._in_place_source(plan, handed)
+        persisted = sync_in_place(source, target, self.rank, self.size, "background")
+        if not target.is_local:
+            self.staging.release(source)
+        faults.reached("persisted", self.rank)
+        return persisted
+
+    def _hand_over(self, plan: Plan, handed: Handed) -> str | None:
+        if handed.source is None:
+            return None
+        staged = self.staging.for_files(handed.source, plan.checkpoint()[0])
+        hand_over(handed.source, staged, plan.writes.get(self.rank, []),
+                  plan.hashes.get(self.rank, []), handed.owned)
+        faults.reached("handed", self.rank)
+        return staged
+
+    def _in_place_source(self, plan: Plan, handed: Handed) -> str:
+        """In-place: on POSIX each rank hashes a share, on object storage uploads its own."""
+        return handed.source or self.staging.in_place(plan.checkpoint()[0])
