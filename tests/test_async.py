@@ -105,11 +105,22 @@ def test_checkpoint_dir_name_names_the_directory_and_a_killed_one_is_removed(tmp
 
 
 def test_a_report_made_synchronous_waits_for_saves_still_being_written(tmp_path):
-    _, seen = scenario("mixed", tmp_path)
+    run, seen = scenario("mixed", tmp_path)
     assert seen == {"committed_at_once": True}
+    said = "checkpoint_000000 is written synchronously: rank(s) 0 asked for ASYNC, rank(s) 1, 2"
+    assert run.output.count(said) == 1, run.output
     record = json.loads((tmp_path / "mixed" / "manifest.json").read_text())["checkpoints"][0]
     assert sorted(f["path"] for f in record["files"]) == [f"late-{r}.bin" for r in range(3)]
     assert reliability.check_experiment(tmp_path / "mixed", None).latest == "checkpoint_000000"
+
+
+def test_one_rank_handing_async_while_the_others_report_metrics_only_stays_async(tmp_path):
+    run, seen = scenario("solo", tmp_path)
+    assert seen == {"in_flight": True}, run.output
+    assert "written synchronously" not in run.output
+    state = reliability.check_experiment(tmp_path / "solo", None)
+    assert state.committed == ["checkpoint_000000"]
+    assert (tmp_path / "solo" / "checkpoint_000000" / "part-0.bin").read_bytes() == b"solo" * 1000
 
 
 def test_a_committed_checkpoint_handed_again_stays_whole(tmp_path):

@@ -3,13 +3,25 @@ announcement, assigning writers, merging what the ranks wrote, and the retry pol
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from hpckit.errors import CheckpointError, ReportMismatchError
 from hpckit.experiment.manifest import FileRecord
 from hpckit.run.ending.retry import RetryPolicy
 from hpckit.run.mpi.comm import RankFailure
-from hpckit.run.writing.plan import RETURNED, REPORT, Announcement, Persisted, Plan, make_plan, merge
+from hpckit.run.writing.plan import (
+    REPORT,
+    RETURNED,
+    Announcement,
+    Persisted,
+    Plan,
+    in_background,
+    make_plan,
+    merge,
+    mixed_modes,
+)
 
 
 def test_a_report_with_files_gets_a_directory_and_one_writer_per_name():
@@ -22,7 +34,7 @@ def test_a_report_with_files_gets_a_directory_and_one_writer_per_name():
     assert plan.hashes == {2: ["shared.json"]}
 
 
-def test_a_report_without_files_or_the_finish_plans_no_checkpoint():
+def test_a_report_without_files_or_the_return_plans_no_checkpoint():
     assert make_plan([Announcement(REPORT, 1), Announcement(REPORT, 1)], 4, 0) == Plan(4)
     assert make_plan([Announcement(RETURNED, 2)] * 3, 4, 0).directory is None
 
@@ -70,3 +82,31 @@ def test_the_retry_policy(limit, attempts, allowed):
     policy = RetryPolicy(limit)
     assert [policy.allows(a) for a in attempts] == allowed
     assert policy.describe(1) == f"restart 1 of {'unlimited' if limit == -1 else limit}"
+
+
+def _handing(asynchronous: list[bool | None]) -> list[Announcement]:
+    """One announcement per rank: None hands no checkpoint (and so asks for no mode)."""
+    return [Announcement(REPORT, 1) if a is None else
+            Announcement(REPORT, 1, [(f"m{rank}.pt", 8)], asynchronous=a)
+            for rank, a in enumerate(asynchronous)]
+
+
+def test_ranks_without_a_checkpoint_do_not_make_a_report_synchronous():
+    """Ray takes the mode per worker: rank 0 handing ASYNC while the others report metrics
+    only (checkpoint=None, hence no mode) is an asynchronous report."""
+    announcements = _handing([True, None, None])
+    assert make_plan(announcements, 0, 0).asynchronous
+    assert mixed_modes(announcements) is None
+
+
+def test_ranks_that_hand_checkpoints_in_different_modes_are_named():
+    announcements = _handing([True, False, None, True])
+    assert not make_plan(announcements, 0, 0).asynchronous
+    assert mixed_modes(announcements) == \
+        "rank(s) 0, 3 asked for ASYNC, rank(s) 1 for SYNC or NO_UPLOAD"
+
+
+def test_a_stop_makes_every_level_synchronous():
+    stopped = [replace(a, stop="SIGUSR2") for a in _handing([True, True])]
+    assert not make_plan(stopped, 0, 0).asynchronous
+    assert not in_background("SIGUSR2", True) and in_background(None, True)

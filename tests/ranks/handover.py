@@ -142,6 +142,19 @@ def mixed(parent: str) -> None:
     seen("committed_at_once", hpckit.get_checkpoint() is not None)
 
 
+def solo(parent: str) -> None:
+    """Rank 0 hands a checkpoint ASYNC, the others report metrics only (no checkpoint, so no
+    mode): the report is asynchronous, as in Ray, and a later report commits it."""
+    rank = hpckit.get_context().get_world_rank()
+    if rank == 0:
+        d, _ = handed_dir(rank, b"solo" * 1000, parent)
+        hpckit.report({"n": 0}, Checkpoint.from_directory(d), checkpoint_upload_mode="async")
+    else:
+        hpckit.report({"n": 0})
+    seen("in_flight", hpckit.get_checkpoint() is None)
+    hpckit.report({"n": 1})
+
+
 def rehand(parent: str) -> None:
     """Handing a committed checkpoint to an asynchronous report copies it: the committed one
     stays whole."""
@@ -153,14 +166,15 @@ def rehand(parent: str) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("scenario", choices=["modes", "in_place", "failing", "slow", "named", "mixed", "rehand"])
+    p.add_argument("scenario", choices=["modes", "in_place", "failing", "slow", "named", "mixed", "solo",
+                                         "rehand"])
     p.add_argument("--storage", required=True)
     p.add_argument("--handed", required=True, help="where the handed directories are made")
     args = p.parse_args()
     from mpi4py import MPI
 
     scenario = {"modes": modes, "in_place": in_place, "failing": failing, "slow": slow, "named": named,
-                "mixed": mixed, "rehand": rehand}[args.scenario]
+                "mixed": mixed, "solo": solo, "rehand": rehand}[args.scenario]
     DataParallelTrainer(lambda: scenario(args.handed),
                         scaling_config=ScalingConfig(num_workers=MPI.COMM_WORLD.size),
                         run_config=RunConfig(name=args.scenario, storage_path=args.storage)).fit()

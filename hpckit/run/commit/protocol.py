@@ -35,7 +35,16 @@ from hpckit.run.levels.levels import Levels
 from hpckit.run.mpi.comm import RankFailure, all_reduce, captured
 from hpckit.run.writing.handover import Handed, Staging, Upload, hand_in, release
 from hpckit.run.writing.inflight import InFlight
-from hpckit.run.writing.plan import DRAIN, REPORT, RETURNED, Announcement, Persisted, Plan, make_plan
+from hpckit.run.writing.plan import (
+    DRAIN,
+    REPORT,
+    RETURNED,
+    Announcement,
+    Persisted,
+    Plan,
+    make_plan,
+    mixed_modes,
+)
 from hpckit.run.writing.writer import ShareWriter
 from hpckit.storage.location import Location
 
@@ -76,6 +85,7 @@ class CommitProtocol:
         self.last_metrics: dict[str, Any] = {}
         self._mine: dict[str, Any] | None = None
         self._told_of_wait = False
+        self._told_of_mixed = False
         self._broken: HpckitError | None = None
 
     def checkpoint_dir(self) -> str:
@@ -185,6 +195,7 @@ class CommitProtocol:
                 r.directory for r in ledger.experiment.manifest.checkpoints) + ledger.pending)
         if announcements[0].kind != REPORT:
             return plan
+        self._say_if_mixed(plan, announcements)
         self.callbacks.heard(plan.step, [a.metrics or {} for a in announcements])
         if plan.directory is None:
             ledger.log(plan.step, self.last_metrics)
@@ -193,6 +204,18 @@ class CommitProtocol:
         met = stop.criterion_met(self.stop_when, self.location.name, self.last_metrics,
                                     plan.step + 1)
         return replace(plan, criterion_met=met)
+
+    def _say_if_mixed(self, plan: Plan, announcements: list[Announcement]) -> None:
+        """Once per run: a report made synchronous because its ranks asked for different
+        upload modes."""
+        if self._told_of_mixed or plan.directory is None or plan.asynchronous or plan.stop:
+            return
+        mixed = mixed_modes(announcements)
+        if mixed is not None:
+            self._told_of_mixed = True
+            log.warning("step %d: %s is written synchronously: %s; give every rank that hands a "
+                        "checkpoint the same checkpoint_upload_mode (said once)", plan.step,
+                        plan.directory, mixed)
 
     def _drain(self, keep: int = 0) -> None:
         """Wait until at most ``keep`` background checkpoints run, and commit the others."""

@@ -104,7 +104,8 @@ def make_plan(announcements: list[Announcement], step: int, next_index: int) -> 
             "into get_checkpoint_dir() or hands its own directory. Write the extra files into "
             "get_checkpoint_dir() too.")
     writes, hashes = assign_writers(handed)
-    asynchronous = in_background(stop, all(a.asynchronous for a in announcements))
+    asked = [a.asynchronous for a in announcements if a.files is not None or a.in_place]
+    asynchronous = in_background(stop, all(asked))
     directory = _directory_name(announcements, bool(in_place)) or checkpoint_dirname(next_index)
     return Plan(step, stop, directory, writes, hashes, bool(in_place), asynchronous, next_index)
 
@@ -114,6 +115,19 @@ def in_background(stop: str | None, asked: bool) -> bool:
     is agreed (the run ends as soon as that checkpoint is committed). The one place that
     decides it, for every level."""
     return asked and stop is None
+
+
+def mixed_modes(announcements: list[Announcement]) -> str | None:
+    """Which ranks that hand a checkpoint asked ASYNC and which did not, when they disagree (a
+    rank that hands none has nothing to upload, and no say, as in Ray)."""
+    handing = [(rank, a.asynchronous) for rank, a in enumerate(announcements)
+               if a.files is not None or a.in_place]
+    chose = {mode for _, mode in handing}
+    if len(chose) < 2:
+        return None
+    asynchronous = _ranks([rank for rank, mode in handing if mode])
+    other = _ranks([rank for rank, mode in handing if not mode])
+    return f"rank(s) {asynchronous} asked for ASYNC, rank(s) {other} for SYNC or NO_UPLOAD"
 
 
 def _directory_name(announcements: list[Announcement], in_place: bool) -> str | None:
