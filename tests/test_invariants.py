@@ -42,7 +42,6 @@ WRITERS = {
                                    "before rank 0 records them there",
     "hpckit/checkpoint.py": "Checkpoint.set_metadata and to_directory, the user's own calls",
     "hpckit/sweep/record.py": "sweep.json, the sweep directory's (not an experiment's)",
-    "hpckit/cli/": "hpckit export and plot, writing where the user asks",
 }
 
 # On the ranks, local files are written only by these rooms, each in a directory of its own:
