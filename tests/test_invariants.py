@@ -1,4 +1,4 @@
-"""Two promises of docs/architecture.md, read from the source so that a change that breaks
+"""Promises of docs/architecture.md, read from the source so that a change that breaks
 them fails here, before a Ctrl-C hang or a stray write shows up in a run:
 
 1. Ranks wait for one another only through ``hpckit.run.mpi``: no other module calls a
@@ -6,7 +6,9 @@ them fails here, before a Ctrl-C hang or a stray write shows up in a run:
    ``hpckit/run/mpi/waiting.py``), nor makes an MPI wait of its own.
 2. The experiment directory changes only through its owners: the ``hpckit.experiment``
    package (``Experiment`` and its helpers) and the few named modules below, each for the
-   files it alone writes. No other module calls the storage layer's writes.
+   files it alone writes. No other module calls the storage layer's writes, and on the
+   ranks only named rooms change local files.
+3. No ``assert`` guards hpckit's state (``python -O`` removes them).
 
 Each check is also run on a planted violation, so that it cannot pass by finding nothing.
 """

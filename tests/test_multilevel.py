@@ -355,22 +355,27 @@ def test_user_callbacks_are_given_each_checkpoint_where_it_is(tmp_path):
     assert given.paths[1][0].startswith(str(tmp_path / "shared")), "stored: storage_path"
 
 
+def _until(done, seconds: float = 10.0) -> None:
+    for _ in range(int(seconds / 0.05)):
+        if done():
+            return
+        threading.Event().wait(0.05)
+
+
 def _evictions_at_each_commit(config: dict) -> None:
     """checkpoint_000001 goes to storage_path (persist_every=2); the cached commit of
     checkpoint_000002 evicts it (num_to_keep=1), and its directory must go then, not at the
     next commit on storage_path."""
     experiment = Path(config["experiment"])
+    stored = experiment / "checkpoint_000001"
     for step in range(3):
+        if step == 2:  # checkpoint_000001 goes to storage_path in the background
+            _until(lambda: (stored / "m.txt").is_file())
+            assert (stored / "m.txt").is_file()
         with tempfile.TemporaryDirectory() as d:
             Path(d, "m.txt").write_text(str(step))
             hpckit.report({"step": step}, checkpoint=Checkpoint.from_directory(d))
-        if step == 1:
-            assert (experiment / "checkpoint_000001" / "m.txt").is_file()
-    stored = experiment / "checkpoint_000001"
-    for _ in range(200):  # the purge runs in the background: at most a few seconds here
-        if not stored.exists():
-            break
-        threading.Event().wait(0.05)
+    _until(lambda: not stored.exists())  # the purge runs in the background
     kept = [r["directory"] for r in json.loads((experiment / "manifest.json").read_text())
             ["checkpoints"]]
     assert kept == ["checkpoint_000002"], kept

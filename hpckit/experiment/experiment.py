@@ -1,10 +1,13 @@
 """The experiment directory's one owner.
 
 An :class:`Experiment` holds the location, the lock, the current (immutable) manifest, the
-metrics log, the background purge and the mirror. Its methods are the only way anything
-changes the directory: open (prepare, lock, verify, remove leftovers, begin an attempt),
-commit a checkpoint record, log a report without one, end an attempt, collect garbage, close.
-Every change writes a new manifest atomically before anything is deleted.
+metrics log, the background purge and the mirror. Its methods are the only way the run
+changes the directory's own files: open (prepare, lock, verify, remove leftovers, begin an
+attempt), commit a checkpoint record, reserve, clear or discard a checkpoint directory, the
+markers, log a report without one, end an attempt, collect garbage, close. Every change
+writes a new manifest atomically before anything is deleted. The files inside a pending
+checkpoint are written by each rank (``run.writing``, ``run.levels``) before rank 0 commits
+them here; ``tests/test_invariants.py`` names every such writer.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ def stacks_name(attempt: int, rank: int) -> str:
 
 def keep_stacks(target: Location, stacks: bytes) -> None:
     """A hung rank's stacks, at ``target`` (:func:`stacks_name`): each rank writes its own,
-    the one file of the experiment directory that ranks other than 0 write."""
+    as it has no :class:`~hpckit.experiment.experiment.Experiment` (rank 0 holds the only one)."""
     files.make_dir(target.parent)
     files.write_bytes(target, stacks)
 

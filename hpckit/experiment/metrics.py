@@ -30,8 +30,10 @@ class MetricsLog:
     def resume(cls, experiment: Location, next_step: int,
                latest: CheckpointRecord | None = None) -> MetricsLog:
         """Keep the lines of steps before ``next_step``: later ones describe work being redone.
-        A run killed between its manifest commit and the metrics append lacks the line of
-        its ``latest`` checkpoint: it is written again from the manifest."""
+        The line of a checkpoint is written before its manifest, so a kill never leaves the
+        metrics behind the manifest; an experiment written by an earlier hpckit (manifest
+        first) may lack the line of its ``latest`` checkpoint: it is written again from the
+        manifest."""
         location = experiment.join(METRICS_NAME)
         raw_lines = read_lines(location) if files.file_type(location) != pyarrow.fs.FileType.NotFound else []
         kept, steps = [], set()

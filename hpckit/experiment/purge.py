@@ -1,9 +1,10 @@
 """Deleting what retention evicts, after the commit and off the training path.
 
-Rank 0 hands the evicted checkpoints to one background thread once every rank has learned
-the commit, so no rank waits on deletes (slow on S3) inside ``report()``. At most one purge
-is in flight: the next commit waits for it before any rank writes a new checkpoint, so the
-experiment never holds more than the kept checkpoints plus the one being written. A failed
+Rank 0's :class:`~hpckit.experiment.experiment.Experiment` hands the evicted checkpoints to
+a background thread as soon as the new manifest is written (the commit), so no rank waits on
+deletes (slow on S3) inside ``report()``. Before any rank writes a new checkpoint, rank 0
+waits for the deletions handed over so far, so the experiment never holds more than the kept
+checkpoints plus the one being written. A failed
 deletion is logged, never fatal: the directory is no longer in the manifest, and the next
 resume removes it as a leftover.
 """
@@ -41,20 +42,39 @@ def evict(experiment: Location, records: list[CheckpointRecord]) -> None:
 
 
 class Purge:
-    """One background deletion at a time."""
+    """One background thread at a time deletes what the commits evicted, in commit order.
+    A commit hands its evictions over without waiting: several checkpoints committed in one
+    step (background checkpoints that settled together) cost the collective nothing."""
 
     def __init__(self, experiment: Location) -> None:
         self.experiment = experiment
+        self._queue: list[CheckpointRecord] = []
+        self._lock = threading.Lock()
+        self._running = False
         self._thread: threading.Thread | None = None
 
     def start(self, records: list[CheckpointRecord]) -> None:
-        self.wait()
-        if records:
-            self._thread = threading.Thread(target=evict, args=(self.experiment, records),
-                                            name="hpckit-purge", daemon=True)
+        if not records:
+            return
+        with self._lock:
+            self._queue.extend(records)
+            if self._running:
+                return  # the thread takes them before it ends
+            self._running = True
+            self._thread = threading.Thread(target=self._drain, name="hpckit-purge", daemon=True)
             self._thread.start()
 
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                records, self._queue = self._queue, []
+                if not records:
+                    self._running = False
+                    return
+            evict(self.experiment, records)
+
     def wait(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        """Until everything handed over so far is deleted."""
+        thread = self._thread
+        if thread is not None:
+            thread.join()

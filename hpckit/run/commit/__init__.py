@@ -5,7 +5,8 @@ takes, rank 0's ledger of reports not yet written to the experiment, in report o
 
 The experiment directory changes only through rank 0's
 :class:`~hpckit.experiment.experiment.Experiment` (manifest, metrics, markers, discarded
-checkpoints) and, for the files inside a pending checkpoint, through ``run.writing``.
+checkpoints) and, for the files inside a pending checkpoint, through ``run.writing`` (and
+``run.levels`` for a cached checkpoint copied to storage_path).
 
 May import: ``run.levels``, ``run.writing``, ``run.ending`` (stop requests), ``run.mpi``,
 experiment, checkpoint, storage and the ground layer.

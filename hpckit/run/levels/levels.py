@@ -51,9 +51,9 @@ class Levels:
     def leveled(self, plan: Plan, kept: tuple[str, ...]) -> Plan:
         """Rank 0: the plan with its level, and every checkpoint the caches keep. In-place,
         custom-named, every ``persist_every``-th one and the one taken at a stop go to
-        storage_path, in the background but for the stop's; the others are written into the
-        caches at once (a local disk) and, with partners, committed once their partner copy,
-        made in the background, is complete. Either way the plan is then asynchronous."""
+        storage_path, in the background but for the stop's, whatever mode was asked; the
+        others are written into the caches at once (a local disk) and committed there, or,
+        with partners, once their partner copy, made in the background, is complete."""
         if plan.directory is None or plan.index is None:
             return replace(plan, kept=kept)
         stored = (plan.stop is not None or plan.in_place or not is_checkpoint_dirname(plan.directory)

@@ -1,7 +1,8 @@
 """One checkpoint on the ranks: the plan rank 0 makes from every rank's announcement
 (``plan``, pure), what a rank hands to ``report()`` and where its files wait (``handover``),
-the files each rank writes or hashes (``shares``), and this rank's checkpoints still in
-flight in the background (``inflight``: the one owner of that set and its futures).
+the files each rank writes or hashes (``shares``), this rank writing its share now or in
+the background (``writer``), and this rank's checkpoints still in flight in the background
+(``inflight``: the one owner of that set and its futures).
 
 May import: ``run.mpi``, experiment (manifest values), checkpoint, storage and the ground
 layer. Never the commit protocol above it.
