@@ -21,14 +21,16 @@ from pathlib import Path
 ROOT = Path(__file__).parent.parent
 PACKAGE = ROOT / "hpckit"
 
-# mpi4py's blocking collectives (lower case: pickled objects; capitalised: buffers), and the
-# nonblocking barrier whose wait hpckit polls in run.mpi.waiting. Creating a communicator
-# (Dup, Split) is collective too; it happens at start-up and for a sweep's groups, before any
-# stop can be agreed, and MPI gives no wait that hpckit could make interruptible for it.
+# mpi4py's blocking collectives and point-to-point calls (lower case: pickled objects;
+# capitalised: buffers), and the nonblocking barrier whose wait hpckit polls in
+# run.mpi.waiting. Creating a communicator (Dup, Split) is collective too; it happens at
+# start-up and for a sweep's groups, before any stop can be agreed, and MPI gives no wait that
+# hpckit could make interruptible for it.
 COLLECTIVES = frozenset(
     name for base in ("bcast", "gather", "allgather", "barrier", "allreduce", "reduce",
-                      "scatter", "alltoall", "ibarrier")
-    for name in (base, base.capitalize()))
+                      "scatter", "alltoall", "ibarrier", "send", "recv", "ssend", "sendrecv",
+                      "probe")
+    for name in (base, base.capitalize())) | {"Wait", "Waitall", "Waitany"}
 MPI_ROOM = "hpckit/run/mpi/"
 
 # The storage layer's calls that change a file or directory.
@@ -77,7 +79,10 @@ def _calls(tree: ast.AST) -> list[tuple[int, str]]:
 
 
 def blocking_collectives(source: str) -> list[tuple[int, str]]:
-    return [(line, name) for line, name in _calls(ast.parse(source)) if name in COLLECTIVES]
+    """Method calls (``comm.bcast(...)``) of the names above."""
+    return [(node.lineno, node.func.attr) for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in COLLECTIVES]
 
 
 def storage_writes(source: str) -> list[tuple[int, str]]:
@@ -101,9 +106,9 @@ def test_ranks_wait_for_each_other_only_through_the_mpi_room():
                if not module.startswith(MPI_ROOM)
                for line, name in blocking_collectives(source)]
     assert outside == [], (
-        "a blocking MPI collective outside hpckit/run/mpi/ (Ctrl-C cannot reach a rank "
-        f"waiting in it): {outside}; use run.mpi.waiting (from_root, share, wait_for_all) "
-        "or run.mpi.comm's collective steps")
+        "a blocking MPI call outside hpckit/run/mpi/ (Ctrl-C cannot reach a rank waiting in "
+        f"it): {outside}; use run.mpi.waiting (from_root, share, wait_for_all, send_to, "
+        "receive_from) or run.mpi.comm's collective steps")
 
 
 def test_only_the_experiment_and_named_owners_write_to_storage():
@@ -133,6 +138,7 @@ def test_every_named_owner_exists():
 PLANTED = '''
 def end(comm, location):
     comm.barrier()
+    answer = comm.recv(source=0, tag=1)
     comm.Allreduce(buffer, result)
     files.delete_dir(location)
     write_atomic(location, b"")
@@ -141,7 +147,7 @@ def end(comm, location):
 
 
 def test_both_checks_find_a_planted_violation():
-    assert [name for _, name in blocking_collectives(PLANTED)] == ["barrier", "Allreduce"]
+    assert [name for _, name in blocking_collectives(PLANTED)] == ["barrier", "recv", "Allreduce"]
     assert [name for _, name in storage_writes(PLANTED)] == ["delete_dir", "write_atomic"]
     assert [name for _, name in local_writes(PLANTED)] == ["rmtree"]
 

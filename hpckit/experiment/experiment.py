@@ -131,13 +131,31 @@ class Experiment:
         faults.reached("gathered", 0)
         if self._metrics is not None:
             self._metrics.append(record.step, record.metrics, record.directory)
-        self._replace(updated)
+        try:
+            self._replace(updated)
+        except HpckitError:
+            self._retract_unless_committed(record)
+            raise
         faults.reached("committed", 0)
         if not is_checkpoint_dirname(record.directory):
             self._unmark_pending(record.directory)
         self._purge.start(evicted)
         if self._mirror is not None:
             self._mirror.after_commit(self._manifest)
+
+    def _retract_unless_committed(self, record: CheckpointRecord) -> None:
+        """The manifest write failed: take back the metrics line, unless the new manifest
+        landed all the same (a failure after its rename), where the line must stay."""
+        try:
+            found = read_manifest(self.location)
+        except HpckitError as exc:
+            log.warning("could not tell whether %s was committed (%s); its metrics line stays, "
+                        "and a resume drops it if it was not", record.directory, exc)
+            return
+        landed = found is not None and any(r.directory == record.directory
+                                           for r in found.checkpoints)
+        if not landed and self._metrics is not None:
+            self._metrics.retract()
 
     def reserve(self, directory: str, planned: tuple[str, ...]) -> None:
         """A checkpoint directory the user named (``report(checkpoint_dir_name=...)``):

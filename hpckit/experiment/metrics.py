@@ -10,6 +10,7 @@ from typing import Any
 
 import pyarrow.fs
 
+from hpckit.errors import HpckitError
 from hpckit.experiment.manifest import METRICS_NAME, CheckpointRecord
 from hpckit.experiment.reading import parse_line, read_lines
 from hpckit.experiment.tensorboard import Scalars
@@ -61,6 +62,18 @@ class MetricsLog:
         self.lines.append(line)
         if self.scalars is not None:
             self.scalars.add(step, metrics)
+
+    def retract(self) -> None:
+        """Take back the last line (its checkpoint did not commit); best-effort, since a
+        resume drops such a line anyway."""
+        if not self.lines:
+            return
+        self.lines.pop()
+        try:
+            files.write_atomic(self.location, "".join(self.lines).encode())
+        except HpckitError as exc:
+            log.warning("could not take back the metrics line of a checkpoint that was not "
+                        "committed (%s); a resume drops it", exc)
 
     def history(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.lines]

@@ -98,6 +98,9 @@ class Mirror:
                 f"`{redact(line)}` exited with {done.returncode}: {done.stderr.strip()[-500:]}")
 
     def _copy(self, manifest: Manifest) -> None:
+        """Checkpoints only in node-local caches have nothing on storage_path to copy: the
+        mirror's manifest names the others."""
+        manifest = manifest.without([r for r in manifest.checkpoints if not r.on_storage])
         if self._target is None:
             self._target = resolve(self.target_text)
         target = self._target

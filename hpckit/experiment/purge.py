@@ -71,7 +71,12 @@ class Purge:
                 if not records:
                     self._running = False
                     return
-            evict(self.experiment, records)
+            try:
+                evict(self.experiment, records)
+            except Exception as exc:  # noqa: BLE001  (best-effort: the thread must go on)
+                log.warning("retention could not remove %s (they are no longer in the manifest "
+                            "and will be removed on resume): %r",
+                            ", ".join(r.directory for r in records), exc)
 
     def wait(self) -> None:
         """Until everything handed over so far is deleted."""

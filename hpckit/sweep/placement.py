@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpckit.errors import ConfigError
+from hpckit.run.mpi.waiting import receive_from, send_to
 
 ASK, ANSWER = 71, 72
 POLL_S = 0.01
@@ -76,8 +77,8 @@ class TrialQueue:
         left."""
         if self._comm.rank == 0:
             return self._next()
-        self._comm.send(None, dest=0, tag=ASK)
-        answer: int | None = self._comm.recv(source=0, tag=ANSWER)
+        send_to(self._comm, None, 0, ASK)
+        answer: int | None = receive_from(self._comm, 0, ANSWER)
         return answer
 
     def close(self) -> None:
@@ -107,7 +108,7 @@ class TrialQueue:
                 time.sleep(POLL_S)
                 continue
             asker = status.Get_source()
-            self._comm.recv(source=asker, tag=ASK)
+            receive_from(self._comm, asker, ASK)
             answer = self._next()
-            self._comm.send(answer, dest=asker, tag=ANSWER)
+            send_to(self._comm, answer, asker, ANSWER)
             remote -= answer is None

@@ -20,14 +20,13 @@ from typing import Any
 from hpckit import logs
 from hpckit import settings as _settings
 from hpckit.config import RunConfig
-from hpckit.errors import ConfigError, ManifestError, ProtocolError, TrainingFailedError
+from hpckit.errors import ConfigError, ManifestError, TrainingFailedError
 from hpckit.experiment.values import jsonable
 from hpckit.launch import mainimport
 from hpckit.logs import log
 from hpckit.result import Result
 from hpckit.run.job import DEFAULT_STORAGE
-from hpckit.run.mpi.comm import world
-from hpckit.run.mpi.waiting import from_root
+from hpckit.run.mpi.comm import on_root, world
 from hpckit.storage.location import Location, resolve
 from hpckit.sweep import placement, space
 from hpckit.sweep.config import TuneConfig
@@ -171,17 +170,10 @@ class Tuner:
 
     def _agree(self, comm: Any, record: SweepRecord, location: Location,
                shared: bool) -> SweepManifest:
-        """Rank 0 reads or creates the sweep manifest; every rank gets the same one."""
-        manifest: SweepManifest | ConfigError | None = None
-        if comm is None or comm.rank == 0:
-            try:
-                manifest = _settled(self._planned(record, shared), location)
-            except ConfigError as exc:
-                manifest = exc
-        if comm is not None:
-            manifest = from_root(comm, manifest)
-        if not isinstance(manifest, SweepManifest):
-            raise manifest or ProtocolError("rank 0 sent no sweep manifest")
+        """Rank 0 reads or creates the sweep manifest; every rank gets the same one, or the
+        same error."""
+        manifest: SweepManifest = _on_root(comm, lambda: _settled(self._planned(record, shared),
+                                                                  location))
         return manifest
 
     def _planned(self, record: SweepRecord, shared: bool) -> SweepManifest:
@@ -286,10 +278,11 @@ def _settled(manifest: SweepManifest, location: Location) -> SweepManifest:
 
 
 def _on_root(comm: Any, read: Any) -> Any:
-    """What rank 0 reads, on every rank (``read`` runs once when there is no ``comm``)."""
+    """What rank 0 reads, on every rank (``read`` runs once when there is no ``comm``); an
+    error there is raised on every rank (a ConfigError as it is)."""
     if comm is None:
         return read()
-    return from_root(comm, read() if comm.rank == 0 else None)
+    return on_root(comm, lambda: (None, read()), "reading the sweep manifest", ConfigError)[1]
 
 
 def _default_name(trainable: Trainable) -> str:

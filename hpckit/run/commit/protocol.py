@@ -208,7 +208,8 @@ class CommitProtocol:
     def _say_if_mixed(self, plan: Plan, announcements: list[Announcement]) -> None:
         """Once per run: a report made synchronous because its ranks asked for different
         upload modes."""
-        if self._told_of_mixed or plan.directory is None or plan.asynchronous or plan.stop:
+        if (self._told_of_mixed or plan.directory is None or plan.asynchronous or plan.stop
+                or self.levels is not None):  # with caches, the level decides (Levels.leveled)
             return
         mixed = mixed_modes(announcements)
         if mixed is not None:

@@ -16,6 +16,7 @@ Rank 0 stopped by Ctrl-C in its part of a step still sends the others :data:`INT
 from __future__ import annotations
 
 import os
+import pickle
 import time
 from collections.abc import Callable
 from functools import partial
@@ -65,13 +66,25 @@ def gather_to_root(comm: Any, value: T) -> list[T] | None:
 
 def from_root(comm: Any, value: Any) -> Any:
     """Rank 0's ``value`` on every rank; KeyboardInterrupt where rank 0 sent
-    :data:`INTERRUPTED` instead."""
+    :data:`INTERRUPTED` instead. Rank 0 pickles the value once and sends the same bytes to
+    every rank (a run's summary at its end holds the whole metrics history)."""
+    from mpi4py import MPI
+
     if comm.rank == 0:
-        requests = [comm.isend(value, dest=rank, tag=BCAST_TAG) for rank in range(1, comm.size)]
-        poll(lambda: all(r.test()[0] for r in requests))
+        data = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+        requests = [comm.Isend([data, MPI.BYTE], dest=rank, tag=BCAST_TAG)
+                    for rank in range(1, comm.size)]
+        try:
+            poll(lambda: all(r.Test() for r in requests))
+        except BaseException:
+            _unawaited.append((data, requests))  # MPI may still read the bytes
+            raise
         return value
-    poll(lambda: bool(comm.iprobe(source=0, tag=BCAST_TAG)))
-    received = comm.recv(source=0, tag=BCAST_TAG)
+    status = MPI.Status()
+    poll(lambda: bool(comm.Iprobe(source=0, tag=BCAST_TAG, status=status)))
+    buffer = bytearray(status.Get_count(MPI.BYTE))
+    comm.Recv([buffer, MPI.BYTE], source=0, tag=BCAST_TAG)
+    received = pickle.loads(buffer)
     if isinstance(received, str) and received == INTERRUPTED:
         raise KeyboardInterrupt
     return received
@@ -93,6 +106,19 @@ def share(comm: Any, value: T) -> list[T]:
     gathered = (root_work(comm, lambda: gather_to_root(comm, value)) if comm.rank == 0
                 else gather_to_root(comm, value))
     return list(from_root(comm, gathered))
+
+
+def send_to(comm: Any, value: Any, dest: int, tag: int) -> None:
+    """A point-to-point send, waited for where Ctrl-C reaches the rank."""
+    request = comm.isend(value, dest=dest, tag=tag)
+    poll(lambda: bool(request.test()[0]))
+
+
+def receive_from(comm: Any, source: int, tag: int) -> Any:
+    """The next message from ``source`` (``MPI.ANY_SOURCE`` for any) with ``tag``, waited
+    for where Ctrl-C reaches the rank."""
+    poll(lambda: bool(comm.iprobe(source=source, tag=tag)))
+    return comm.recv(source=source, tag=tag)
 
 
 def meet_within(comm: Any, seconds: float) -> bool:
