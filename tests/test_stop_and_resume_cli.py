@@ -15,7 +15,9 @@ from conftest import HERE, HPCKIT, JOB, STEADY, final_params, manifest, metrics_
 import hpckit
 from hpckit import Checkpoint, RunConfig
 from hpckit.errors import ConfigError
+from hpckit.experiment.lock import LOCK_NAME
 from hpckit.launch.slurm import render_sbatch
+from hpckit.processes import alive, children
 from hpckit.run.ending.stop import EXIT_STOPPED
 from hpckit.settings import Settings
 from hpckit.torch import TorchTrainer
@@ -60,6 +62,49 @@ def test_stop_signal_without_slurm_stops_cleanly_and_resume_finishes_the_same(
     m = manifest(tmp_path / "s")
     assert [a["status"] for a in m["attempts"]] == ["stopped", "finished"]
     assert [l["metrics"]["epoch"] for l in metrics_lines(tmp_path / "s")] == list(range(8))
+
+
+def _descendants(pid: int) -> list[int]:
+    found = []
+    for child in children(pid):
+        found += [child.pid, *_descendants(child.pid)]
+    return found
+
+
+def test_ranks_stop_when_their_driver_is_killed_and_the_rerun_resumes(tmp_path, steady_reference):
+    """SIGKILL of `python train.py` (the out-of-memory killer, `kill -9`): mpiexec and every
+    rank end within 15 s, after committing a checkpoint and releasing the experiment; the
+    same command then resumes, and every epoch runs once. Epochs of 4 s: without the stop,
+    the ranks would train on for 20 s more."""
+    command = [sys.executable, str(STEADY), "--workers", "2", "--storage", str(tmp_path),
+               "--name", "k", "--epoch-seconds"]
+    process = subprocess.Popen([*command, "4"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, start_new_session=True)
+    launched: list[int] = []
+    try:
+        _wait_for_epochs(tmp_path / "k", 2, process)
+        launched = _descendants(process.pid)  # mpiexec, its proxy and the two ranks
+        process.kill()
+        deadline = time.monotonic() + 15
+        try:
+            output, _ = process.communicate(timeout=15)  # closed as the last rank exits
+        except subprocess.TimeoutExpired:
+            output = "(a rank or mpiexec still held the output 15 s after the driver died)"
+        while [p for p in launched if alive(p)] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = [p for p in launched if alive(p)]
+    finally:
+        for pid in launched:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert len(launched) >= 3 and left == [], f"still running: {left}\n{output}"
+    assert "stop requested (SIGTERM)" in output, output
+    m = manifest(tmp_path / "k")
+    assert m["attempts"][-1]["status"] == "stopped" and m["latest"] is not None, output
+    assert not (tmp_path / "k" / LOCK_NAME).exists(), "the ranks kept the experiment locked"
+    out = run([*command, "0"], timeout=120)
+    assert final_params(out.output) == steady_reference
+    assert [line["metrics"]["epoch"] for line in metrics_lines(tmp_path / "k")] == list(range(8))
 
 
 STUCK = """

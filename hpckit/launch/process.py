@@ -3,6 +3,7 @@ resume`` and ``fit()`` from ``python train.py`` all come here."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -11,6 +12,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from hpckit import settings as _settings
@@ -49,6 +51,26 @@ def mpiexec(settings: Settings) -> list[str]:
         raise LaunchError(f"cannot run {found} --version: {exc}") from None
     # Hydra would use the Slurm allocation's nodes; hpckit starts ranks on this node only.
     return [found, "-launcher", "fork"] if "HYDRA" in version else [found]
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def ended_with(parent: int) -> Callable[[], None] | None:
+    """For the launcher's child process (Linux): SIGTERM when ``parent`` dies, however it
+    dies (SIGKILL, the out-of-memory killer). mpiexec passes SIGTERM to the ranks, which take
+    it as a stop request: the next report commits a checkpoint, the run stops and releases
+    the experiment. Without it, ranks whose driver was killed trained on, holding the lock."""
+    if not sys.platform.startswith("linux"):
+        return None
+
+    def arm() -> None:  # runs in the child between fork and exec: no logging, no locks
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # died before the request was made
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
 
 
 def run_script(ranks: int, argv: list[str], policy: RetryPolicy, cwd: str | None = None,
@@ -109,7 +131,8 @@ def run_process(command: list[str], extra_env: dict[str, str], settings: Setting
     with ignored(settings.stop_signal):  # the ranks install their own handler
         process = subprocess.Popen(command, env={**os.environ, **extra_env,
                                                  variable("pid_dir"): pids}, cwd=cwd,
-                                   start_new_session=True)
+                                   start_new_session=True,
+                                   preexec_fn=ended_with(os.getpid()))
     try:
         with Forwarding(process, pids, settings.stop_signal) as forwarding:
             code = _wait(process, pids)
