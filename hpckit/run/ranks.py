@@ -64,7 +64,7 @@ def _run(job: TrainingJob, settings: Settings, group: Any) -> Result:
             if settings.worker and comm.rank == 0:  # for fit() in the process that started us
                 rank_exit.write_error(settings.worker, rank_exit.ErrorReport(
                     RankFailure.capture(0, stopped), training=False))
-            wait_for_all(comm)  # a rank that exits (75) first would have mpiexec end rank 0 mid-write
+            wait_for_all(comm, together=True)  # then each exits 75 at once (uncaught)
             raise
         except AttemptFailed as failure:
             # A single rank that hpckit did not launch restarts itself, and so do a sweep's
