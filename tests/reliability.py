@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pyarrow.fs
 
-from hpckit.experiment import verify as _verify
 from hpckit import Result
+from hpckit.experiment import verify as _verify
 from hpckit.experiment.manifest import MANIFEST_NAME, METRICS_NAME, Manifest, is_checkpoint_dirname
 from hpckit.storage import files as _storage
 from hpckit.storage.location import resolve
@@ -31,7 +31,7 @@ class State:
 
 
 def check_experiment(experiment: Path | str, before: State | None) -> State:
-    """The manifest parses; every checkpoint it names is complete (sizes and sha256); nothing
+    """The manifest parses; every checkpoint it names is complete (sizes and checksums); nothing
     committed before was lost (the latest only moves forward). ``experiment`` is a local
     directory or a URI."""
     location = resolve(str(experiment))

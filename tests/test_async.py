@@ -16,12 +16,12 @@ from hpckit.experiment.manifest import FileRecord
 from hpckit.run.mpi.comm import RankFailure
 from hpckit.run.writing.plan import (
     Announcement,
-    Settled,
     Persisted,
     Plan,
-    settled_everywhere,
+    Settled,
     merge,
     raise_background_failure,
+    settled_everywhere,
     share_hashing,
     unrecorded,
 )

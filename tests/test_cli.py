@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import subprocess
@@ -88,7 +89,7 @@ def test_show_experiment_and_checkpoint(experiment):
     assert by_name.output == by_index.output
     assert by_name.output.splitlines()[-1].split()[:4] == ["w.bin", "200", "B", "0"]
     record = json.loads(invoke("show", "--json", path, "2").output)
-    assert record["files"][0]["size"] == 300 and len(record["files"][0]["sha256"]) == 64
+    assert record["files"][0]["size"] == 300 and record["files"][0]["checksum"].startswith("xxh3-128:")
     missing = CliRunner().invoke(main, ["show", path, "checkpoint_000009"])
     assert missing.exit_code == 2 and "no committed checkpoint 'checkpoint_000009'" in missing.output
 
@@ -105,10 +106,52 @@ def test_verify_catches_a_flipped_byte_a_truncation_and_a_missing_file(experimen
     bad = CliRunner().invoke(main, ["verify", path])
     assert bad.exit_code == 1
     lines = [l for l in bad.output.splitlines() if l.startswith("BAD")]
-    assert lines[0].startswith("BAD checkpoint_000000/w.bin: sha256")
+    assert lines[0].startswith("BAD checkpoint_000000/w.bin: checksum xxh3-128 ")
     assert lines[1] == "BAD checkpoint_000001/w.bin: size 199, manifest says 200"
     assert lines[2] == "BAD checkpoint_000002/w.bin: missing"
     assert CliRunner().invoke(main, ["verify", path, "checkpoint_000000"]).exit_code == 1
+
+
+def as_written_before_checksums(manifest_path: Path) -> None:
+    """Rewrite a manifest as hpckit wrote it before format 3: a bare SHA-256 per file."""
+    body = json.loads(manifest_path.read_text())
+    body["format_version"] = 1
+    for record in body["checkpoints"]:
+        for f in record["files"]:
+            data = (manifest_path.parent / record["directory"] / f["path"]).read_bytes()
+            del f["checksum"]
+            f["sha256"] = hashlib.sha256(data).hexdigest()
+    manifest_path.write_text(json.dumps(body))
+
+
+def test_a_sha256_manifest_still_verifies_resumes_and_keeps_its_checksums(tmp_path):
+    make(str(tmp_path / "s"), tmp_path)
+    exp = tmp_path / "s" / "e"
+    as_written_before_checksums(exp / "manifest.json")
+    ok = invoke("verify", str(exp))
+    assert "ok: 3 file(s) in 3 checkpoint(s) match the manifest (3 by sha256)" in ok.output
+
+    def resumed(config):
+        with hpckit.get_checkpoint().as_directory() as d:
+            assert (Path(d) / "w.bin").read_bytes() == b"x" * 300
+        d = Path(config["tmp"]) / "3"
+        d.mkdir()
+        (d / "w.bin").write_bytes(b"y" * 400)
+        hpckit.report({"loss": 0.1}, checkpoint=Checkpoint.from_directory(d))
+
+    TorchTrainer(resumed, train_loop_config={"tmp": str(tmp_path)},
+                 run_config=RunConfig(name="e", storage_path=str(tmp_path / "s"))).fit()
+    body = json.loads((exp / "manifest.json").read_text())
+    assert body["format_version"] == 3
+    checksums = [r["files"][0]["checksum"] for r in body["checkpoints"]]
+    assert [c.split(":")[0] for c in checksums] == ["sha256"] * 3 + ["xxh3-128"]
+    assert checksums[0] == "sha256:" + hashlib.sha256(b"x" * 100).hexdigest()
+    ok = invoke("verify", str(exp))
+    assert "ok: 4 file(s) in 4 checkpoint(s) match the manifest (3 by sha256, 1 by xxh3-128)" \
+        in ok.output, ok.output
+    (exp / "checkpoint_000001" / "w.bin").write_bytes(b"x" * 199 + b"z")
+    bad = CliRunner().invoke(main, ["verify", str(exp)])
+    assert bad.exit_code == 1 and "BAD checkpoint_000001/w.bin: checksum sha256 " in bad.output
 
 
 def test_metrics_in_every_format(experiment):

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
 
 import pytest
 from conftest import checkpoint_dirs, manifest, metrics_lines, mpiexec
+
+from hpckit.storage.checksum import checksum_of
 
 
 def test_every_rank_shard_is_committed_with_size_rank_and_checksum(tmp_path, world):
@@ -23,7 +24,7 @@ def test_every_rank_shard_is_committed_with_size_rank_and_checksum(tmp_path, wor
             f = files[f"model-rank={r}.pt"]
             data = (exp / record["directory"] / f["path"]).read_bytes()
             assert f["rank"] == r and f["size"] == 3000 == len(data)
-            assert f["sha256"] == hashlib.sha256(data).hexdigest()
+            assert f["checksum"] == checksum_of(data) and f["checksum"].startswith("xxh3-128:")
             assert data == bytes([r]) * 3000
     assert [line["step"] for line in metrics_lines(exp)] == [0, 1]
     assert run.result["checkpoint"] == str(exp / "checkpoint_000001")

@@ -46,12 +46,12 @@ def test_resume_skips_a_damaged_checkpoint_loudly_and_ends_like_an_uninterrupted
         f.truncate(100)
 
     check = run([HPCKIT, "verify", str(exp)], timeout=60, expect=1)
-    assert re.search(r"checkpoint_000003/state-rank1.npy: sha256", check.output), check.output
+    assert re.search(r"checkpoint_000003/state-rank1.npy: checksum xxh3-128", check.output), check.output
     assert re.search(r"checkpoint_000002/momentum-rank2.npy: size 100", check.output), check.output
 
     out = sharded(tmp_path, 6)
     text = re.sub(r"\[\d+\] ", "", out.output)
-    assert re.search(r"checkpoint_000003 is DAMAGED .*state-rank1.npy: sha256", text), text
+    assert re.search(r"checkpoint_000003 is DAMAGED .*state-rank1.npy: checksum xxh3-128", text), text
     assert re.search(r"checkpoint_000002 is DAMAGED .*momentum-rank2.npy: size 100", text), text
     assert re.search(r"resuming experiment \S+ from checkpoint_000001", text), text
     assert final(out) == reference
@@ -105,7 +105,7 @@ def test_load_state_checks_the_manifest_and_loads_weights_only(tmp_path):
     checkpoint = committed(tmp_path, {"w": torch.arange(1000.0)})
     assert torch.equal(load_state(checkpoint)["w"], torch.arange(1000.0))
     flip_byte(tmp_path / "load" / "checkpoint_000000" / "state.pt")
-    with pytest.raises(CheckpointError, match=r"state.pt is damaged: sha256 .* older checkpoint"):
+    with pytest.raises(CheckpointError, match=r"state.pt is damaged: checksum xxh3-128 .* older checkpoint"):
         load_state(checkpoint)
     with pytest.raises(CheckpointError, match="has no file 'model.pt'; it holds state.pt"):
         load_state(checkpoint, "model.pt")

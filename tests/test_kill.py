@@ -1,7 +1,7 @@
 """SIGKILL at every phase of the commit protocol, and at random times, many times over.
 
 After every trial: the manifest parses, every checkpoint it names is complete (sizes and
-sha256), nothing committed earlier is lost, and the next run resumes from the newest complete
+checksums), nothing committed earlier is lost, and the next run resumes from the newest complete
 checkpoint after removing the leftovers. Each chain of trials then finishes with exactly the
 result of an uninterrupted run. The figures go to the session summary (docs/reliability.md).
 """

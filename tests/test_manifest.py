@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -13,7 +14,7 @@ from hpckit.experiment.manifest import CheckpointRecord, FileRecord, Manifest, i
 
 def sample() -> Manifest:
     rec = CheckpointRecord(3, "checkpoint_000003", 7, 1.5, {"loss": 0.25},
-                           (FileRecord("model-rank=1.pt", 10, 1, "ab" * 32),))
+                           (FileRecord("model-rank=1.pt", 10, 1, "sha256:" + "ab" * 32),))
     return Manifest("exp", 4, {"argv": ["train.py"]}, {"a": 1}, {"num_to_keep": 2}, 1.0,
                     (rec,), 4, 8, (Attempt(0, AttemptStatus.FINISHED, 1.0, 4, "mpiexec"),))
 
@@ -23,8 +24,10 @@ def test_round_trip_is_exact():
     text = m.to_json()
     assert Manifest.from_json(text, "x") == m
     body = json.loads(text)
-    assert body["format"] == "hpckit.manifest" and body["format_version"] == 1
+    assert body["format"] == "hpckit.manifest" and body["format_version"] == 3
     assert body["latest"] == "checkpoint_000003"
+    assert json.loads(replace(m, checkpoints=()).to_json())["format_version"] == 1, \
+        "a manifest without checkpoints is one every hpckit reads"
 
 
 @pytest.mark.parametrize("edit,fragment", [
@@ -37,6 +40,9 @@ def test_round_trip_is_exact():
     (lambda b: b["checkpoints"][0]["files"][0].update(size=None), "files[0].size: expected int"),
     (lambda b: b["checkpoints"].append(dict(b["checkpoints"][0])), "lists an index twice"),
     (lambda b: b.update(format="other"), "is not an hpckit manifest"),
+    (lambda b: b["checkpoints"][0]["files"][0].update(checksum="md5:00"), "a newer hpckit"),
+    (lambda b: b["checkpoints"][0]["files"][0].update(checksum="sha256:zz"), "not a sha256 digest"),
+    (lambda b: b["checkpoints"][0]["files"][0].pop("checksum"), "files[0].checksum: missing"),
 ])
 def test_invalid_fields_are_named(edit, fragment):
     body = json.loads(sample().to_json())

@@ -36,6 +36,7 @@ from hpckit.run.levels.levels import Levels
 from hpckit.run.mpi import transfer
 from hpckit.run.mpi.transfer import Receive, Send, exchange
 from hpckit.run.writing.plan import Plan
+from hpckit.storage.checksum import checksum_of
 from hpckit.storage.location import local
 
 SHARDED = Path(__file__).parent / "ranks" / "sharded.py"
@@ -274,15 +275,15 @@ def test_partners_form_a_ring_of_nodes_rank_by_rank():
 
 
 def test_a_manifest_with_cached_checkpoints_round_trips_and_says_its_version():
-    record = CheckpointRecord(0, "checkpoint_000000", 0, 1.0, {}, (FileRecord("a", 1, 0, "x"),),
-                              CACHE, ("n1",))
+    record = CheckpointRecord(0, "checkpoint_000000", 0, 1.0, {},
+                              (FileRecord("a", 1, 0, checksum_of(b"a")),), CACHE, ("n1",))
     cached = Manifest("e", 1, {}, {}, {}, 1.0).with_checkpoint(record)
     body = json.loads(cached.to_json())
-    assert body["format_version"] == 2 and body["checkpoints"][0]["level"] == CACHE
+    assert body["format_version"] == 3 and body["checkpoints"][0]["level"] == CACHE
     assert Manifest.from_json(cached.to_json(), "here") == cached
     stored = cached.persisted("checkpoint_000000")
     assert stored.checkpoints[0].on_storage and stored.checkpoints[0].hosts == ()
-    assert json.loads(stored.to_json())["format_version"] == 1, "older hpckit reads it"
+    assert Manifest.from_json(stored.to_json(), "here") == stored
 
 
 def test_files_sent_to_a_rank_arrive_whole_in_chunks_and_errors_come_back(tmp_path, monkeypatch):

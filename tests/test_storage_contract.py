@@ -5,15 +5,16 @@ hold experiments."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 
 import pyarrow.fs
 import pytest
+import xxhash
 
 from hpckit.errors import StorageError
 from hpckit.storage import copy as _copy
 from hpckit.storage import files as _storage
+from hpckit.storage.checksum import checksum_of
 from hpckit.storage.location import resolve
 
 
@@ -46,7 +47,8 @@ def test_persist_hashes_what_it_stores_and_lists_and_downloads(root, tmp_path):
     data = os.urandom(3 << 20)
     source.write_bytes(data)
     size, digest = _copy.persist_file(str(source), root.join("checkpoint_000000/sub/shard.pt"))
-    assert (size, digest) == (len(data), hashlib.sha256(data).hexdigest())
+    assert (size, digest) == (len(data), checksum_of(data))
+    assert digest == "xxh3-128:" + xxhash.xxh3_128(data).hexdigest()
     assert _storage.list_files(root.join("checkpoint_000000")) == [("sub/shard.pt", len(data))]
     _copy.download_dir(root.join("checkpoint_000000"), str(tmp_path / "down"))
     assert (tmp_path / "down" / "sub" / "shard.pt").read_bytes() == data

@@ -6,6 +6,7 @@ import csv
 import dataclasses
 import json
 import sys
+from collections import Counter
 
 import click
 
@@ -17,6 +18,7 @@ from hpckit.experiment import verify as _verify
 from hpckit.experiment.attempts import config_changes, effective_configs
 from hpckit.experiment.manifest import Manifest
 from hpckit.experiment.reading import read_manifest, read_metrics
+from hpckit.storage.checksum import algorithm_of
 from hpckit.storage.location import Location, resolve
 from hpckit.sweep.record import SweepManifest, SweepRecord
 
@@ -41,8 +43,8 @@ def show(experiment: str, checkpoint: str | None, as_json: bool) -> None:
         click.echo(f"{location.join(record.directory).display}  step {record.step}  "
                    f"{moment(record.reported_at)}  {size(record.size)}  metrics "
                    + ", ".join(f"{k}={number(v)}" for k, v in record.metrics.items()))
-        echo_table(["  FILE", "SIZE", "RANK", "SHA256"],
-                   [["  " + f.path, size(f.size), str(f.rank), f.sha256] for f in record.files],
+        echo_table(["  FILE", "SIZE", "RANK", "CHECKSUM"],
+                   [["  " + f.path, size(f.size), str(f.rank), f.checksum] for f in record.files],
                    [False, True, True, False])
         return
     body = json.loads(manifest.to_json())
@@ -77,7 +79,8 @@ def _show_experiment(location: Location, manifest: Manifest, latest: str | None)
 @click.argument("checkpoint", required=False)
 def verify(experiment: str, checkpoint: str | None) -> None:
     """Re-read every file of EXPERIMENT's kept checkpoints (or one CHECKPOINT) and check its
-    size and sha256 against the manifest; exit 1 listing what differs or is missing.
+    size and checksum against the manifest (each with the algorithm it records); exit 1
+    listing what differs or is missing.
 
     Example: hpckit verify /lustre/me/runs/resnet
     """
@@ -96,7 +99,9 @@ def verify(experiment: str, checkpoint: str | None) -> None:
         click.echo(f"{len(problems)} of {files} file(s) in {len(records)} checkpoint(s) do not "
                    "match the manifest", err=True)
         sys.exit(1)
-    click.echo(f"ok: {files} file(s) in {len(records)} checkpoint(s) match the manifest")
+    used = Counter(algorithm_of(f.checksum) for r in records for f in r.files)
+    click.echo(f"ok: {files} file(s) in {len(records)} checkpoint(s) match the manifest"
+               + (f" ({', '.join(f'{n} by {a}' for a, n in sorted(used.items()))})" if used else ""))
 
 
 @main.command()

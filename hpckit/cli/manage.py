@@ -46,7 +46,7 @@ def gc(experiment: str, keep: int | None, dry_run: bool, force: bool) -> None:
 @click.option("--index", type=int, default=None, help="The checkpoint with this index.")
 def export(experiment: str, dest: str, which: str, index: int | None) -> None:
     """Copy one checkpoint of EXPERIMENT to DEST (a local directory or a storage URI),
-    verifying every file's size and sha256 as it goes.
+    verifying every file's size and checksum as it goes.
 
     Example: hpckit export /lustre/me/runs/resnet --best ./resnet-best
     """

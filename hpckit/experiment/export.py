@@ -5,6 +5,7 @@ from __future__ import annotations
 from hpckit.errors import CheckpointError
 from hpckit.experiment.manifest import CheckpointRecord
 from hpckit.storage import files
+from hpckit.storage.checksum import algorithm_of, short
 from hpckit.storage.copy import copy_file, progress
 from hpckit.storage.location import Location
 
@@ -15,11 +16,12 @@ def export(source: Location, record: CheckpointRecord, target: Location) -> int:
     with progress(record.size, f"exporting {record.directory}") as bar:
         for f in record.files:
             destination = target.join(f.path)
-            size, digest = copy_file(source.join(f.path), destination, bar.update)
-            if (size, digest) != (f.size, f.sha256):
+            size, digest = copy_file(source.join(f.path), destination, bar.update,
+                                     algorithm_of(f.checksum))
+            if (size, digest) != (f.size, f.checksum):
                 files.delete_file(destination)
                 raise CheckpointError(
                     f"{source.join(f.path).display} does not match the manifest (size {size} vs "
-                    f"{f.size}, sha256 {digest[:12]}... vs {f.sha256[:12]}...); the export stopped. "
+                    f"{f.size}, checksum {short(digest)} vs {short(f.checksum)}); the export stopped. "
                     "Run hpckit verify on the experiment, and export another checkpoint.")
     return record.size

@@ -15,9 +15,13 @@ from typing import Any
 
 from hpckit.errors import ManifestError
 from hpckit.experiment.attempts import Attempt, AttemptStatus
+from hpckit.storage.checksum import SHA256
+from hpckit.storage.checksum import problem as checksum_problem
 
 FORMAT = "hpckit.manifest"
-FORMAT_VERSION = 2  # 2 adds cached checkpoints; written as 1 while there are none
+# 2 adds cached checkpoints; 3 records each file's checksum with its algorithm ("checksum")
+# where 1 and 2 had a bare SHA-256 ("sha256"). Written as 1 while there are no checkpoints.
+FORMAT_VERSION = 3
 MANIFEST_NAME = "manifest.json"
 STAGING_NAME = ".staging"  # asynchronous checkpoints' files, waiting for the background
 METRICS_NAME = "metrics.jsonl"
@@ -69,7 +73,7 @@ class FileRecord:
     path: str
     size: int
     rank: int
-    sha256: str
+    checksum: str  # "<algorithm>:<hex>" (hpckit.storage.checksum)
 
 
 @dataclass(frozen=True)
@@ -154,8 +158,7 @@ class Manifest:
         return self.attempts[-1] if self.attempts else None
 
     def to_json(self) -> str:
-        cached = any(not c.on_storage for c in self.checkpoints)
-        body = {"format": FORMAT, "format_version": FORMAT_VERSION if cached else 1,
+        body = {"format": FORMAT, "format_version": FORMAT_VERSION if self.checkpoints else 1,
                 **{k: v for k, v in asdict(self).items() if k != "attempts"},
                 "attempts": [a.to_json() for a in self.attempts]}
         latest = self.latest
@@ -220,8 +223,7 @@ def _parse_checkpoint(raw: Any, check: _Checker, name: str) -> CheckpointRecord:
         if not is_safe_relpath(path):
             check.fail(f"{where}.path", f"{path!r} leaves the checkpoint directory")
         files.append(FileRecord(path, check.field(f, "size", int, where),
-                                check.field(f, "rank", int, where),
-                                check.field(f, "sha256", str, where)))
+                                check.field(f, "rank", int, where), _checksum(f, check, where)))
     level = raw.get("level", STORAGE)
     if level not in (STORAGE, CACHE):
         check.fail(f"{name}.level", f"{level!r} is neither {STORAGE!r} nor {CACHE!r}")
@@ -233,6 +235,15 @@ def _parse_checkpoint(raw: Any, check: _Checker, name: str) -> CheckpointRecord:
         reported_at=check.field(raw, "reported_at", (int, float), name),
         metrics=check.field(raw, "metrics", dict, name), files=tuple(files), level=level,
         hosts=tuple(hosts))
+
+
+def _checksum(raw: dict[str, Any], check: _Checker, where: str) -> str:
+    if "checksum" not in raw and "sha256" in raw:  # format versions 1 and 2
+        return f"{SHA256}:{check.field(raw, 'sha256', str, where)}"
+    value: str = check.field(raw, "checksum", str, where)
+    if (why := checksum_problem(value)) is not None:
+        check.fail(f"{where}.checksum", why)
+    return value
 
 
 _Kind = type | tuple[type, ...]

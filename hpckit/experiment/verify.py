@@ -12,7 +12,8 @@ from hpckit.errors import CheckpointError, StorageError
 from hpckit.experiment.manifest import CheckpointRecord, FileRecord, Manifest
 from hpckit.logs import log
 from hpckit.storage import files
-from hpckit.storage.copy import sha256_stored
+from hpckit.storage.checksum import algorithm_of, short
+from hpckit.storage.copy import checksum_stored
 from hpckit.storage.location import Location
 
 PARALLEL_READS = 8
@@ -30,7 +31,7 @@ class Problem:
 
 
 def verify(experiment: Location, record: CheckpointRecord) -> list[Problem]:
-    """Every file of ``record`` that is missing, of the wrong size, or has the wrong sha256.
+    """Every file of ``record`` that is missing, of the wrong size, or has the wrong checksum.
     Files are read back in parallel, as large checkpoints have many shards."""
     with ThreadPoolExecutor(max(1, min(PARALLEL_READS, len(record.files)))) as pool:
         found = pool.map(lambda f: _check(experiment.join(record.directory, f.path), record, f,
@@ -46,14 +47,14 @@ def _check(location: Location, record: CheckpointRecord, f: FileRecord,
     if files.file_type(location) != pyarrow.fs.FileType.File:
         return Problem(record.directory, f.path, "missing")
     try:
-        size, digest = sha256_stored(location)
+        size, digest = checksum_stored(location, algorithm_of(f.checksum))
     except StorageError as exc:
         return Problem(record.directory, f.path, f"unreadable ({exc})", unreadable=True)
     if size != f.size:
         return Problem(record.directory, f.path, f"size {size}, manifest says {f.size}")
-    if digest != f.sha256:
+    if digest != f.checksum:
         return Problem(record.directory, f.path,
-                       f"sha256 {digest[:12]}..., manifest says {f.sha256[:12]}...")
+                       f"checksum {short(digest)}, manifest says {short(f.checksum)}")
     return None
 
 

@@ -1,5 +1,5 @@
-"""One hashed copy of a file between any two locations: persist, upload, download, export,
-mirror and artifacts all go through :func:`copy_file`.
+"""One checksummed copy of a file between any two locations: persist, upload, download,
+export, mirror and artifacts all go through :func:`copy_file` (checksums: ``checksum.py``).
 
 Local to local, the kernel copies (``copy_file_range``) while another thread hashes the
 source through mmap: the bytes never pass through Python. Any other pair streams in chunks,
@@ -10,7 +10,6 @@ that memory stays bounded (pyarrow's S3 stream otherwise queues every part of a 
 from __future__ import annotations
 
 import errno
-import hashlib
 import mmap
 import os
 import posixpath
@@ -22,6 +21,7 @@ from typing import Any
 
 import click
 
+from hpckit.storage.checksum import ALGORITHM, Checksum
 from hpckit.storage.files import errors_named, fsync_dir, list_files
 from hpckit.storage.location import Location, local
 
@@ -42,9 +42,10 @@ def progress(total: int, label: str) -> Any:
     return click.progressbar(length=total, label=label, file=sys.stderr, hidden=not show)
 
 
-def copy_file(source: Location, target: Location, advance: Advance | None = None) -> tuple[int, str]:
+def copy_file(source: Location, target: Location, advance: Advance | None = None,
+              algorithm: str = ALGORITHM) -> tuple[int, str]:
     """Copy one file, creating the target's directory, durably where the target is local.
-    Returns (size, sha256 hex) of what was copied. Errors name the source when it cannot be
+    Returns (size, checksum) of what was copied. Errors name the source when it cannot be
     opened, and the target for everything after (a full disk, a refused upload)."""
     with errors_named(source, "read"):
         src = (open(source.path, "rb") if source.is_local
@@ -56,43 +57,45 @@ def copy_file(source: Location, target: Location, advance: Advance | None = None
         elif target.filesystem.type_name != "s3":  # S3 has no directories: a marker is a request
             target.filesystem.create_dir(parent, recursive=True)
         if source.is_local and target.is_local:
-            size, digest = _copy_local(src, target.path)
+            size, digest = _copy_local(src, target.path, algorithm)
             if advance is not None:
                 advance(size)
             return size, digest
-        return _copy_streams(src, target, advance)
+        return _copy_streams(src, target, advance, algorithm)
 
 
-def persist_file(source: str, target: Location) -> tuple[int, str]:
-    """Copy the local file ``source`` to ``target`` durably: (size, sha256 hex)."""
-    return copy_file(local(source), target)
+def persist_file(source: str, target: Location, algorithm: str = ALGORITHM) -> tuple[int, str]:
+    """Copy the local file ``source`` to ``target`` durably: (size, checksum)."""
+    return copy_file(local(source), target, algorithm=algorithm)
 
 
-def _copy_local(src: Any, target: str) -> tuple[int, str]:
+def _copy_local(src: Any, target: str, algorithm: str) -> tuple[int, str]:
     with open(target, "wb") as dst, ThreadPoolExecutor(1) as pool:
         size = os.fstat(src.fileno()).st_size
-        hashed = pool.submit(_sha256_mapped, src.fileno(), size)
+        hashed = pool.submit(_checksum_mapped, src.fileno(), size, algorithm)
         _copy_range(src.fileno(), dst.fileno(), size)
         os.fsync(dst.fileno())
         return size, hashed.result()
 
 
-def _copy_streams(src: Any, target: Location, advance: Advance | None) -> tuple[int, str]:
+def _copy_streams(src: Any, target: Location, advance: Advance | None,
+                  algorithm: str) -> tuple[int, str]:
     if target.is_local:
         with open(target.path, "wb") as dst:
-            result = _pipe_hashed(src, dst, advance)
+            result = _pipe_hashed(src, dst, algorithm, advance)
             dst.flush()
             os.fsync(dst.fileno())
             return result
     with target.filesystem.open_output_stream(target.path) as out:
-        return _pipe_hashed(src, out, advance, window=UPLOAD_WINDOW)
+        return _pipe_hashed(src, out, algorithm, advance, window=UPLOAD_WINDOW)
 
 
-def _sha256_mapped(fd: int, size: int) -> str:
-    if size == 0:
-        return hashlib.sha256().hexdigest()
-    with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mapped:
-        return hashlib.sha256(mapped).hexdigest()
+def _checksum_mapped(fd: int, size: int, algorithm: str) -> str:
+    running = Checksum(algorithm)
+    if size:
+        with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mapped:
+            running.update(mapped)
+    return running.value
 
 
 def _copy_range(src: int, dst: int, size: int) -> None:
@@ -115,11 +118,11 @@ def _copy_range(src: int, dst: int, size: int) -> None:
         raise OSError(errno.EIO, f"copied {copied} of {size} bytes: the source changed while copying")
 
 
-def _pipe_hashed(src: Any, dst: Any | None, advance: Advance | None = None,
+def _pipe_hashed(src: Any, dst: Any | None, algorithm: str, advance: Advance | None = None,
                  window: int | None = None) -> tuple[int, str]:
     """Copy a stream to another (or nowhere), hashing each chunk while it is written:
-    hashlib releases the GIL, so the hash overlaps the write."""
-    digest = hashlib.sha256()
+    the hash releases the GIL, so it overlaps the write."""
+    digest = Checksum(algorithm)
     size = unflushed = 0
     with ThreadPoolExecutor(1) as hasher:
         while chunk := src.read(CHUNK):
@@ -134,28 +137,28 @@ def _pipe_hashed(src: Any, dst: Any | None, advance: Advance | None = None,
             hashed.result()
             if advance is not None:
                 advance(len(chunk))
-    return size, digest.hexdigest()
+    return size, digest.value
 
 
-def sha256_stored(location: Location) -> tuple[int, str]:
-    """Size and sha256 of a stored file, read back from storage."""
+def checksum_stored(location: Location, algorithm: str = ALGORITHM) -> tuple[int, str]:
+    """Size and checksum of a stored file, read back from storage."""
     with errors_named(location, "read"):
         if location.is_local:
-            return sha256_file(location.path)
+            return checksum_file(location.path, algorithm=algorithm)
         with location.filesystem.open_input_stream(location.path) as stream:
-            return _pipe_hashed(stream, None)
+            return _pipe_hashed(stream, None, algorithm)
 
 
-def sha256_file(path: str, sync: bool = False) -> tuple[int, str]:
-    """Size and sha256 of a local file; with ``sync`` its data is made durable too (for a
+def checksum_file(path: str, sync: bool = False, algorithm: str = ALGORITHM) -> tuple[int, str]:
+    """Size and checksum of a local file; with ``sync`` its data is made durable too (for a
     file that is already where it is committed: written in place, or moved there)."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if not sync:
-            return size, _sha256_mapped(f.fileno(), size)
+            return size, _checksum_mapped(f.fileno(), size, algorithm)
         with ThreadPoolExecutor(1) as pool:  # the disk writes while the CPU hashes
             synced = pool.submit(os.fsync, f.fileno())
-            digest = _sha256_mapped(f.fileno(), size)
+            digest = _checksum_mapped(f.fileno(), size, algorithm)
             synced.result()
         return size, digest
 

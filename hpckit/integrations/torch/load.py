@@ -12,7 +12,8 @@ from hpckit.experiment.manifest import FileRecord, is_safe_relpath
 from hpckit.experiment.reading import read_manifest
 from hpckit.integrations.torch.distributed import device
 from hpckit.logs import log
-from hpckit.storage.copy import sha256_file
+from hpckit.storage.checksum import algorithm_of, short
+from hpckit.storage.copy import checksum_file
 
 
 def load_state(checkpoint: Checkpoint, filename: str = "state.pt", *, map_location: Any = None,
@@ -73,10 +74,10 @@ def _expected(checkpoint: Checkpoint, filename: str) -> FileRecord | None:
 
 
 def _check(checkpoint: Checkpoint, path: str, expected: FileRecord) -> None:
-    size, digest = sha256_file(path)
-    if size != expected.size or digest != expected.sha256:
-        found = f"size {size}" if size != expected.size else f"sha256 {digest[:12]}..."
+    size, digest = checksum_file(path, algorithm=algorithm_of(expected.checksum))
+    if size != expected.size or digest != expected.checksum:
+        found = f"size {size}" if size != expected.size else f"checksum {short(digest)}"
         raise CheckpointError(
             f"{checkpoint.uri}/{expected.path} is damaged: {found}, but the manifest recorded size "
-            f"{expected.size} and sha256 {expected.sha256[:12]}.... Load an older checkpoint "
+            f"{expected.size} and checksum {short(expected.checksum)}. Load an older checkpoint "
             f"(hpckit ls shows them; hpckit verify checks them all).")

@@ -36,7 +36,7 @@ from hpckit.run.writing.plan import (
     settled_everywhere,
     unrecorded,
 )
-from hpckit.storage.copy import sha256_file
+from hpckit.storage.copy import checksum_file
 from hpckit.storage.location import Location
 
 
@@ -179,5 +179,5 @@ class Ledger:
 
 def _hash_late(target: Location, name: str) -> FileRecord:
     log.debug("hashing %s on rank 0: no rank's listing of %s held it", name, target.name)
-    size, digest = sha256_file(os.path.join(target.path, name), sync=True)
+    size, digest = checksum_file(os.path.join(target.path, name), sync=True)
     return FileRecord(name, size, 0, digest)

@@ -23,6 +23,7 @@ from hpckit.run.mpi.transfer import Receive, Received, Send, exchange
 from hpckit.run.writing.inflight import InFlight
 from hpckit.run.writing.plan import Persisted, Plan, in_background
 from hpckit.run.writing.shares import write_share
+from hpckit.storage.checksum import algorithm_of
 from hpckit.storage.copy import fsync_tree, persist_file
 from hpckit.storage.location import Location
 
@@ -89,7 +90,7 @@ class Levels:
             if mine is None:
                 raise CheckpointError(f"rank {rank} on {self.host}: caching {directory}: "
                                       f"{failure.error if failure else 'failed'}")
-            return replace(mine, copies=tuple((r.name, r.sha256) for r in copies))
+            return replace(mine, copies=tuple((r.name, r.checksum) for r in copies))
 
         in_flight.start(directory, target, copy if self._copies is not None else _done(copy))
         return None, mine is not None
@@ -141,21 +142,21 @@ class Levels:
                 f"of this job's nodes holds {missing[0]}; it cannot go to storage_path. The "
                 "checkpoints on storage_path are intact; rerun on the nodes that cached it.")
         target = self.location.join(record.directory)
-        mine = [f.path for f in record.files if where[f.path][0] == self.comm.rank]
+        mine = [f for f in record.files if where[f.path][0] == self.comm.rank]
 
         def copy() -> dict[str, str]:
             digests = {}
-            for name in mine:
-                digests[name] = persist_file(self.cache.held(record.directory, name),
-                                             target.join(name))[1]
+            for f in mine:
+                digests[f.path] = persist_file(self.cache.held(record.directory, f.path),
+                                               target.join(f.path), algorithm_of(f.checksum))[1]
                 faults.reached("draining", self.comm.rank)
             if target.is_local and mine:
-                fsync_tree(target.path, mine)
+                fsync_tree(target.path, [f.path for f in mine])
             return digests
 
         def commit(per_rank: list[dict[str, str]]) -> None:
             copied = {name: digest for d in per_rank for name, digest in d.items()}
-            bad = [f.path for f in record.files if copied.get(f.path) != f.sha256]
+            bad = [f.path for f in record.files if copied.get(f.path) != f.checksum]
             if bad:
                 rank, level = where[bad[0]]
                 raise CheckpointError(

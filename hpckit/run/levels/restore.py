@@ -23,7 +23,8 @@ from hpckit.run.levels.cache import OWN, RESTORE, NodeCache, Nodes
 from hpckit.run.levels.levels import Levels, locate
 from hpckit.run.mpi.comm import all_reduce, everywhere, on_root
 from hpckit.run.mpi.transfer import Receive, Send, exchange
-from hpckit.storage.copy import sha256_file
+from hpckit.storage.checksum import algorithm_of
+from hpckit.storage.copy import checksum_file
 from hpckit.storage.location import Location
 
 
@@ -106,7 +107,8 @@ def _assemble(comm: Any, cache: NodeCache, nodes: Nodes, record: CheckpointRecor
     sends = [Send(other, _path(cache, directory, name), name)
              for name, (server, _) in where.items() if server == rank
              for other in leaders if name not in holdings[other]]
-    receives = [Receive(where[f.path][0], f.path, cache.path(RESTORE, directory, f.path))
+    receives = [Receive(where[f.path][0], f.path, cache.path(RESTORE, directory, f.path),
+                        algorithm_of(f.checksum))
                 for f in record.files if leader and f.path not in holdings[rank]]
 
     def assemble() -> Counter[str]:
@@ -115,12 +117,12 @@ def _assemble(comm: Any, cache: NodeCache, nodes: Nodes, record: CheckpointRecor
         for f in record.files if leader else ():
             if f.path in received:
                 got = received[f.path]
-                digest = got.sha256 if got.error is None else f"({got.error})"
+                digest = got.checksum if got.error is None else f"({got.error})"
                 counts["sent"] += 1
             else:
-                digest = _link(cache, directory, f.path)
+                digest = _link(cache, directory, f.path, algorithm_of(f.checksum))
                 counts[holdings[rank][f.path]] += 1
-            if digest != f.sha256:
+            if digest != f.checksum:
                 raise CheckpointError(f"rank {rank} on {nodes.hosts[rank]}: {directory}/{f.path} "
                                       f"does not match its checksum in the manifest ({digest})")
         _relink_own(cache, record, nodes.hosts[rank]) if leader else None
@@ -134,7 +136,7 @@ def _path(cache: NodeCache, directory: str, name: str) -> str:
     return cache.held(directory, name)
 
 
-def _link(cache: NodeCache, directory: str, name: str) -> str:
+def _link(cache: NodeCache, directory: str, name: str, algorithm: str) -> str:
     """Hard-link (or copy) this node's copy into ``restore/``; its checksum."""
     source, target = _path(cache, directory, name), cache.path(RESTORE, directory, name)
     if not (os.path.isfile(target) and os.path.samefile(source, target)):
@@ -145,7 +147,7 @@ def _link(cache: NodeCache, directory: str, name: str) -> str:
             os.link(source, target)
         except OSError:
             shutil.copyfile(source, target)
-    return sha256_file(target)[1]
+    return checksum_file(target, algorithm=algorithm)[1]
 
 
 def _relink_own(cache: NodeCache, record: CheckpointRecord, host: str) -> None:

@@ -11,7 +11,6 @@ that send to each other in a ring never wait on each other, and memory stays at 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 from collections import deque
@@ -21,6 +20,7 @@ from typing import Any
 
 from hpckit.errors import CheckpointError
 from hpckit.run.mpi.waiting import poll
+from hpckit.storage.checksum import ALGORITHM, Checksum
 
 TRANSFER_TAG = 0x4852
 CHUNK = 16 << 20
@@ -38,13 +38,14 @@ class Receive:
     source: int
     name: str
     path: str  # where it is written
+    algorithm: str = ALGORITHM  # of the checksum it is compared with
 
 
 @dataclass(frozen=True)
 class Received:
     name: str
     size: int
-    sha256: str
+    checksum: str
     error: str | None = None
 
 
@@ -127,24 +128,25 @@ class _Writer:
             self.errors.setdefault(receive.path, error)
         elif receive.path not in self.errors:
             try:
-                self._write(receive.path, chunk or b"")
+                self._write(receive, chunk or b"")
             except OSError as exc:
                 self.errors[receive.path] = f"could not write {receive.path}: {exc}"
         if not last:
             return None
         return self._close(receive)
 
-    def _write(self, path: str, chunk: bytes) -> None:
+    def _write(self, receive: Receive, chunk: bytes) -> None:
+        path = receive.path
         if path not in self.open:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            self.open[path] = (open(path, "wb"), hashlib.sha256(), 0)
+            self.open[path] = (open(path, "wb"), Checksum(receive.algorithm), 0)
         handle, digest, size = self.open[path]
         handle.write(chunk)
         digest.update(chunk)
         self.open[path] = (handle, digest, size + len(chunk))
 
     def _close(self, receive: Receive) -> Received:
-        handle, digest, size = self.open.pop(receive.path, (None, hashlib.sha256(), 0))
+        handle, digest, size = self.open.pop(receive.path, (None, Checksum(receive.algorithm), 0))
         if handle is not None:
             try:
                 handle.flush()
@@ -153,4 +155,4 @@ class _Writer:
                 self.errors.setdefault(receive.path, f"could not sync {receive.path}: {exc}")
             finally:
                 handle.close()
-        return Received(receive.name, size, digest.hexdigest(), self.errors.pop(receive.path, None))
+        return Received(receive.name, size, digest.value, self.errors.pop(receive.path, None))

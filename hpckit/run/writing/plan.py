@@ -17,6 +17,7 @@ from hpckit.experiment.manifest import (
     is_safe_relpath,
 )
 from hpckit.run.mpi.comm import RankFailure, raise_failures
+from hpckit.storage.checksum import short
 
 # REPORT: a report() call; RETURNED: the training function returned; DRAIN: every rank waited for
 # its background checkpoints (the in-flight limit was reached, or a stop was agreed).
@@ -27,7 +28,7 @@ REPORT, RETURNED, DRAIN = "report", "returned", "drain"
 class Persisted:
     """What one rank persisted of one checkpoint: its file records; for a checkpoint
     written in place, the names it found in the directory; for a cached one, the partner
-    copies this rank received, as (name, sha256) pairs."""
+    copies this rank received, as (name, checksum) pairs."""
 
     records: list[FileRecord]
     listed: tuple[str, ...] = ()
@@ -244,19 +245,19 @@ def merge(plan: Plan, per_rank: list[Persisted]) -> list[FileRecord]:
             kept.setdefault(r.path, r)
     for r in records:
         first = kept[r.path]
-        if r.sha256 != first.sha256:
+        if r.checksum != first.checksum:
             raise CheckpointError(collision(
                 r.path, [first.rank, r.rank],
-                f"(sha256 {first.sha256[:12]}... vs {r.sha256[:12]}...)"))
+                f"({short(first.checksum)} vs {short(r.checksum)})"))
     return sorted(kept.values(), key=lambda r: r.path)
 
 
 def check_copies(plan: Plan, per_rank: list[Persisted]) -> None:
     """Every partner copy a rank received hashes as its writer hashed it."""
-    written = {r.path: r.sha256 for r in merge(plan, per_rank)}
+    written = {r.path: r.checksum for r in merge(plan, per_rank)}
     for rank, persisted in enumerate(per_rank):
-        for name, sha256 in persisted.copies:
-            if written.get(name) != sha256:
+        for name, checksum in persisted.copies:
+            if written.get(name) != checksum:
                 raise CheckpointError(f"rank {rank}: the partner copy of {plan.directory}/"
                                       f"{name} differs from what its writer hashed (a damaged "
                                       "transfer or local disk); the checkpoint is not committed")

@@ -14,7 +14,7 @@ from hpckit.checkpoint import Checkpoint
 from hpckit.errors import CheckpointError, ProtocolError
 from hpckit.experiment.manifest import FileRecord, is_safe_relpath
 from hpckit.run.writing.plan import Persisted, Plan, share_hashing
-from hpckit.storage.copy import fsync_tree, persist_file, progress, sha256_file
+from hpckit.storage.copy import checksum_file, fsync_tree, persist_file, progress
 from hpckit.storage.location import Location
 
 PARALLEL_FILES = 8
@@ -67,7 +67,7 @@ def write_share(plan: Plan, target: Location, source: str | None, rank: int, *, 
     def one(rel: str) -> FileRecord:
         src = os.path.join(source, rel)
         if rel not in writes:
-            size, digest = sha256_file(src)
+            size, digest = checksum_file(src)
             return FileRecord(rel, size, rank, digest)
         if move:
             size, digest = _move(src, target.join(rel).path)
@@ -94,7 +94,7 @@ def sync_in_place(directory: str, target: Location, rank: int, ranks: int,
 
     def one(rel: str) -> FileRecord:
         if shared:
-            size, digest = sha256_file(os.path.join(directory, rel), sync=True)
+            size, digest = checksum_file(os.path.join(directory, rel), sync=True)
         else:
             size, digest = persist_file(os.path.join(directory, rel), target.join(rel))
         faults.reached(phase, rank)
@@ -110,7 +110,7 @@ def sync_in_place(directory: str, target: Location, rank: int, ranks: int,
 def _move(source: str, target: str) -> tuple[int, str]:
     os.makedirs(os.path.dirname(target), exist_ok=True)
     os.replace(source, target)
-    return sha256_file(target, sync=True)
+    return checksum_file(target, sync=True)
 
 
 def _each(one: Callable[[str], FileRecord], names: list[str], sizes: dict[str, int],
