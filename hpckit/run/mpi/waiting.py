@@ -31,15 +31,28 @@ INTERRUPTED = "hpckit: Ctrl-C stopped rank 0 in this step"
 _unawaited: list[Any] = []  # sends nobody waits for: their buffers must outlive them
 
 
-def poll(ready: Callable[[], bool], spin: float = 0.001, first: float = 0.0002,
-         longest: float = 0.005) -> None:
-    """Until ``ready()``: ranks that arrive together (most reports) meet within the first
-    ``spin`` seconds; after that the rank sleeps between tries, a little longer each time."""
+# A waiting rank yields the CPU for SPIN seconds, then sleeps in steps of at most LONGEST.
+# Two ranks that take turns waiting for each other (every metrics-only report: a gather to
+# rank 0, then its reply) must not both be asleep when the other arrives: with sleeps that
+# backed off to 5 ms, each wait overslept, the other rank then waited longer in turn, and
+# the ranks fell into step with the sleeps (16 ms per report, 80 % of a 20 ms step). Ranks
+# arriving within SPIN of each other now meet within microseconds, and a longer wait
+# oversleeps by at most LONGEST.
+SPIN = 0.02
+LONGEST = 0.001
+
+
+def poll(ready: Callable[[], bool], spin: float = SPIN, first: float = 0.0001,
+         longest: float = LONGEST) -> None:
+    """Until ``ready()``: spin for ``spin`` seconds, yielding the CPU between tries (more
+    ranks than cores: the one we wait for runs), then sleep between tries, a little longer
+    each time up to ``longest``. Python runs signal handlers between tries, so Ctrl-C
+    reaches a waiting rank."""
     until = time.perf_counter() + spin
     while time.perf_counter() < until:
         if ready():
             return
-        os.sched_yield()  # more ranks than cores: let the one we wait for run
+        os.sched_yield()
     delay = first
     while not ready():
         time.sleep(delay)
@@ -52,7 +65,7 @@ def wait_for_all(comm: Any, together: bool = False) -> None:
     of sleeping; for ranks that exit right after it without MPI_Finalize (status 75), since
     mpiexec kills the ranks still running when one exits so (they would end with status 9)."""
     request = comm.Ibarrier()
-    poll(request.Test, spin=math.inf if together else 0.001)
+    poll(request.Test, spin=math.inf if together else SPIN)
 
 
 def gather_to_root(comm: Any, value: T) -> list[T] | None:
