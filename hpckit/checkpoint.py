@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -141,9 +142,16 @@ class Checkpoint:
         return self
 
     def _wait_until_written(self) -> None:
+        """Wait for the save this checkpoint was returned by, and for every save still
+        writing into its directory, however the checkpoint object was made."""
         wait = getattr(self, "_wait", None)
         if wait is not None:
             wait()
+        if self._location.is_local:
+            with _writes_lock:
+                waits = _writes.pop(os.path.realpath(self._location.path), [])
+            for pending in waits:
+                pending()
 
     def _require_dir(self) -> None:
         kind = files.file_type(self._location)
@@ -151,6 +159,17 @@ class Checkpoint:
             raise CheckpointError(f"checkpoint {self.uri} is a file; a checkpoint is a directory.")
         if kind == pyarrow.fs.FileType.NotFound and self._location.is_local:
             raise CheckpointError(f"checkpoint directory {self.uri} does not exist.")
+
+
+_writes: dict[str, list[Callable[[], Any]]] = {}
+_writes_lock = threading.Lock()
+
+
+def writing_into(directory: str, wait: Callable[[], Any]) -> None:
+    """A save that is still writing into the local ``directory`` (``hpckit.torch.save_state``):
+    ``report()`` calls ``wait()`` before it reads a checkpoint of that directory."""
+    with _writes_lock:
+        _writes.setdefault(os.path.realpath(directory), []).append(wait)
 
 
 def _local_dir() -> str | None:

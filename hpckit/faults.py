@@ -25,6 +25,12 @@ and those of a checkpoint in node-local caches (``CheckpointConfig(cache_dir)``)
 ``draining``   a rank has copied a cached checkpoint's first file to storage_path; the manifest
                still records it as cached only
 
+and those of ``hpckit.torch.save_state``:
+
+``staging``     a rank has copied its state into staging memory; nothing is written yet
+``serialising`` a rank's save thread has written the file into the pending checkpoint;
+                report() has not persisted it
+
 Random-time kills need no hook: the tests send SIGKILL from outside. Ground layer.
 """
 

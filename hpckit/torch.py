@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from hpckit.integrations.torch.load import load_state
     from hpckit.integrations.torch.prepare import prepare_data_loader, prepare_model
     from hpckit.integrations.torch.reproducibility import enable_reproducibility
+    from hpckit.integrations.torch.save import save_state
     from hpckit.integrations.torch.trainer import TorchTrainer
 
 _WHERE = {
@@ -33,13 +34,14 @@ _WHERE = {
     "load_state_dcp": ("hpckit.integrations.torch.dcp", "load_state_dcp"),
     "prepare_data_loader": ("hpckit.integrations.torch.prepare", "prepare_data_loader"),
     "prepare_model": ("hpckit.integrations.torch.prepare", "prepare_model"),
+    "save_state": ("hpckit.integrations.torch.save", "save_state"),
     "save_state_dcp": ("hpckit.integrations.torch.dcp", "save_state_dcp"),
 }
 
 __all__ = [
     "HDF5Dataset", "TorchConfig", "TorchTrainer", "enable_reproducibility", "get_device",
     "get_devices", "load_state", "load_state_dcp", "prepare_data_loader", "prepare_model",
-    "save_state_dcp",
+    "save_state", "save_state_dcp",
 ]
 
 

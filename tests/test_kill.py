@@ -37,6 +37,7 @@ RANDOM_EPOCHS = 400  # 20 trials, each a few to 15 epochs further on: the last s
 SHARD = "65536"  # floats per file: 512 KiB, seven files per checkpoint
 QUICK = {"HPCKIT_TENSORBOARD": "0"}  # saves rank 0 half a second per launch, 130 launches
 ASYNC = ("handed", "background", "persisted")
+SAVE_STATE = ("staging", "serialising")  # hpckit.torch.save_state's, then reported ASYNC
 BEFORE_COMMIT = ("writing", "written", "gathered", *ASYNC)
 ROOT_ONLY = ("gathered", "committed", "evicting")
 # Phases of node-local caches, which need nodes of their own: tests/test_multilevel.py kills
@@ -44,12 +45,15 @@ ROOT_ONLY = ("gathered", "committed", "evicting")
 CACHED = ("partnering", "draining")
 STORAGE_PHASES = tuple(p for p in PHASES if p not in CACHED)
 OCCURRENCES = {"writing": (1, 3), "written": (1, 2), "gathered": (1, 2), "committed": (1, 2),
-               "evicting": (1, 4, 9), "handed": (1, 3), "background": (1, 4), "persisted": (1, 2)}
+               "evicting": (1, 4, 9), "handed": (1, 3), "background": (1, 4), "persisted": (1, 2),
+               "staging": (1, 3), "serialising": (1, 4)}
 
 
 def mode_for(phase: str, trial: int) -> str:
     """The asynchronous phases alternate between handed directories and in-place writes
     (which hand nothing over, so never meet ``handed``)."""
+    if phase in SAVE_STATE:
+        return "save-state"
     if phase not in ASYNC:
         return "sync"
     return "async" if phase == "handed" or trial % 2 == 0 else "in-place-async"
@@ -121,7 +125,7 @@ def kill_trial(storage: str, experiment: str, phase: str, trial: int, state: rel
     check_resumed(run, state)
     after = reliability.check_experiment(experiment, state)
     in_flight = max(after.leftovers + after.committed, default=None)
-    if phase in ASYNC:
+    if phase in ASYNC + SAVE_STATE:
         # The checkpoint in flight may have reached only staging, not its directory; what
         # check_experiment and the resume checks say is what matters here.
         outcome = f"in-flight checkpoint discarded ({mode})"
@@ -155,15 +159,14 @@ def test_sigkill_at_each_commit_phase_loses_nothing(phase, tmp_path, reference):
     for trial in range(TRIALS):
         state = kill_trial(str(tmp_path), str(tmp_path / "exp"), phase, trial, state,
                            "SIGKILL at a hook")
-    finish_chain(str(tmp_path), str(tmp_path / "exp"), state, reference,
-                 "async" if phase in ASYNC else "sync")
+    finish_chain(str(tmp_path), str(tmp_path / "exp"), state, reference, mode_for(phase, 0))
 
 
 def test_sigkill_at_every_phase_on_s3_loses_nothing(s3, tmp_path, reference):
     """The same checks with the experiment on the S3 server: four trials per phase."""
     storage = s3.uri(f"kill-{tmp_path.name}")
     experiment = storage.replace("?", "/exp?", 1)
-    synchronous = [p for p in STORAGE_PHASES if p not in ASYNC]
+    synchronous = [p for p in STORAGE_PHASES if p not in ASYNC + SAVE_STATE]
     state = reliability.State(None, [])
     for trial in range(TRIALS):
         state = kill_trial(storage, experiment, synchronous[trial % len(synchronous)],

@@ -1,6 +1,8 @@
 """Deterministic NumPy training with a state shard per rank and no torch, so it starts in
 well under a second and the fault tests can run it hundreds of times. Each checkpoint holds
-two files per rank plus rank 0's meta.json. Rank 0 prints ``FINAL {json}`` when done."""
+two files per rank plus rank 0's meta.json; with ``--mode save-state`` (which imports torch)
+one file per rank written by ``hpckit.torch.save_state``. Rank 0 prints ``FINAL {json}``
+when done."""
 
 from __future__ import annotations
 
@@ -33,11 +35,7 @@ def train_loop(config: dict) -> None:
         open(os.path.join(os.environ["HPCKIT_LOCAL_DIR"], f"rank-{rank}-was-here"), "w").close()
         print("PLACE " + json.dumps(place) + " END", flush=True)
     if checkpoint := hpckit.get_checkpoint():
-        with checkpoint.as_directory() as d:
-            state = np.load(os.path.join(d, f"state-rank{rank}.npy"))
-            momentum = np.load(os.path.join(d, f"momentum-rank{rank}.npy"))
-            with open(os.path.join(d, "meta.json")) as f:
-                start = json.load(f)["epoch"] + 1
+        state, momentum, start = load(checkpoint, rank, config["mode"])
     for epoch in range(start, config["epochs"]):
         momentum = 0.9 * momentum + np.sin(epoch + rank + np.arange(n) * 1e-3)
         state = 0.5 * state + 0.1 * momentum
@@ -66,9 +64,34 @@ def train_loop(config: dict) -> None:
         print("FINAL " + json.dumps({"shards": digests}), flush=True)
 
 
+def load(checkpoint: Checkpoint, rank: int, mode: str) -> tuple:
+    """This rank's state, momentum and the epoch to start from."""
+    if mode == "save-state":
+        from hpckit.torch import load_state
+
+        saved = load_state(checkpoint, f"shard-rank{rank}.pt")
+        return saved["state"].numpy(), saved["momentum"].numpy(), saved["epoch"] + 1
+    with checkpoint.as_directory() as d:
+        state = np.load(os.path.join(d, f"state-rank{rank}.npy"))
+        momentum = np.load(os.path.join(d, f"momentum-rank{rank}.npy"))
+        with open(os.path.join(d, "meta.json")) as f:
+            return state, momentum, json.load(f)["epoch"] + 1
+
+
 def save_and_report(mode: str, rank: int, epoch: int, metrics: dict, state, momentum) -> None:
-    """One checkpoint: into a temporary directory handed to report() (sync or async), or
-    written in place into get_checkpoint_dir() (in-place, in-place-async)."""
+    """One checkpoint: into a temporary directory handed to report() (sync or async), written
+    in place into get_checkpoint_dir() (in-place, in-place-async), or staged by save_state
+    and reported asynchronously (save-state)."""
+    if mode == "save-state":
+        import torch
+
+        from hpckit.torch import save_state
+
+        checkpoint = save_state({"state": torch.from_numpy(state),
+                                 "momentum": torch.from_numpy(momentum), "epoch": epoch},
+                                f"shard-rank{rank}.pt")
+        hpckit.report(metrics, checkpoint=checkpoint, checkpoint_upload_mode="async")
+        return
     if mode.startswith("in-place"):
         d = hpckit.get_context().get_checkpoint_dir()
         save(d, rank, epoch, state, momentum)
@@ -102,7 +125,7 @@ def main() -> None:
     p.add_argument("--mirror-command", default=None)
     p.add_argument("--sync-period", type=float, default=300.0)
     p.add_argument("--artifacts", choices=["off", "rank0", "all"], default="off")
-    p.add_argument("--mode", choices=["sync", "async", "in-place", "in-place-async"], default="sync")
+    p.add_argument("--mode", choices=["sync", "async", "in-place", "in-place-async", "save-state"], default="sync")
     p.add_argument("--every", type=int, default=1, help="checkpoint every N epochs")
     p.add_argument("--in-flight", type=int, default=1)
     p.add_argument("--topology", action="store_true", help="each rank prints PLACE {json} END")
