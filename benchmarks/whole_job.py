@@ -83,7 +83,7 @@ def plain_ddp(variant: str, storage: str, out: str) -> None:
             blocked.append(time.perf_counter() - started)
     dist.destroy_process_group()
     if comm.rank == 0:
-        _write(out, blocked)
+        _write(out, {"blocked": blocked, "report": []})
 
 
 def hpckit_loop(config: dict) -> None:
@@ -94,7 +94,7 @@ def hpckit_loop(config: dict) -> None:
 
     model, optimizer = model_and_optimizer()
     model = prepare_model(model)
-    rank, variant, blocked = hpckit.get_context().get_world_rank(), config["variant"], []
+    rank, variant, blocked, reports = hpckit.get_context().get_world_rank(), config["variant"], [], []
     for epoch in range(EPOCHS):
         loss = train_epoch(model, optimizer)
         metrics = {"loss": loss, "epoch": epoch}
@@ -103,26 +103,26 @@ def hpckit_loop(config: dict) -> None:
             continue
         started = time.perf_counter()
         state = {"model": model.state_dict(), "epoch": epoch}
-        if variant == "hpckit-save-state":
-            hpckit.report(metrics, checkpoint=save_state(state, "model.pt"),
-                          checkpoint_upload_mode="async")
-        elif variant == "hpckit-in-place-async":
-            directory = hpckit.get_context().get_checkpoint_dir()
-            torch.save(state, os.path.join(directory, "model.pt"))
-            hpckit.report(metrics, checkpoint=hpckit.Checkpoint.from_directory(directory),
-                          checkpoint_upload_mode="async")
-        else:
-            with tempfile.TemporaryDirectory() as directory:
+        mode = "async" if "async" in variant or "save-state" in variant else "sync"
+        with tempfile.TemporaryDirectory() as own:
+            directory = own if variant in ("hpckit-sync", "hpckit-mixed-async") \
+                else hpckit.get_context().get_checkpoint_dir()
+            if variant == "hpckit-save-state":
+                checkpoint = save_state(state, "model.pt")
+            else:
                 torch.save(state, os.path.join(directory, "model.pt"))
-                hpckit.report(metrics, checkpoint=hpckit.Checkpoint.from_directory(directory),
-                              checkpoint_upload_mode="async" if "async" in variant else "sync")
+                checkpoint = hpckit.Checkpoint.from_directory(directory)
+            reporting = time.perf_counter()
+            hpckit.report(metrics, checkpoint=checkpoint, checkpoint_upload_mode=mode)
+            reports.append(time.perf_counter() - reporting)
         blocked.append(time.perf_counter() - started)
     if rank == 0:
-        _write(config["out"], blocked)
+        _write(config["out"], {"blocked": blocked, "report": reports})
 
 
 def big_save(config: dict) -> None:
-    """save_state of ``mib`` of CPU tensors, then an ASYNC report(): rank 0's blocking."""
+    """save_state of ``mib`` of CPU tensors, then an ASYNC report(), 2 s apart: rank 0's
+    blocking in each (the first save allocates the staging memory)."""
     import torch
 
     import hpckit
@@ -142,7 +142,8 @@ def big_save(config: dict) -> None:
         if rank == 0:
             samples["report"].append(time.perf_counter() - started)
         for t in tensors.values():
-            t.add_(1.0)
+            t.add_(1.0)  # at once: the saved copy must not see it
+        time.sleep(2.0)  # training between checkpoints: the write finishes in the background
     if rank == 0:
         with open(config["out"], "w") as f:
             json.dump(samples, f)
@@ -184,6 +185,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--storage", default=None)
     parser.add_argument("--big-mib", type=int, default=1024)
+    parser.add_argument("--variants", default=None, help="a comma-separated subset (ddp is needed)")
     parser.add_argument("--worker", choices=[*VARIANTS, "big"], help=argparse.SUPPRESS)
     parser.add_argument("--name", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -192,23 +194,26 @@ def main() -> None:
         args.variant = args.worker
         return worker(args)
     storage = args.storage or tempfile.mkdtemp(prefix="hpckit-whole-job-")
-    walls: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    blocked: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    variants = [v for v in VARIANTS if v in args.variants.split(",")] if args.variants else VARIANTS
+    walls: dict[str, list[float]] = {v: [] for v in variants}
+    blocked: dict[str, list[float]] = {v: [] for v in variants}
+    reports: dict[str, list[float]] = {v: [] for v in variants}
     for round_ in range(args.rounds):
-        shift = round_ % len(VARIANTS)
-        for variant in VARIANTS[shift:] + VARIANTS[:shift]:
+        shift = round_ % len(variants)
+        for variant in variants[shift:] + variants[:shift]:
             wall, samples = run(variant, storage, args.big_mib)
             walls[variant].append(wall)
-            blocked[variant].extend(samples)  # type: ignore[arg-type]
+            blocked[variant].extend(samples["blocked"])  # type: ignore[index]
+            reports[variant].extend(samples["report"])  # type: ignore[index]
     limit = statistics.median(walls["ddp"])
-    for variant in VARIANTS:
+    for variant in variants:
         whole = statistics.median(walls[variant])
         print(json.dumps({
             "benchmark": "whole_job", "variant": variant, "rounds": args.rounds,
             "whole_job_s": round(whole, 3), "whole_job_all_s": [round(w, 3) for w in walls[variant]],
             "ratio_to_plain_ddp": round(whole / limit, 3),
-            "blocked_per_checkpoint_ms": round(1000 * statistics.median(blocked[variant]), 1)
-            if blocked[variant] else None,
+            "blocked_per_checkpoint_ms": _median_ms(blocked[variant]),
+            "report_per_checkpoint_ms": _median_ms(reports[variant]),
             "baseline": "ddp (plain torch.distributed, no checkpoint), same rounds"}), flush=True)
     _, samples = run("big", storage, args.big_mib)
     print(json.dumps({"benchmark": "save_state_blocking", "mib": args.big_mib, "reps": 4,
@@ -220,7 +225,11 @@ def main() -> None:
         shutil.rmtree(storage, ignore_errors=True)
 
 
-def _write(path: str, samples: list[float]) -> None:
+def _median_ms(samples: list[float]) -> float | None:
+    return round(1000 * statistics.median(samples), 1) if samples else None
+
+
+def _write(path: str, samples: dict[str, list[float]]) -> None:
     with open(path, "w") as f:
         json.dump(samples, f)
 

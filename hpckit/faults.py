@@ -31,6 +31,9 @@ and those of ``hpckit.torch.save_state``:
 ``serialising`` a rank's save thread has written the file into the pending checkpoint;
                 report() has not persisted it
 
+and, on rank 0, ``committing``: every rank has finished a background checkpoint and rank 0's
+commit thread is about to write its metrics line and manifest, while the ranks train on.
+
 Random-time kills need no hook: the tests send SIGKILL from outside. Ground layer.
 """
 

@@ -88,3 +88,18 @@ def started_at(pid: int | None = None) -> float | None:
         return None
     ticks = os.sysconf("SC_CLK_TCK")
     return time.time() - (uptime - found.started / ticks)
+
+
+def background_thread() -> None:
+    """Let the calling thread (and the threads it starts) run only on a core that training
+    leaves idle: Linux's SCHED_IDLE. A checkpoint's background copy, hash and fsync then
+    stop competing with compute-bound ranks for the CPU; when no core is ever idle they still
+    finish, since report() waits for them once too many are in flight (training's threads
+    then block, and the core is free). Elsewhere (no SCHED_IDLE) this does nothing."""
+    policy = getattr(os, "SCHED_IDLE", None)
+    if policy is None:
+        return
+    try:
+        os.sched_setscheduler(0, policy, os.sched_param(0))
+    except OSError:
+        pass

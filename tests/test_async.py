@@ -223,3 +223,47 @@ def test_in_place_records_merge_by_name_and_late_names_are_found():
     per_rank[1].records.append(FileRecord("a", 1, 1, "other"))
     with pytest.raises(Exception, match="different contents"):
         merge(plan, per_rank)
+
+
+def trains_between_reports(config: dict) -> None:
+    import os
+    import time
+
+    import hpckit
+
+    for step in range(4):
+        directory = hpckit.get_context().get_checkpoint_dir()
+        with open(os.path.join(directory, "w.bin"), "wb") as f:
+            f.write(bytes([step]) * 1000)
+        time.sleep(0.6)  # training: the background checkpoint and its commit finish meanwhile
+        started = time.perf_counter()
+        hpckit.report({"step": step}, checkpoint=hpckit.Checkpoint.from_directory(directory),
+                      checkpoint_upload_mode="async")
+        config["blocked"].append(time.perf_counter() - started)
+
+
+def test_rank_0_commits_a_background_checkpoint_while_the_ranks_train(tmp_path, monkeypatch):
+    """A manifest write that takes 0.4 s (a loaded filesystem) is not waited for by report():
+    the next collective step tells the ranks that the commit landed."""
+    import time
+
+    from hpckit import DataParallelTrainer, RunConfig
+    from hpckit.experiment.experiment import Experiment
+
+    write = Experiment._replace
+
+    def slow(self, manifest):  # type: ignore[no-untyped-def]
+        time.sleep(0.4)
+        write(self, manifest)
+
+    monkeypatch.setattr(Experiment, "_replace", slow)
+    blocked: list[float] = []
+    result = DataParallelTrainer(trains_between_reports, train_loop_config={"blocked": blocked},
+                                 run_config=RunConfig(name="e", storage_path=str(tmp_path))).fit()
+    assert max(blocked) < 0.2, f"report() waited for a manifest write: {blocked}"
+    body = json.loads((tmp_path / "e" / "manifest.json").read_text())
+    assert [c["directory"] for c in body["checkpoints"]] == [f"checkpoint_{i:06d}" for i in range(4)]
+    lines = [json.loads(l) for l in (tmp_path / "e" / "metrics.jsonl").read_text().splitlines()]
+    assert [(l["step"], l["checkpoint"]) for l in lines] == \
+        [(i, f"checkpoint_{i:06d}") for i in range(4)]
+    assert result.checkpoint is not None and result.checkpoint.path.endswith("checkpoint_000003")

@@ -36,17 +36,20 @@ PHASE_EPOCHS = 48
 RANDOM_EPOCHS = 400  # 20 trials, each a few to 15 epochs further on: the last still has work to kill
 SHARD = "65536"  # floats per file: 512 KiB, seven files per checkpoint
 QUICK = {"HPCKIT_TENSORBOARD": "0"}  # saves rank 0 half a second per launch, 130 launches
-ASYNC = ("handed", "background", "persisted")
+ASYNC = ("handed", "background", "persisted", "committing")
 SAVE_STATE = ("staging", "serialising")  # hpckit.torch.save_state's, then reported ASYNC
 BEFORE_COMMIT = ("writing", "written", "gathered", *ASYNC)
-ROOT_ONLY = ("gathered", "committed", "evicting")
+ROOT_ONLY = ("gathered", "committed", "evicting", "committing")
 # Phases of node-local caches, which need nodes of their own: tests/test_multilevel.py kills
 # ranks there (a partner copy, a drain to storage_path).
 CACHED = ("partnering", "draining")
 STORAGE_PHASES = tuple(p for p in PHASES if p not in CACHED)
 OCCURRENCES = {"writing": (1, 3), "written": (1, 2), "gathered": (1, 2), "committed": (1, 2),
                "evicting": (1, 4, 9), "handed": (1, 3), "background": (1, 4), "persisted": (1, 2),
-               "staging": (1, 3), "serialising": (1, 4)}
+               "staging": (1, 3), "serialising": (1, 4), "committing": (1, 3)}
+# Rank 0 commits off the collective only when the ranks train between reports long enough
+# for the background checkpoint to finish (else the next report drains it, synchronously).
+TRAINING = {"committing": ("--epoch-seconds", "0.1")}
 
 
 def mode_for(phase: str, trial: int) -> str:
@@ -118,7 +121,8 @@ def kill_trial(storage: str, experiment: str, phase: str, trial: int, state: rel
     """One run killed at ``phase``; checks what it left and that it resumed right."""
     spec, victim = fault_for(phase, trial)
     mode = mode_for(phase, trial)
-    run = mpiexec(RANKS, *args(storage, PHASE_EPOCHS, mode), script=SHARDED, expect=None,
+    run = mpiexec(RANKS, *args(storage, PHASE_EPOCHS, mode), *TRAINING.get(phase, ()),
+                  script=SHARDED, expect=None,
                   env={**QUICK, "HPCKIT_FAULT": spec}, timeout=90)
     assert run.returncode != 0 and run.line("FINAL") is None, \
         f"trial {trial}: fault {spec} never fired:\n{run.output}"

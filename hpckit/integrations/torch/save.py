@@ -28,6 +28,7 @@ from hpckit import faults
 from hpckit.checkpoint import Checkpoint, writing_into
 from hpckit.errors import CheckpointError
 from hpckit.experiment.manifest import is_safe_relpath
+from hpckit.processes import background_thread
 from hpckit.run.session.session import get_context
 
 __all__ = ["save_state"]
@@ -140,5 +141,6 @@ def _background() -> ThreadPoolExecutor:
     global _writer
     with _lock:
         if _writer is None:
-            _writer = ThreadPoolExecutor(1, thread_name_prefix="hpckit-save-state")
+            _writer = ThreadPoolExecutor(1, thread_name_prefix="hpckit-save-state",
+                                         initializer=background_thread)
         return _writer

@@ -1,6 +1,8 @@
 """Rank 0's side of the commit protocol: the reports in the order they were made, leaving it
 as metrics lines and checkpoint commits in that same order, however late the background
-checkpoints before them finish. Everything here runs inside a collective step's reduce."""
+checkpoints before them finish. Everything here is called inside a collective step's reduce;
+the writes of background checkpoints that every rank has finished are handed to the
+:class:`~hpckit.run.commit.committer.Committer`, off the collective, at a report."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from hpckit.checkpoint import Checkpoint
@@ -26,6 +29,7 @@ from hpckit.experiment.nested import flatten
 from hpckit.experiment.retention import score_of
 from hpckit.logs import human_size, log, metrics_summary
 from hpckit.run.commit.callbacks import Callbacks
+from hpckit.run.commit.committer import Committer
 from hpckit.run.writing.plan import (
     Announcement,
     Persisted,
@@ -63,6 +67,7 @@ class Ledger:
         self.hosts = hosts  # every rank's, recorded with a checkpoint in the node-local caches
         self.cached_at = cached_at  # where this node caches a checkpoint
         self._queue: deque[Entry] = deque()
+        self.committer = Committer()
         self._score_missing_said = False
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
@@ -71,6 +76,8 @@ class Ledger:
             log.info("step %d: %s", step, metrics_summary(metrics))
         if self._queue:
             self._queue.append(Entry(step, metrics, None, time.perf_counter()))
+        elif self.committer.busy:  # after the commits it is writing
+            self.committer.submit(None, partial(self._log_report, step, metrics), _nothing)
         else:
             self._log_report(step, metrics)
 
@@ -95,35 +102,65 @@ class Ledger:
     @property
     def pending(self) -> tuple[str, ...]:
         """The checkpoints planned and not yet committed, oldest first."""
+        return self.committer.directories + self._waiting
+
+    @property
+    def _waiting(self) -> tuple[str, ...]:
+        """The checkpoints not yet handed to the committer: some rank still persists them."""
         return tuple(e.plan.directory for e in self._queue if e.plan and e.plan.directory)
 
-    def commit_finished(self, announcements: list[Announcement]) -> tuple[str, ...]:
-        """Commit, in order, the background checkpoints every rank has finished, with the
-        metrics lines queued behind them; raise (after discarding them) if one failed."""
-        pending = list(self.pending)
-        finished, failures = settled_everywhere(announcements, pending)
-        ready = dict(finished)
-        committed = self._commit_ready(ready)
+    def commit_finished(self, announcements: list[Announcement],
+                        off_collective: bool = False) -> tuple[str, ...]:
+        """The background checkpoints committed since the last step, in order. Those every
+        rank has now finished are committed with the metrics lines queued behind them: by the
+        committer when ``off_collective`` (a later step reports them), else before this
+        returns. At most one commit runs behind the ranks: a second waits for the first.
+        Raises (after discarding the later ones) if one failed."""
+        if not off_collective or self.committer.busy:
+            self.committer.wait()
+        landed, failure = self.committer.landed()
+        if failure is not None:
+            raise failure
+        waiting = list(self._waiting)
+        finished, failures = settled_everywhere(announcements, waiting)
+        done = self._commit_ready(dict(finished), off_collective)
         if failures:
             # Those before the failed one are committed; it and the later ones are dropped.
-            for directory in pending[len(committed):]:
+            for directory in waiting[len(finished):]:
                 self.experiment.discard(directory)
-            raise_background_failure(pending[len(committed)], failures)
-        return committed
+            raise_background_failure(waiting[len(finished)], failures)
+        return landed + done
 
-    def _commit_ready(self, ready: dict[str, list[Persisted]]) -> tuple[str, ...]:
+    def _commit_ready(self, ready: dict[str, list[Persisted]], off_collective: bool
+                      ) -> tuple[str, ...]:
+        """Commit (or hand to the committer) the queue's head up to the first checkpoint not
+        ``ready``; the checkpoints committed now."""
         committed = []
         while self._queue:
             entry = self._queue[0]
             if entry.plan is None:
-                self._log_report(entry.step, entry.metrics)
-            elif entry.plan.directory in ready:
-                self.commit(entry.plan, ready[entry.plan.directory], entry.metrics, entry.started)
-                committed.append(entry.plan.directory)
+                write, directory = partial(self._log_report, entry.step, entry.metrics), None
+            elif (directory := entry.plan.directory) in ready:
+                write = partial(self.commit, entry.plan, ready[directory], entry.metrics,
+                                entry.started)
             else:
                 break
+            if off_collective:
+                self.committer.submit(directory, write, partial(self._dropped, directory))
+            else:
+                write()
+                committed += [directory] if directory else []
             self._queue.popleft()
         return tuple(committed)
+
+    def _dropped(self, directory: str | None) -> None:
+        """A commit not made, after an earlier one failed."""
+        if directory is not None:
+            self.experiment.discard(directory)
+
+    def close(self) -> None:
+        """At the end of the attempt: the commits handed over are made (or given up)."""
+        self.committer.close()
 
     def commit(self, plan: Plan, per_rank: list[Persisted], metrics: dict[str, Any],
                started: float) -> None:
@@ -175,6 +212,10 @@ class Ledger:
                     "has no number by that name (its metrics: %s); such checkpoints rank worst "
                     "and are deleted first. Report %r with every checkpoint, or name one of "
                     "those.", attribute, reported, attribute)
+
+
+def _nothing() -> None:
+    pass
 
 
 def _hash_late(target: Location, name: str) -> FileRecord:

@@ -87,6 +87,7 @@ class CommitProtocol:
         self._told_of_wait = False
         self._told_of_mixed = False
         self._broken: HpckitError | None = None
+        self._committing: tuple[str, ...] = ()  # in flight, their commits being written
 
     def checkpoint_dir(self) -> str:
         """Where this rank writes the next checkpoint in place."""
@@ -148,6 +149,8 @@ class CommitProtocol:
         operation under way, and leaves the staged files to the next attempt."""
         if self.levels is not None:
             self.levels.abandon()
+        if self.ledger is not None:
+            self.ledger.close()
         self.in_flight.close(wait=not promptly)
         if not promptly:
             self.staging.remove()
@@ -175,6 +178,7 @@ class CommitProtocol:
             raise
         if plan.stop and self.stop is None:
             self.stop = plan.stop
+        self._committing = plan.committing
         landed = self.in_flight.land(plan.committed)
         if landed is not None:
             self._now_latest(landed)
@@ -189,7 +193,11 @@ class CommitProtocol:
         plan = make_plan(announcements, self.next_step, self.next_index)
         if announcements[0].kind == REPORT and plan.directory is not None:
             ledger.prepare(plan, self.next_index)  # may refuse the report: before anything commits
-        plan = replace(plan, committed=ledger.commit_finished(announcements))
+        # At a report, rank 0 writes the commits in the background and replies at once (a
+        # later step says they landed); a drain, the end and the caches' levels wait for them.
+        off_collective = announcements[0].kind == REPORT and self.levels is None
+        plan = replace(plan, committed=ledger.commit_finished(announcements, off_collective),
+                       committing=ledger.committer.directories)
         if self.levels is not None:
             plan = self.levels.leveled(plan, tuple(
                 r.directory for r in ledger.experiment.manifest.checkpoints) + ledger.pending)
@@ -227,7 +235,7 @@ class CommitProtocol:
 
     def _make_room(self) -> None:
         limit = self.config.max_checkpoints_in_flight
-        if len(self.in_flight) < limit:
+        if len(self.in_flight) - len(self._committing) < limit:
             return
         if not self._told_of_wait and self.comm.rank == 0:
             log.info("report() waits for the previous checkpoint to be persisted (%d in flight, "

@@ -14,6 +14,7 @@ from concurrent.futures import wait as wait_for
 from dataclasses import dataclass
 
 from hpckit.errors import ProtocolError
+from hpckit.processes import background_thread
 from hpckit.run.mpi.comm import RankFailure
 from hpckit.run.writing.plan import Persisted, Settled
 from hpckit.storage.location import Location
@@ -43,7 +44,8 @@ class InFlight:
     def start(self, directory: str, committed_at: Location,
               work: Callable[[], Persisted]) -> None:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"hpckit-persist-{self.rank}")
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"hpckit-persist-{self.rank}",
+                                            initializer=background_thread)
         self._flights.append(Flight(directory, committed_at, self._pool.submit(work)))
 
     def settled(self) -> tuple[Settled, ...]:

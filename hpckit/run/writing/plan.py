@@ -74,6 +74,7 @@ class Plan:
     asynchronous: bool = False
     index: int | None = None
     committed: tuple[str, ...] = ()
+    committing: tuple[str, ...] = ()  # finished by every rank; rank 0 writes their commits
     criterion_met: bool = False  # RunConfig(stop=...) was met: the run ends after this report
     level: str = STORAGE  # or CACHE: the node-local caches only (CheckpointConfig(cache_dir))
     kept: tuple[str, ...] | None = None  # with caches: every checkpoint they keep
