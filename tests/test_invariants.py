@@ -46,6 +46,7 @@ WRITERS = {
                                    "before rank 0 records them there",
     "hpckit/checkpoint.py": "Checkpoint.set_metadata and to_directory, the user's own calls",
     "hpckit/sweep/record.py": "sweep.json, the sweep directory's (not an experiment's)",
+    "hpckit/doctor/storage.py": "hpckit doctor's marker at the storage root, removed at once",
 }
 
 # On the ranks, local files are written only by these rooms, each in a directory of its own:

@@ -1,0 +1,38 @@
+"""Every check, on every rank: what each rank sees is gathered, and rank 0 gets the findings."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+from hpckit.doctor import framework, mpi, slurm, storage
+from hpckit.doctor.finding import FAIL, Finding, worst
+from hpckit.run.mpi.waiting import from_root, gather_to_root
+from hpckit.settings import Settings
+from hpckit.storage.location import resolve
+
+DEFAULT_STORAGE = "~/hpckit_results"
+
+
+def checkup(comm: Any, settings: Settings, storage_path: str | None,
+            cache_dir: str | None) -> tuple[list[Finding] | None, int]:
+    """The findings (on rank 0; None elsewhere) and the exit status every rank returns:
+    1 when a check failed, else 0."""
+    version = mpi.library_version()
+    mine: dict[str, Any] = {"host": socket.gethostname(), "torch": framework.look()}
+    everyone = gather_to_root(comm, mine)
+    location = resolve(os.path.expanduser(storage_path or settings.storage or DEFAULT_STORAGE))
+    shared = storage.shared_storage(comm, location)
+    cached = storage.cache_dir(comm, cache_dir)
+    findings = None
+    if comm.rank == 0 and everyone is not None:
+        findings = [
+            mpi.library(version), mpi.launcher(settings, version),
+            mpi.launched(settings, comm.size, version), mpi.placement([r["host"] for r in everyone]),
+            *framework.torch_build([r["torch"] for r in everyone]),
+            framework.gpus([r["torch"] for r in everyone]), framework.nccl(),
+            *[f for f in (shared, cached) if f is not None],
+            *slurm.job_settings(settings)]
+    status = from_root(comm, 1 if findings and worst(findings) == FAIL else 0)
+    return findings, int(status)

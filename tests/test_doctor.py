@@ -1,0 +1,117 @@
+"""``hpckit doctor`` alone, under mpiexec, across two nodes and under srun: every check that can
+fail here is made to fail (a launcher of another MPI, a missing cache directory, storage
+that two nodes do not share, srun without PMI), and says its fix."""
+
+from __future__ import annotations
+
+import json
+import re
+import stat
+
+import pytest
+from cluster_nodes import nodes  # noqa: F401  (the fixture)
+from conftest import HERE, HPCKIT, MPIEXEC, run
+
+DOCTOR = HERE / "ranks" / "doctor.py"
+
+
+def findings(output: str) -> dict[str, dict[str, str]]:
+    """The JSON findings printed by rank 0 (its lines maybe prefixed "[0] "), by check."""
+    text = re.sub(r"(?m)^\[\d+\] ", "", output)
+    start = text.index("[\n")
+    return {f["check"]: f for f in json.loads(text[start:text.rindex("]") + 1])}
+
+
+def test_alone_every_check_reports_what_it_found(tmp_path):
+    out = run([HPCKIT, "doctor", "--storage", str(tmp_path / "runs"), "--json"], timeout=120)
+    found = findings(out.output)
+    assert found["MPI library"]["status"] == "ok" and "MPICH" in found["MPI library"]["found"]
+    assert found["launcher"]["status"] == "ok" and found["launcher"]["found"].endswith("MPICH")
+    assert found["launch"]["found"].startswith("alone")
+    assert found["torch"]["status"] == "ok" and "CPU only" in found["torch"]["found"]
+    assert found["import torch"]["found"].endswith("on the slowest of 1 rank(s)")
+    assert found["storage"]["status"] == "ok" and str(tmp_path / "runs") in found["storage"]["found"]
+    assert not [p for p in (tmp_path / "runs").iterdir()], "the storage check leaves nothing"
+    assert found["Slurm job"]["found"] == "not in a Slurm job"
+    table = run([HPCKIT, "doctor", "--storage", str(tmp_path)], timeout=120).output
+    assert table.splitlines()[0].split() == ["CHECK", "STATUS", "FOUND"]
+    assert "fix: run inside salloc" in table
+
+
+def test_under_mpiexec_rank_0_reports_for_every_rank(tmp_path):
+    out = run([MPIEXEC, "-n", "3", HPCKIT, "doctor", "--storage", str(tmp_path), "--json"],
+              timeout=120)
+    assert out.output.count('"check": "storage"') == 1, "rank 0 alone prints"
+    found = findings(out.output)
+    assert found["launch"]["found"].startswith("mpiexec, 3 rank(s)")
+    assert found["ranks per node"]["found"] == "3 rank(s) on 1 node(s), 3 per node"
+    assert found["storage"]["found"].endswith("the same directory on all 3 rank(s)")
+
+
+def test_a_launcher_of_another_mpi_fails_with_the_fix(tmp_path):
+    fake = tmp_path / "mpiexec"
+    fake.write_text("#!/bin/sh\necho 'mpiexec (Open MPI) 5.0.11'\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    out = run([HPCKIT, "doctor", "--storage", str(tmp_path), "--json"], timeout=120,
+              env={"HPCKIT_MPIEXEC": str(fake)}, expect=1)
+    launcher = findings(out.output)["launcher"]
+    assert launcher["status"] == "FAIL"
+    assert launcher["found"] == f"{fake}: Open MPI, but mpi4py loaded MPICH"
+    assert "HPCKIT_MPIEXEC" in launcher["fix"]
+
+
+def test_a_cache_directory_missing_on_the_nodes_fails_naming_a_rank(tmp_path):
+    missing = tmp_path / "local" / "cache"
+    out = run([MPIEXEC, "-n", "2", HPCKIT, "doctor", "--storage", str(tmp_path), "--cache-dir",
+               str(missing)], timeout=120, expect=1)
+    assert f"{missing}: rank 0 on " in out.output and "no such directory (2 rank(s) in all)" \
+        in out.output
+    assert "fix: create it on every node in the job script (mkdir -p)" in out.output
+    missing.mkdir(parents=True)
+    run([MPIEXEC, "-n", "2", HPCKIT, "doctor", "--storage", str(tmp_path), "--cache-dir",
+         str(missing)], timeout=120)
+
+
+def test_storage_that_two_nodes_do_not_share_fails(nodes, tmp_path):  # noqa: F811
+    node_local = nodes.mpiexec(["node-a", "node-b"], 1, DOCTOR, "--storage",
+                               str(nodes.local / "runs"), "--json", expect=1)
+    storage = findings(node_local.output)["storage"]
+    assert storage["status"] == "FAIL"
+    assert "rank 1 on node-b cannot see the file rank 0 wrote there" in storage["found"]
+    shared = nodes.mpiexec(["node-a", "node-b"], 1, DOCTOR, "--storage", str(tmp_path / "runs"),
+                           "--json")
+    found = findings(shared.output)
+    assert found["storage"]["status"] == "ok"
+    assert found["ranks per node"]["found"] == "2 rank(s) on 2 node(s), 1 per node"
+
+
+def test_under_srun_it_checks_the_job_and_catches_tasks_that_run_alone(tmp_path, slurm):
+    out = run(["srun", "-n", "2", "--mpi=pmi2", "-t", "2", HPCKIT, "doctor", "--storage",
+               str(tmp_path), "--json"], timeout=120, env=slurm.env)
+    found = findings(out.output)
+    assert found["launch"]["found"].startswith("srun, 2 rank(s)")
+    assert found["Slurm job"]["status"] == "ok" and found["Slurm job"]["found"].startswith("job ")
+    assert found["Slurm signal"]["found"] == "an interactive allocation (no batch script)"
+    alone = run(["srun", "-n", "2", "--mpi=none", "-t", "2", HPCKIT, "doctor", "--storage",
+                 str(tmp_path)], timeout=120, env=slurm.env, expect=None)
+    assert alone.returncode != 0
+    assert "srun started 2 tasks, but MPI sees a world of 1: each task runs alone" in alone.output
+    assert "fix: srun --mpi=pmi2 for MPICH" in alone.output
+
+
+@pytest.mark.parametrize("script", ["#SBATCH --signal=B:USR2@120", "#SBATCH --time=5"])
+def test_in_a_batch_job_it_reads_the_signal_from_the_script(tmp_path, slurm, script):
+    batch = tmp_path / "job.sbatch"
+    batch.write_text(f"#!/bin/bash\n#SBATCH --requeue\n{script}\n"
+                     f"srun -n 1 --mpi=pmi2 {HPCKIT} doctor --storage {tmp_path} --json\n")
+    out = run(["sbatch", "--wait", f"--output={tmp_path}/out.txt", str(batch)], timeout=180,
+              env=slurm.env, expect=None)
+    text = (tmp_path / "out.txt").read_text()
+    found = findings(text)
+    assert found["Slurm requeue"]["status"] == "ok", text
+    signal = found["Slurm signal"]
+    if "signal" in script:
+        assert signal["status"] == "ok" and signal["found"] == "--signal=B:USR2@120"
+    else:
+        assert signal["status"] == "warn" and "#SBATCH --signal=B:USR2@120" in signal["fix"]
+    assert out.returncode == 0, text
