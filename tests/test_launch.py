@@ -62,3 +62,52 @@ def test_a_lambda_cannot_be_sent_to_spawned_ranks(tmp_path):
     out = run([sys.executable, str(script)], timeout=60)
     assert "LAUNCH-ERROR the trainer cannot be sent to the ranks" in out.output
     assert "module level" in out.output
+
+
+def open_mpi_launcher(tmp_path) -> str:
+    """An mpiexec that says it is Open MPI's and records how hpckit called it, then runs the
+    ranks with this machine's MPICH (so that they train): the flags hpckit adds for Open MPI
+    are seen without installing a second MPI."""
+    import os
+    import stat
+
+    from conftest import MPIEXEC
+
+    fake = tmp_path / "ompi-mpiexec"
+    fake.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        if [ "$1" = --version ]; then echo 'mpiexec (Open MPI) 5.0.11'; exit 0; fi
+        printf "%s\\n" "$*" > {tmp_path}/called
+        [ "$1" = --oversubscribe ] && shift
+        exec {MPIEXEC} "$@"
+        """))
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    assert os.access(fake, os.X_OK)
+    return str(fake)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "geteuid") or __import__("os").geteuid() != 0,
+                    reason="Open MPI refuses root only; the tests run as root in CI")
+def test_open_mpi_as_root_is_one_line_naming_root_and_the_fix(tmp_path):
+    out = python("--workers", "2", "--storage", str(tmp_path), expect=None,
+                 env={"HPCKIT_MPIEXEC": open_mpi_launcher(tmp_path)})
+    assert out.returncode != 0 and not (tmp_path / "called").exists()
+    assert "refuses to start ranks as root" in out.output
+    assert "OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1" in out.output
+    assert "training failed" not in out.output and "run the same command again" not in out.output
+
+
+def test_open_mpi_is_allowed_root_when_asked_and_oversubscribed_beyond_the_cores(tmp_path):
+    import os
+
+    cores = len(os.sched_getaffinity(0))
+    if cores > 3:
+        pytest.skip("more ranks than cores would be slow to start on this machine")
+    allowed = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+               "HPCKIT_MPIEXEC": open_mpi_launcher(tmp_path)}
+    python("--workers", str(cores + 1), "--storage", str(tmp_path), "--epochs", "1", env=allowed)
+    assert (tmp_path / "called").read_text().startswith(f"--oversubscribe -n {cores + 1} ")
+    if cores > 1:
+        python("--workers", str(cores), "--storage", str(tmp_path / "fit"), "--epochs", "1",
+               env=allowed)
+        assert (tmp_path / "called").read_text().startswith(f"-n {cores} ")

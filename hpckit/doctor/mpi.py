@@ -35,7 +35,8 @@ def implementation(text: str) -> str | None:
 def library_version() -> str:
     from mpi4py import MPI
 
-    return " ".join(str(MPI.Get_library_version()).strip().splitlines()[0].split())
+    first = str(MPI.Get_library_version()).strip().splitlines()[0]
+    return " ".join(first.split(", package:")[0].split())  # Open MPI goes on with its build
 
 
 def library(version: str) -> Finding:

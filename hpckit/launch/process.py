@@ -36,8 +36,8 @@ from hpckit.storage.uris import redact
 STOP_MARGIN = 5.0  # after Ctrl-C, beyond the ranks' own grace: rank 0 records and closes
 
 
-def mpiexec(settings: Settings) -> list[str]:
-    """The mpiexec that starts ranks on this node."""
+def mpiexec(settings: Settings, ranks: int) -> list[str]:
+    """The mpiexec that starts ``ranks`` ranks on this node, with the flags its MPI needs."""
     found = settings.mpiexec or shutil.which("mpiexec", path=os.path.dirname(sys.executable)) \
         or shutil.which("mpiexec")
     if not found:
@@ -50,7 +50,24 @@ def mpiexec(settings: Settings) -> list[str]:
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise LaunchError(f"cannot run {found} --version: {exc}") from None
     # Hydra would use the Slurm allocation's nodes; hpckit starts ranks on this node only.
-    return [found, "-launcher", "fork"] if "HYDRA" in version else [found]
+    if "HYDRA" in version:
+        return [found, "-launcher", "fork"]
+    if "Open MPI" in version:
+        return [found, *_open_mpi(found, ranks)]
+    return [found]
+
+
+def _open_mpi(found: str, ranks: int) -> list[str]:
+    """Open MPI refuses root unless the user allows it (the variables are its own), and more
+    ranks than cores unless told to oversubscribe."""
+    allowed = all(os.environ.get(name) == "1" for name in
+                  ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"))
+    if os.geteuid() == 0 and not allowed:
+        raise LaunchError(
+            f"{found} is Open MPI's, which refuses to start ranks as root; run as another "
+            "user, or allow it with OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+            "in the environment.")
+    return ["--oversubscribe"] if ranks > len(os.sched_getaffinity(0)) else []
 
 
 PR_SET_PDEATHSIG = 1
@@ -79,7 +96,7 @@ def run_script(ranks: int, argv: list[str], policy: RetryPolicy, cwd: str | None
     failure as ``policy`` allows; each attempt resumes from the manifest. Returns the exit
     status: 0, EXIT_STOPPED, or the last failure's."""
     settings = _settings.current()
-    command = [*mpiexec(settings), "-n", str(ranks), sys.executable, *argv]
+    command = [*mpiexec(settings, ranks), "-n", str(ranks), sys.executable, *argv]
     ids = {variable("run_id"): settings.run_id or f"run-{uuid.uuid4().hex}"}
     attempt = 0
     failed: dict[str, str] = {}

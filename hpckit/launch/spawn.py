@@ -54,7 +54,7 @@ def spawn(job: TrainingJob, settings: Settings) -> Result:
     job = job.resumed(settings)[0].named(settings)
     experiment = job.storage_root(settings).join(job.name)
     read_manifest(prepare(experiment.parent, job.name))  # storage and manifest, before ranks
-    command = [*mpiexec(settings), "-n", str(n), sys.executable, "-m", "hpckit.launch.worker"]
+    command = [*mpiexec(settings, n), "-n", str(n), sys.executable, "-m", "hpckit.launch.worker"]
     policy = RetryPolicy(job.run_config.failure_config.max_failures)
     payload = tempfile.mkdtemp(prefix="hpckit-launch-", dir=settings.local_dir)
     try:

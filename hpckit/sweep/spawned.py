@@ -29,7 +29,7 @@ TUNER = "tuner.pkl"
 def run_spawned(tuner: Any, ranks: int, settings: Settings) -> None:
     """Run ``tuner.fit()`` on ``ranks`` ranks that hpckit starts; returns when they finished
     the sweep, raises as the ranks ended otherwise."""
-    command = [*mpiexec(settings), "-n", str(ranks), sys.executable, "-m", "hpckit.sweep.worker"]
+    command = [*mpiexec(settings, ranks), "-n", str(ranks), sys.executable, "-m", "hpckit.sweep.worker"]
     payload = tempfile.mkdtemp(prefix="hpckit-sweep-", dir=settings.local_dir)
     try:
         write_payload(payload, tuner, TUNER, "the Tuner",
