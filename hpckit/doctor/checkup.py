@@ -6,7 +6,7 @@ import os
 import socket
 from typing import Any
 
-from hpckit.doctor import framework, mpi, slurm, storage
+from hpckit.doctor import framework, mpi, slurm, startup, storage
 from hpckit.doctor.finding import FAIL, Finding, worst
 from hpckit.run.mpi.waiting import from_root, gather_to_root
 from hpckit.settings import Settings
@@ -33,6 +33,6 @@ def checkup(comm: Any, settings: Settings, storage_path: str | None,
             *framework.torch_build([r["torch"] for r in everyone]),
             framework.gpus([r["torch"] for r in everyone]), framework.nccl(),
             *[f for f in (shared, cached) if f is not None],
-            *slurm.job_settings(settings)]
+            startup.early_stop(), *slurm.job_settings(settings)]
     status = from_root(comm, 1 if findings and worst(findings) == FAIL else 0)
     return findings, int(status)

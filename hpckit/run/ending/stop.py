@@ -5,9 +5,11 @@ on the announcement every rank sends anyway), so they all stop after the same ch
 After it, rank 0 asks Slurm to requeue the job, and every rank exits with EXIT_STOPPED.
 
 The handler is installed as early as any hpckit code runs in a launched rank (at ``import
-hpckit``, see :func:`catch_early`), so a warning that comes while the script still imports
-torch or builds its model is kept for the run instead of killing the rank (Python's default
-for SIGUSR1/SIGUSR2 is to terminate). Import hpckit before torch to be covered earliest.
+hpckit``, see :func:`catch_early`), so a warning that comes while the script still builds
+its model is kept for the run instead of killing the rank (Python's default for
+SIGUSR1/SIGUSR2 is to terminate). Before that, from the script's first line (while it
+imports torch), the start-up hook that hpckit installs into site-packages notes the signal
+(``run/startup/hook.py``), and ``import hpckit`` takes it over.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -51,13 +54,18 @@ def _record(number: int, _frame: Any) -> None:
 
 def catch_early(signum: signal.Signals) -> bool:
     """Record the stop signal from now on, where nothing else handles it yet (main thread).
-    Ignored counts as unhandled: ``hpckit run`` starts mpiexec with it ignored."""
+    Ignored counts as unhandled: ``hpckit run`` starts mpiexec with it ignored. The start-up
+    hook's handler (``run/startup/hook.py``) is taken over, with the signal it noted."""
+    global _received
     try:
-        if signal.getsignal(signum) not in (signal.SIG_DFL, signal.SIG_IGN):
+        current = signal.getsignal(signum)
+        if current not in (signal.SIG_DFL, signal.SIG_IGN) and \
+                not getattr(current, "hpckit_early", False):
             return False
         signal.signal(signum, _record)
     except ValueError:  # not the main thread
         return False
+    _received = _received or getattr(sys, "hpckit_stop_received", None)
     return True
 
 
