@@ -99,6 +99,21 @@ def test_requeued_job_resumes_and_ends_as_an_uninterrupted_run(tmp_path, slurm, 
     assert [l["metrics"]["epoch"] for l in metrics_lines(experiment)] == list(range(8))
 
 
+def test_a_warning_as_the_job_starts_is_held_by_the_script_until_the_ranks_run(
+        tmp_path, slurm, steady_reference):
+    job = submit(slurm, tmp_path, "requeue.sbatch", "--ntasks=2", "--cpus-per-task=1", "--time=10",
+                 args=f"--storage {tmp_path} --name held --epoch-seconds 2")
+    deadline = time.monotonic() + 60
+    while states(slurm, job).get(job) != "RUNNING":
+        assert time.monotonic() < deadline, output_of(tmp_path) + slurm.logs()
+        time.sleep(0.1)
+    slurm.run("scancel", "--batch", "--signal=USR2", job)  # --signal=B:...: to the script
+    assert wait(slurm, tmp_path, job, 300) == {job: "COMPLETED"}, output_of(tmp_path)
+    statuses = [(a["status"], a.get("error")) for a in manifest(tmp_path / "held")["attempts"]]
+    assert statuses == [("requeued", "stop requested by SIGUSR2"), ("finished", None)], statuses
+    assert final_params(output_of(tmp_path)) == steady_reference
+
+
 def test_time_limit_warning_checkpoints_requeues_and_finishes(tmp_path, slurm, steady_reference,
                                                               cpu_burner):
     # Slurm checks time limits every 30 s and sends the warning up to that much early: @30 of

@@ -247,7 +247,9 @@ def test_hpckit_sweep_writes_an_array_job_whose_tasks_share_the_trials(tmp_path)
     for line in ["#SBATCH --array=0-3", "#SBATCH --ntasks=2", "#SBATCH --time=01:00:00",
                  "#SBATCH --partition=gpu", "#SBATCH --output=sweep-%A_%a.out", "#SBATCH --requeue"]:
         assert line in lines, out.output
-    assert lines[-1].endswith(f"{script} --epochs 3"), out.output
+    step = [line for line in lines if line.startswith("srun ")]
+    assert len(step) == 1 and step[0].endswith(f"{script} --epochs 3 &"), out.output
+    assert "#SBATCH --signal=B:USR2@120" in lines and lines[-1] == 'exit "$status"', out.output
     assert not (tmp_path / "sweep.sbatch").exists()  # a dry run writes nothing
     bad = run([HPCKIT, "sweep", "--array", "2", "--slurm", "gpu", str(script)], timeout=30,
               expect=2)

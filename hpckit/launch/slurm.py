@@ -26,11 +26,37 @@ def render_sbatch(argv: list[str], ntasks: int, cwd: str, job_name: str, python:
 #SBATCH --chdir={cwd}
 #SBATCH --ntasks={ntasks}
 {lines}#SBATCH --requeue
-#SBATCH --signal=USR2@120
+#SBATCH --signal=B:USR2@120
 #SBATCH --open-mode=append
 #SBATCH --output={output}
+trap 'warned=1' USR2
 {RESUME_NOTE if array is None else SWEEP_NOTE}
 # USR2 two minutes before the time limit makes hpckit commit a checkpoint and requeue.
 cd {shlex.quote(cwd)}
-{exports}srun --mpi=pmi2 --kill-on-bad-exit=1 {command}
+{exports}{warned_step(f"srun --mpi=pmi2 --kill-on-bad-exit=1 {command}")}
 """
+
+
+WARNED_STEP = """\
+# Slurm warns this script (--signal=B:USR2@120), which passes the warning to the ranks once
+# they have run HOLD seconds: a warning that comes as the job starts then stops the run at a
+# report instead of killing ranks still starting. srun hands USR2 to every rank.
+HOLD=10
+{srun} &
+step=$! started=$SECONDS
+warn_ranks() {{ sleep $(( started + HOLD > SECONDS ? started + HOLD - SECONDS : 0 )); \\
+  kill -USR2 "$step" 2>/dev/null || true; }}
+trap warn_ranks USR2
+if [ -n "${{warned:-}}" ]; then warn_ranks; fi
+status=0
+while :; do  # a warning interrupts wait: wait again until srun has ended
+  wait "$step" && status=0 || status=$?
+  kill -0 "$step" 2>/dev/null || break
+done
+exit "$status\""""
+
+
+def warned_step(srun: str) -> str:
+    """``srun`` in the background, with Slurm's warning to the script passed on to its ranks
+    (as at the end of ``slurm/requeue.sbatch``)."""
+    return WARNED_STEP.format(srun=srun)
