@@ -150,7 +150,7 @@ class Checkpoint:
         if self._location.is_local:
             with _writes_lock:
                 waits = _writes.pop(os.path.realpath(self._location.path), [])
-            for pending in waits:
+            for _, pending in waits:
                 pending()
 
     def _require_dir(self) -> None:
@@ -161,15 +161,23 @@ class Checkpoint:
             raise CheckpointError(f"checkpoint directory {self.uri} does not exist.")
 
 
-_writes: dict[str, list[Callable[[], Any]]] = {}
+_writes: dict[str, list[tuple[str, Callable[[], Any]]]] = {}
 _writes_lock = threading.Lock()
 
 
-def writing_into(directory: str, wait: Callable[[], Any]) -> None:
-    """A save that is still writing into the local ``directory`` (``hpckit.torch.save_state``):
-    ``report()`` calls ``wait()`` before it reads a checkpoint of that directory."""
+def writing_into(directory: str, name: str, wait: Callable[[], Any]) -> None:
+    """A save that is still writing the file ``name`` into the local ``directory``
+    (``hpckit.torch.save_state``): ``report()`` calls ``wait()`` before it reads a checkpoint
+    of that directory."""
     with _writes_lock:
-        _writes.setdefault(os.path.realpath(directory), []).append(wait)
+        _writes.setdefault(os.path.realpath(directory), []).append((name, wait))
+
+
+def written_later(directory: str) -> tuple[str, ...]:
+    """The files this process's saves write into ``directory`` after ``report()`` returns:
+    in a directory that every rank shares, only this rank may hash them."""
+    with _writes_lock:
+        return tuple(name for name, _ in _writes.get(os.path.realpath(directory), []))
 
 
 def _local_dir() -> str | None:

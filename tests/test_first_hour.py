@@ -117,7 +117,7 @@ def test_importing_the_torch_face_imports_neither_torch_nor_dcp():
             "import hpckit.torch as t; names = [getattr(t, n) for n in t.__all__]; "
             "assert 'torch.distributed.checkpoint' in sys.modules; print(len(names))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and out.stdout.strip() == "11", out.stderr
+    assert out.returncode == 0 and out.stdout.strip() == "12", out.stderr
 
 
 def test_cli_tables_round_floats_show_times_and_sizes_and_json_is_exact(tmp_path):

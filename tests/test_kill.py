@@ -46,10 +46,10 @@ CACHED = ("partnering", "draining")
 STORAGE_PHASES = tuple(p for p in PHASES if p not in CACHED)
 OCCURRENCES = {"writing": (1, 3), "written": (1, 2), "gathered": (1, 2), "committed": (1, 2),
                "evicting": (1, 4, 9), "handed": (1, 3), "background": (1, 4), "persisted": (1, 2),
-               "staging": (1, 3), "serialising": (1, 4), "committing": (1, 3)}
+               "staging": (1, 3), "serialising": (1, 4), "committing": (1, 2)}
 # Rank 0 commits off the collective only when the ranks train between reports long enough
 # for the background checkpoint to finish (else the next report drains it, synchronously).
-TRAINING = {"committing": ("--epoch-seconds", "0.1")}
+TRAINING = {"committing": ("--epoch-seconds", "0.25")}
 
 
 def mode_for(phase: str, trial: int) -> str:

@@ -107,3 +107,29 @@ def test_a_file_name_outside_the_checkpoint_is_refused(tmp_path):
 def test_outside_a_run_save_state_says_where_to_call_it():
     with pytest.raises(hpckit.HpckitError, match="inside the training function"):
         save_state({"x": torch.zeros(1)})
+
+
+def test_in_a_shared_directory_a_file_still_being_saved_is_hashed_by_its_own_rank(tmp_path):
+    """Three ranks' view of one pending checkpoint: rank 1's save is still writing a.pt when
+    the others hash their shares, so only rank 1 may hash it (once its write is done)."""
+    from hpckit.run.writing.plan import Persisted, unrecorded
+    from hpckit.run.writing.shares import sync_in_place
+    from hpckit.storage.checksum import checksum_of
+    from hpckit.storage.location import local
+
+    pending = tmp_path / "checkpoint_000000"
+    pending.mkdir()
+    for name, size in (("b.pt", 3000), ("c.pt", 2000), ("d.pt", 1000)):
+        (pending / name).write_bytes(bytes([len(name)]) * size)
+    (pending / "a.pt").write_bytes(b"partial")  # what ranks 0 and 2 see of rank 1's save
+    target, later = local(str(pending)), {1: ("a.pt",)}
+    early = [sync_in_place(str(pending), target, rank, 3, later=later) for rank in (0, 2)]
+    (pending / "a.pt").write_bytes(b"the whole file, once rank 1's save is done")
+    own = sync_in_place(str(pending), target, 1, 3, later=later)
+    per_rank: list[Persisted] = [early[0], own, early[1]]
+    by_rank = {rank: sorted(r.path for r in p.records) for rank, p in enumerate(per_rank)}
+    assert "a.pt" in by_rank[1] and all("a.pt" not in by_rank[r] for r in (0, 2))
+    assert sorted(sum(by_rank.values(), [])) == ["a.pt", "b.pt", "c.pt", "d.pt"]
+    record = next(r for r in own.records if r.path == "a.pt")
+    assert record.checksum == checksum_of(b"the whole file, once rank 1's save is done")
+    assert unrecorded(per_rank) == []

@@ -61,7 +61,7 @@ def save_state(obj: Any, filename: str = "state.pt") -> Checkpoint:
     faults.reached("staging", rank)
     written = _background().submit(_write, snapshot, staging.copied, path, rank)
     staging.in_use = written
-    writing_into(directory, lambda: _result(written, path, rank))
+    writing_into(directory, filename, lambda: _result(written, path, rank))
     return Checkpoint.from_directory(directory)
 
 

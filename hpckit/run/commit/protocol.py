@@ -102,7 +102,7 @@ class CommitProtocol:
         plan = self._announce(Announcement(
             REPORT, self.reports, handed.files, failure, stop.received(), handed.in_place,
             self.in_flight.settled(), upload.mode is CheckpointUploadMode.ASYNC, upload.dir_name,
-            self._mine if self.callbacks else None))
+            self._mine if self.callbacks else None, handed.later))
         if self.levels is not None:
             self.levels.tidy(plan)
         if plan.directory is None:

@@ -19,7 +19,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 
-from hpckit.checkpoint import Checkpoint
+from hpckit.checkpoint import Checkpoint, written_later
 from hpckit.config import CheckpointUploadMode
 from hpckit.errors import CheckpointError
 from hpckit.experiment.manifest import STAGING_NAME
@@ -46,6 +46,8 @@ class Handed:
     in_place: bool = False
     owned: bool = False
     """Whether hpckit may move the files and remove the directory."""
+    later: tuple[str, ...] = ()
+    """Files of an in-place checkpoint that this rank's saves are still writing."""
 
 
 def hand_in(checkpoint: Checkpoint, upload: Upload, rank: int, pending: str,
@@ -64,9 +66,10 @@ def hand_in(checkpoint: Checkpoint, upload: Upload, rank: int, pending: str,
             f"get_context().get_checkpoint_dir() ({pending}), not {source}; write them there, "
             f"or use SYNC or ASYNC to have {source} persisted.")
     if in_place:
+        later = written_later(source)
         if upload.mode is not CheckpointUploadMode.ASYNC:
             checkpoint._wait_until_written()
-        return Handed(checkpoint, source, None, True)
+        return Handed(checkpoint, source, None, True, later=later)
     checkpoint._wait_until_written()
     # Files inside the experiment (a committed checkpoint handed again) are never hpckit's to
     # move or delete.

@@ -58,6 +58,7 @@ class Announcement:
     asynchronous: bool = False
     dir_name: str | None = None
     metrics: dict[str, Any] | None = None  # this rank's, sent only for UserCallbacks
+    later: tuple[str, ...] = ()  # in place: files this rank's saves are still writing
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class Plan:
     in_place: bool = False
     asynchronous: bool = False
     index: int | None = None
+    later: dict[int, tuple[str, ...]] = field(default_factory=dict)  # by rank: its own to hash
     committed: tuple[str, ...] = ()
     committing: tuple[str, ...] = ()  # finished by every rank; rank 0 writes their commits
     criterion_met: bool = False  # RunConfig(stop=...) was met: the run ends after this report
@@ -109,7 +111,9 @@ def make_plan(announcements: list[Announcement], step: int, next_index: int) -> 
     asked = [a.asynchronous for a in announcements if a.files is not None or a.in_place]
     asynchronous = in_background(stop, all(asked))
     directory = _directory_name(announcements, bool(in_place)) or checkpoint_dirname(next_index)
-    return Plan(step, stop, directory, writes, hashes, bool(in_place), asynchronous, next_index)
+    later = {rank: a.later for rank, a in enumerate(announcements) if a.later}
+    return Plan(step, stop, directory, writes, hashes, bool(in_place), asynchronous, next_index,
+                later=later)
 
 
 def in_background(stop: str | None, asked: bool) -> bool:

@@ -84,13 +84,21 @@ def write_share(plan: Plan, target: Location, source: str | None, rank: int, *, 
 
 
 def sync_in_place(directory: str, target: Location, rank: int, ranks: int,
-                     phase: str = "writing") -> Persisted:
+                  phase: str = "writing", later: dict[int, tuple[str, ...]] | None = None
+                  ) -> Persisted:
     """A checkpoint written in place. On POSIX storage ``directory`` is the shared pending
-    checkpoint: this rank hashes and syncs its share of the files every rank wrote there. On
-    object storage it is this rank's own staging directory, whose files it uploads."""
+    checkpoint: this rank hashes and syncs its share of the files every rank wrote there,
+    and the files its own saves wrote after the report (``later``, by rank: another rank
+    may still be writing its own). On object storage it is this rank's own staging
+    directory, whose files it uploads."""
     listing = list_source(directory, rank)
     shared = target.is_local and os.path.realpath(directory) == os.path.realpath(target.path)
-    mine = share_hashing(listing, ranks, rank) if shared else [name for name, _ in listing]
+    mine = [name for name, _ in listing]
+    if shared:
+        claimed = {name: owner for owner, names in (later or {}).items() for name in names}
+        common = [(name, size) for name, size in listing if name not in claimed]
+        mine = share_hashing(common, ranks, rank) + sorted(
+            name for name, owner in claimed.items() if owner == rank)
 
     def one(rel: str) -> FileRecord:
         if shared:

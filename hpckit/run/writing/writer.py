@@ -33,7 +33,7 @@ class ShareWriter:
             if handed.checkpoint is not None:  # an asynchronous save made synchronous
                 handed.checkpoint._wait_until_written()
             persisted = sync_in_place(self._in_place_source(plan, handed), target, self.rank,
-                                      self.size)
+                                      self.size, later=plan.later)
         else:
             persisted = Persisted(write_share(plan, target, handed.source, self.rank))
         faults.reached("written", self.rank)
@@ -65,7 +65,7 @@ class ShareWriter:
         if handed.checkpoint is not None:
             handed.checkpoint._wait_until_written()
         source = self._in_place_source(plan, handed)
-        persisted = sync_in_place(source, target, self.rank, self.size, "background")
+        persisted = sync_in_place(source, target, self.rank, self.size, "background", plan.later)
         if not target.is_local:
             self.staging.release(source)
         faults.reached("persisted", self.rank)
