@@ -229,12 +229,13 @@ class Settings:
         """Which external launcher started this process, if any."""
         if self.worker:
             return "hpckit"
-        pmi = self.pmi_size or self.ompi_size or self.pmix_rank
+        world = self.pmi_size or self.ompi_size  # set by mpiexec (Hydra, or Open MPI's)
         # mpiexec inside an allocation starts its proxies with srun (one task per node):
-        # then PMI's world, not srun's task count, says who launched the ranks.
-        if self.srun_tasks and (not pmi or self.pmi_size == self.srun_tasks):
+        # then mpiexec's world, not srun's task count, says who launched the ranks. Under
+        # srun --mpi=pmix the ranks see PMIx (PMIX_RANK) and no mpiexec world.
+        if self.srun_tasks and (not world or world == self.srun_tasks):
             return "srun"
-        return "mpiexec" if pmi else None
+        return "mpiexec" if world or self.pmix_rank else None
 
     @property
     def launched_tasks(self) -> int | None:

@@ -101,6 +101,8 @@ def test_cpu_threads():
     ({"PMI_SIZE": "3", "PMI_RANK": "0"}, "mpiexec", 3),
     ({"OMPI_COMM_WORLD_SIZE": "2"}, "mpiexec", 2),
     ({"SLURM_STEP_NUM_TASKS": "4", "PMI_SIZE": "4"}, "srun", 4),
+    ({"SLURM_STEP_NUM_TASKS": "2", "PMIX_RANK": "1"}, "srun", 2),  # srun --mpi=pmix
+    ({"SLURM_STEP_NUM_TASKS": "1", "OMPI_COMM_WORLD_SIZE": "3", "PMIX_RANK": "0"}, "mpiexec", 3),
     ({"SLURM_STEP_NUM_TASKS": "3"}, "srun", 3),
     ({"SLURM_STEP_NUM_TASKS": "1", "PMI_SIZE": "2"}, "mpiexec", 2),
     ({"SLURM_JOB_ID": "7"}, None, None),
