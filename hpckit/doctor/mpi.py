@@ -4,13 +4,12 @@ was launched, and where the ranks run."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import sys
 from collections import Counter
 from typing import Any
 
 from hpckit.doctor.finding import FAIL, OK, WARN, Finding
+from hpckit.launch.process import find_mpiexec, launcher_version
 from hpckit.settings import Settings, variable
 
 # What ``srun --mpi=`` each MPI's processes understand (MPICH and Intel MPI also take pmix
@@ -51,15 +50,13 @@ def library(version: str) -> Finding:
 
 def launcher(settings: Settings, version: str) -> Finding:
     """The mpiexec that ``python train.py`` would start ranks with, against the library."""
-    found = settings.mpiexec or shutil.which("mpiexec", path=os.path.dirname(sys.executable)) \
-        or shutil.which("mpiexec")
+    found = find_mpiexec(settings)
     if not found:
         return Finding("launcher", WARN, "no mpiexec next to python or on PATH",
                        "python train.py with num_workers > 1 cannot start ranks (srun and your "
                        f"own mpirun still can); pip install mpich, or set {variable('mpiexec')}")
     try:
-        text = subprocess.run([found, "--version"], capture_output=True, text=True,
-                              timeout=30).stdout
+        text = launcher_version(found)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return Finding("launcher", FAIL, f"{found} --version failed: {exc}",
                        f"set {variable('mpiexec')} to a working mpiexec")

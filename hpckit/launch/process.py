@@ -36,17 +36,28 @@ from hpckit.storage.uris import redact
 STOP_MARGIN = 5.0  # after Ctrl-C, beyond the ranks' own grace: rank 0 records and closes
 
 
+def find_mpiexec(settings: Settings) -> str | None:
+    """The mpiexec hpckit starts ranks with: HPCKIT_MPIEXEC, else the one next to Python
+    (the mpich wheel's, in a virtualenv), else the first on PATH."""
+    return (settings.mpiexec or shutil.which("mpiexec", path=os.path.dirname(sys.executable))
+            or shutil.which("mpiexec"))
+
+
+def launcher_version(found: str) -> str:
+    """What ``found --version`` prints; raises OSError (or TimeoutExpired) if it cannot run."""
+    return subprocess.run([found, "--version"], capture_output=True, text=True,
+                          timeout=30).stdout
+
+
 def mpiexec(settings: Settings, ranks: int) -> list[str]:
     """The mpiexec that starts ``ranks`` ranks on this node, with the flags its MPI needs."""
-    found = settings.mpiexec or shutil.which("mpiexec", path=os.path.dirname(sys.executable)) \
-        or shutil.which("mpiexec")
+    found = find_mpiexec(settings)
     if not found:
         raise LaunchError(
             "num_workers > 1 needs mpiexec to start the ranks, and none was found next to "
             f"{sys.executable} or on PATH; pip install mpich, or set {variable('mpiexec')}.")
     try:
-        version = subprocess.run([found, "--version"], capture_output=True, text=True,
-                                 timeout=30).stdout
+        version = launcher_version(found)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise LaunchError(f"cannot run {found} --version: {exc}") from None
     # Hydra would use the Slurm allocation's nodes; hpckit starts ranks on this node only.
