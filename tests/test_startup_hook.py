@@ -37,6 +37,24 @@ def hook_installed():
         pytest.skip(f"{HOOK} is missing (.ci/install copies it)")
 
 
+@pytest.fixture(autouse=True)
+def default_stop_signal():
+    """The children start with SIGUSR2's default, as a rank does: a run of fit() inside this
+    test process leaves it ignored (a late warning must not kill a process that ran
+    hpckit), and children inherit what is ignored."""
+    before = signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGUSR2, before)
+
+
+def test_a_rank_whose_launcher_ignores_the_signal_keeps_it_too():
+    ignored = "import signal, os; signal.signal(signal.SIGUSR2, signal.SIG_IGN); os.execv(*ARGS)"
+    command = [MPIEXEC, "-n", "1", sys.executable, "-c", SIGNAL_THEN_IMPORT]
+    out = run([sys.executable, "-c", ignored.replace("ARGS", repr((command[0], command)))],
+              timeout=60)
+    assert "RECEIVED SIGUSR2" in out.output, out.output
+
+
 def test_a_launched_rank_keeps_a_stop_signal_from_before_import_hpckit():
     out = run([MPIEXEC, "-n", "1", sys.executable, "-c", SIGNAL_THEN_IMPORT], timeout=60)
     assert "RECEIVED SIGUSR2" in out.output, out.output

@@ -39,7 +39,9 @@ noted.hpckit_early = True  # type: ignore[attr-defined]
 
 def install() -> None:
     number = stop_signal(os.environ.get("HPCKIT_STOP_SIGNAL", "USR2"))
-    if number is not None and signal.getsignal(number) is signal.SIG_DFL:
+    # Ignored counts as unhandled, as for hpckit itself: a parent that ignored it (hpckit
+    # run starts mpiexec so) wants the rank not to die of it, and noting it keeps it too.
+    if number is not None and signal.getsignal(number) in (signal.SIG_DFL, signal.SIG_IGN):
         signal.signal(number, noted)
         sys.hpckit_early_hook = number.name  # type: ignore[attr-defined]
 
