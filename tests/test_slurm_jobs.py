@@ -104,9 +104,10 @@ def test_a_warning_as_the_job_starts_is_held_by_the_script_until_the_ranks_run(
     job = submit(slurm, tmp_path, "requeue.sbatch", "--ntasks=2", "--cpus-per-task=1", "--time=10",
                  args=f"--storage {tmp_path} --name held --epoch-seconds 2")
     deadline = time.monotonic() + 60
-    while states(slurm, job).get(job) != "RUNNING":
+    # The script's first line sets its trap, its echo says it runs; srun starts right after.
+    while f"job {job} restart 0" not in output_of(tmp_path):
         assert time.monotonic() < deadline, output_of(tmp_path) + slurm.logs()
-        time.sleep(0.1)
+        time.sleep(0.05)
     slurm.run("scancel", "--batch", "--signal=USR2", job)  # --signal=B:...: to the script
     assert wait(slurm, tmp_path, job, 300) == {job: "COMPLETED"}, output_of(tmp_path)
     statuses = [(a["status"], a.get("error")) for a in manifest(tmp_path / "held")["attempts"]]
