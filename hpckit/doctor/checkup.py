@@ -8,11 +8,10 @@ from typing import Any
 
 from hpckit.doctor import framework, mpi, slurm, startup, storage
 from hpckit.doctor.finding import FAIL, Finding, worst
+from hpckit.run.job import DEFAULT_STORAGE
 from hpckit.run.mpi.waiting import from_root, gather_to_root
 from hpckit.settings import Settings
 from hpckit.storage.location import resolve
-
-DEFAULT_STORAGE = "~/hpckit_results"
 
 
 def checkup(comm: Any, settings: Settings, storage_path: str | None,
