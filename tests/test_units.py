@@ -17,6 +17,7 @@ import torch
 from hpckit.errors import ConfigError, LaunchError, MetricsError, StorageError
 from hpckit.experiment.values import to_json_metrics
 from hpckit.integrations.torch.devices import assign_gpus, cpu_threads
+from hpckit.run.mpi.library import implementation, loaded_version, srun_plugin
 from hpckit.settings import Settings
 from hpckit.storage.location import resolve
 from hpckit.storage.uris import parent, redact, restore_credentials
@@ -110,6 +111,25 @@ def test_cpu_threads():
 def test_launcher_detection(environ, launcher, tasks):
     env = Settings.read(environ)
     assert env.launcher == launcher and env.launched_tasks == tasks
+
+
+@pytest.mark.parametrize("version,plugin", [
+    ("MPICH Version:      4.3.2", "pmi2"),
+    ("Open MPI v5.0.11, package: Open MPI root@build Distribution", "pmix"),
+    ("Intel(R) MPI Library 2021.17 for Linux* OS", "pmi2"),
+    ("MPI VERSION    : CRAY MPICH version 8.1.30.2", "cray_shasta"),
+    ("Some other MPI 1.0", "pmi2"),  # not recognised: the default
+])
+def test_srun_plugin_follows_the_mpi_implementation(version, plugin):
+    assert srun_plugin(version) == plugin
+
+
+def test_the_loaded_mpi_is_asked_without_starting_mpi_here():
+    version = loaded_version(sys.executable)
+    assert implementation(version) == "MPICH" and ", package:" not in version, version
+    out = subprocess.run([sys.executable, "-m", "hpckit", "doctor", "--srun-mpi"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout == "pmi2\n", out.stdout + out.stderr
 
 
 @pytest.mark.parametrize("uri,error,fragment", [

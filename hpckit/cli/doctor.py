@@ -10,6 +10,7 @@ from hpckit import settings as _settings
 from hpckit.cli.app import main
 from hpckit.cli.tables import echo_json, echo_table
 from hpckit.doctor.finding import OK
+from hpckit.run.mpi.library import srun_plugin
 
 
 @main.command()
@@ -18,7 +19,11 @@ from hpckit.doctor.finding import OK
 @click.option("--cache-dir", default=None,
               help="A node-local cache directory to check (CheckpointConfig(cache_dir)).")
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
-def doctor(storage_path: str | None, cache_dir: str | None, as_json: bool) -> None:
+@click.option("--srun-mpi", is_flag=True,
+              help="Print only the srun --mpi= plugin for the MPI that mpi4py loads (pmi2, "
+                   "pmix), for job scripts: srun --mpi=$(python -m hpckit doctor --srun-mpi).")
+def doctor(storage_path: str | None, cache_dir: str | None, as_json: bool,
+           srun_mpi: bool) -> None:
     """Check this site's set-up, each finding with its fix: the MPI that mpi4py loaded and
     the launcher found, how the ranks were launched and placed, the torch build, the time
     `import torch` takes and the GPUs each rank sees, the storage path (writable, the same
@@ -28,6 +33,9 @@ def doctor(storage_path: str | None, cache_dir: str | None, as_json: bool) -> No
 
     Example: srun -N 2 --ntasks-per-node=4 --mpi=pmi2 hpckit doctor --storage /lustre/me/runs
     """
+    if srun_mpi:
+        click.echo(srun_plugin())
+        return
     from mpi4py import MPI
 
     from hpckit.doctor.checkup import checkup

@@ -15,6 +15,7 @@ from hpckit.experiment.manifest import Manifest
 from hpckit.launch.process import run_script
 from hpckit.launch.slurm import render_sbatch
 from hpckit.run.ending.retry import RetryPolicy
+from hpckit.run.mpi.library import srun_plugin
 from hpckit.settings import variable
 from hpckit.storage.uris import parent, redact, restore_credentials
 
@@ -42,11 +43,22 @@ def run(ranks: int, max_failures: int, script: str, args: tuple[str, ...]) -> No
               help="Restarts after a failure (-1: no limit).")
 @click.option("--sbatch", "sbatch_file", type=click.Path(dir_okay=False), default=None,
               help="Write an sbatch script to FILE and submit it instead of running here.")
-def resume(experiment: str, ranks: int | None, max_failures: int, sbatch_file: str | None) -> None:
+@click.option("--time", "time_limit", default=None, metavar="TIME",
+              help="With --sbatch: the job's time limit, as sbatch takes it (e.g. 02:00:00).")
+@click.option("--slurm", "directives", multiple=True, metavar="KEY=VALUE",
+              help="With --sbatch: another #SBATCH option, e.g. --slurm partition=gpu "
+                   "--slurm gpus-per-task=1 (repeatable).")
+def resume(experiment: str, ranks: int | None, max_failures: int, sbatch_file: str | None,
+           time_limit: str | None, directives: tuple[str, ...]) -> None:
     """Continue EXPERIMENT with the command, arguments and world size in its manifest.
 
-    Example: hpckit resume /lustre/me/runs/resnet --sbatch resume-resnet.sbatch
+    Example: hpckit resume /lustre/me/runs/resnet --sbatch resume-resnet.sbatch --time 04:00:00
+    --slurm partition=gpu --slurm gpus-per-task=1
     """
+    options = _sbatch_options(time_limit, directives)
+    if options and not sbatch_file:
+        raise click.UsageError("--time and --slurm are options of the job script: add "
+                               "--sbatch FILE, or leave them out to resume here.")
     location, manifest = require(experiment)
     world = _world_size(manifest, ranks)
     command = manifest.command
@@ -59,8 +71,9 @@ def resume(experiment: str, ranks: int | None, max_failures: int, sbatch_file: s
     env = {variable("name"): manifest.experiment, variable("storage"): root,
            variable("resume"): str(manifest.config.get("train_loop") or "*")}
     if sbatch_file:
-        _submit(sbatch_file, render_sbatch(argv, world, cwd, manifest.experiment,
-                                           command.get("executable") or sys.executable, env))
+        python = command.get("executable") or sys.executable
+        _submit(sbatch_file, render_sbatch(argv, world, cwd, manifest.experiment, python, env,
+                                           directives=options, srun_mpi=_srun_mpi(python)))
         return
     click.echo(f"resuming {location.display} with {world} rank(s): {redact(' '.join(argv))}",
                err=True)
@@ -104,6 +117,19 @@ def sweep(tasks: int, ntasks: int, time_limit: str | None, directives: tuple[str
 
     Example: hpckit sweep --array 4 --ntasks 2 --time 02:00:00 sweep.py --epochs 10
     """
+    name = os.path.splitext(os.path.basename(script))[0]
+    text = render_sbatch([os.path.abspath(script), *args], ntasks, os.getcwd(), name,
+                         sys.executable, {}, array=tasks,
+                         directives=_sbatch_options(time_limit, directives),
+                         srun_mpi=_srun_mpi(sys.executable))
+    if dry_run:
+        click.echo(text, nl=False)
+        return
+    _submit(sbatch_file or f"{name}.sbatch", text)
+
+
+def _sbatch_options(time_limit: str | None, directives: tuple[str, ...]) -> tuple[str, ...]:
+    """``--time`` and ``--slurm KEY=VALUE`` options as ``#SBATCH`` options."""
     options = [f"--time={time_limit}"] if time_limit else []
     for directive in directives:
         key, equals, value = directive.partition("=")
@@ -111,13 +137,13 @@ def sweep(tasks: int, ntasks: int, time_limit: str | None, directives: tuple[str
             raise click.BadParameter(f"{directive!r}: give KEY=VALUE, e.g. partition=gpu",
                                      param_hint="--slurm")
         options.append(f"--{key}={value}")
-    name = os.path.splitext(os.path.basename(script))[0]
-    text = render_sbatch([os.path.abspath(script), *args], ntasks, os.getcwd(), name,
-                         sys.executable, {}, array=tasks, directives=tuple(options))
-    if dry_run:
-        click.echo(text, nl=False)
-        return
-    _submit(sbatch_file or f"{name}.sbatch", text)
+    return tuple(options)
+
+
+def _srun_mpi(python: str) -> str:
+    """The ``srun --mpi=`` plugin for the MPI that mpi4py loads under ``python``; the job's
+    ranks run that interpreter, so it is asked, not this one."""
+    return srun_plugin(python=python if os.path.exists(python) else None)
 
 
 def _submit(path: str, text: str) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 from hpckit.doctor import framework, mpi, slurm, startup, storage
 from hpckit.doctor.finding import FAIL, Finding, worst
 from hpckit.run.job import DEFAULT_STORAGE
+from hpckit.run.mpi.library import loaded_version
 from hpckit.run.mpi.waiting import from_root, gather_to_root
 from hpckit.settings import Settings
 from hpckit.storage.location import resolve
@@ -18,7 +19,7 @@ def checkup(comm: Any, settings: Settings, storage_path: str | None,
             cache_dir: str | None) -> tuple[list[Finding] | None, int]:
     """The findings (on rank 0; None elsewhere) and the exit status every rank returns:
     1 when a check failed, else 0."""
-    version = mpi.library_version()
+    version = loaded_version()
     mine: dict[str, Any] = {"host": socket.gethostname(), "torch": framework.look()}
     everyone = gather_to_root(comm, mine)
     location = resolve(os.path.expanduser(storage_path or settings.storage or DEFAULT_STORAGE))

@@ -10,32 +10,8 @@ from typing import Any
 
 from hpckit.doctor.finding import FAIL, OK, WARN, Finding
 from hpckit.launch.process import find_mpiexec, launcher_version
+from hpckit.run.mpi.library import implementation, srun_plugin
 from hpckit.settings import Settings, variable
-
-# What ``srun --mpi=`` each MPI's processes understand (MPICH and Intel MPI also take pmix
-# where they were built with it).
-SRUN_MPI = {"MPICH": "pmi2", "Cray MPICH": "cray_shasta", "Intel MPI": "pmi2", "Open MPI": "pmix"}
-
-
-def implementation(text: str) -> str | None:
-    """Which MPI a library's or a launcher's version text names."""
-    lowered = text.lower()
-    if "open mpi" in lowered or "open-mpi" in lowered:
-        return "Open MPI"
-    if "intel(r) mpi" in lowered or "intel mpi" in lowered:
-        return "Intel MPI"
-    if "cray mpich" in lowered:
-        return "Cray MPICH"
-    if "mpich" in lowered or "hydra" in lowered:
-        return "MPICH"
-    return None
-
-
-def library_version() -> str:
-    from mpi4py import MPI
-
-    first = str(MPI.Get_library_version()).strip().splitlines()[0]
-    return " ".join(first.split(", package:")[0].split())  # Open MPI goes on with its build
 
 
 def library(version: str) -> Finding:
@@ -75,7 +51,7 @@ def launched(settings: Settings, world_size: int, version: str) -> Finding:
     tasks, how = settings.launched_tasks, settings.launcher or "alone (a singleton)"
     if tasks is not None and tasks != world_size:
         loaded = implementation(version)
-        fix = (f"srun --mpi={SRUN_MPI.get(loaded or '', 'pmi2')} for {loaded or 'this MPI'} "
+        fix = (f"srun --mpi={srun_plugin(version)} for {loaded or 'this MPI'} "
                "(srun --mpi=list shows what this Slurm offers)" if how == "srun" else
                "launch with the mpiexec of the MPI that mpi4py loaded (see 'launcher')")
         return Finding("launch", FAIL, f"{how} started {tasks} tasks, but MPI sees a world of "

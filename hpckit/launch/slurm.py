@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import shlex
 
+from hpckit.run.mpi.library import DEFAULT_SRUN_MPI
+
 RESUME_NOTE = "# Written by `hpckit resume --sbatch`: it continues the experiment from its manifest."
 SWEEP_NOTE = ("# Written by `hpckit sweep`: every array task runs the script, and its Tuner runs\n"
               "# that task's share of the trials. Submitting it again resumes the sweep.")
@@ -12,10 +14,11 @@ SWEEP_NOTE = ("# Written by `hpckit sweep`: every array task runs the script, an
 
 def render_sbatch(argv: list[str], ntasks: int, cwd: str, job_name: str, python: str,
                   environment: dict[str, str], array: int | None = None,
-                  directives: tuple[str, ...] = ()) -> str:
+                  directives: tuple[str, ...] = (), srun_mpi: str = DEFAULT_SRUN_MPI) -> str:
     """The sbatch script that continues an experiment or, with ``array`` tasks, runs a sweep
     over a job array: a pure function of its inputs. ``directives`` are more ``--key=value``
-    options for ``#SBATCH`` lines, e.g. ``("--time=02:00:00", "--partition=gpu")``."""
+    options for ``#SBATCH`` lines, e.g. ``("--time=02:00:00", "--partition=gpu")``;
+    ``srun_mpi`` is the plugin the ranks' MPI speaks (:func:`~hpckit.run.mpi.library.srun_plugin`)."""
     command = " ".join(shlex.quote(a) for a in [python, *argv])
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(environment.items()))
     extra = [f"--array=0-{array - 1}"] if array is not None else []
@@ -33,7 +36,7 @@ trap 'warned=1' USR2
 {RESUME_NOTE if array is None else SWEEP_NOTE}
 # USR2 two minutes before the time limit makes hpckit commit a checkpoint and requeue.
 cd {shlex.quote(cwd)}
-{exports}{warned_step(f"srun --mpi=pmi2 --kill-on-bad-exit=1 {command}")}
+{exports}{warned_step(f"srun --mpi={srun_mpi} --kill-on-bad-exit=1 {command}")}
 """
 
 

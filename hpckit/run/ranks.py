@@ -14,6 +14,7 @@ from hpckit.run.ending import exit as rank_exit
 from hpckit.run.ending import stop
 from hpckit.run.ending.retry import RetryPolicy
 from hpckit.run.job import TrainingJob
+from hpckit.run.mpi import library
 from hpckit.run.mpi.comm import RankFailure, discover, raised_together, world
 from hpckit.run.mpi.waiting import from_root, wait_for_all
 from hpckit.run.startup import shm
@@ -87,10 +88,12 @@ def check_world(size: int, num_workers: int, settings: Settings | None) -> None:
     ``num_workers``."""
     tasks, launcher = (settings.launched_tasks, settings.launcher) if settings else (None, None)
     if tasks is not None and tasks != size:
+        version = library.loaded_version()
         raise LaunchError(
             f"the launcher ({launcher}) started {tasks} tasks but MPI sees a world of "
-            f"{size}: the launcher and mpi4py's MPI disagree. With srun use --mpi=pmi2; with "
-            "mpirun use the mpiexec of the MPI that mpi4py was built with.")
+            f"{size}: the launcher and mpi4py's MPI ({version}) disagree. With srun use "
+            f"--mpi={library.srun_plugin(version)}; with mpirun use the mpiexec of the MPI "
+            "that mpi4py loads (hpckit doctor compares them).")
     if size != num_workers:
         raise LaunchError(
             f"ScalingConfig(num_workers={num_workers}) but {size} rank(s) were launched; make "
