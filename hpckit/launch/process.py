@@ -13,6 +13,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from hpckit import settings as _settings
@@ -28,6 +29,7 @@ from hpckit.run.ending.exit import INTERRUPT_GRACE
 from hpckit.run.ending.hang import EXIT_HUNG
 from hpckit.run.ending.retry import RetryPolicy
 from hpckit.run.ending.stop import EXIT_INTERRUPTED, EXIT_STOPPED, ignored
+from hpckit.run.mpi import library
 from hpckit.run.startup.early import process_started
 from hpckit.run.startup.shm import remove_left_by_ranks
 from hpckit.settings import Settings, variable
@@ -49,23 +51,55 @@ def launcher_version(found: str) -> str:
                           timeout=30).stdout
 
 
-def mpiexec(settings: Settings, ranks: int) -> list[str]:
-    """The mpiexec that starts ``ranks`` ranks on this node, with the flags its MPI needs."""
+@dataclass(frozen=True)
+class Launch:
+    """The command that starts the ranks, and the signal its launcher gets when hpckit's
+    driver dies however it dies: a stop request that the launcher passes on to the ranks."""
+
+    command: tuple[str, ...]
+    on_driver_death: int = signal.SIGTERM
+
+
+def mpiexec(settings: Settings, ranks: int, program: list[str]) -> Launch:
+    """mpiexec starting ``ranks`` ranks of ``program`` on this node, with the flags its MPI
+    needs. MPICH's launcher passes SIGTERM on to the ranks; Open MPI's aborts the job on
+    SIGTERM and passes the stop signal on instead."""
     found = find_mpiexec(settings)
     if not found:
         raise LaunchError(
             "num_workers > 1 needs mpiexec to start the ranks, and none was found next to "
             f"{sys.executable} or on PATH; pip install mpich, or set {variable('mpiexec')}.")
+    asked = library.ask()
     try:
         version = launcher_version(found)
     except (OSError, subprocess.TimeoutExpired) as exc:
+        asked.kill()
+        asked.wait()
         raise LaunchError(f"cannot run {found} --version: {exc}") from None
-    # Hydra would use the Slurm allocation's nodes; hpckit starts ranks on this node only.
-    if "HYDRA" in version:
-        return [found, "-launcher", "fork"]
-    if "Open MPI" in version:
-        return [found, *_open_mpi(found, ranks)]
-    return [found]
+    _same_mpi(found, version, asked)
+    ranked = ("-n", str(ranks), *program)
+    kind = library.implementation(version)
+    # Hydra (MPICH's, Intel MPI's) would use the Slurm allocation's nodes; hpckit starts
+    # ranks on this node only.
+    if kind in ("MPICH", "Intel MPI"):
+        return Launch((found, "-launcher", "fork", *ranked))
+    if kind == "Open MPI":
+        return Launch((found, *_open_mpi(found, ranks), *ranked), settings.stop_signal)
+    return Launch((found, *ranked))
+
+
+def _same_mpi(found: str, version: str, asked: subprocess.Popen[str]) -> None:
+    """Ranks started by another MPI's launcher would each run as a world of one."""
+    try:
+        loaded = library.answer(asked)
+    except (OSError, subprocess.SubprocessError):
+        return  # mpi4py's own import error is reported by the ranks, with its context
+    launch, library_of = library.implementation(version), library.implementation(loaded)
+    if launch and library_of and launch != library_of:
+        raise LaunchError(
+            f"{found} is {launch}'s launcher, but mpi4py loads {library_of} ({loaded}): the "
+            f"ranks it started would each run alone. Put {library_of}'s mpiexec first on PATH "
+            f"or set {variable('mpiexec')} to it (or install mpi4py for {launch}).")
 
 
 def _open_mpi(found: str, ranks: int) -> list[str]:
@@ -84,19 +118,19 @@ def _open_mpi(found: str, ranks: int) -> list[str]:
 PR_SET_PDEATHSIG = 1
 
 
-def ended_with(parent: int) -> Callable[[], None] | None:
-    """For the launcher's child process (Linux): SIGTERM when ``parent`` dies, however it
-    dies (SIGKILL, the out-of-memory killer). mpiexec passes SIGTERM to the ranks, which take
-    it as a stop request: the next report commits a checkpoint, the run stops and releases
-    the experiment. Without it, ranks whose driver was killed trained on, holding the lock."""
+def ended_with(parent: int, signum: int) -> Callable[[], None] | None:
+    """For the launcher's child process (Linux): ``signum`` when ``parent`` dies, however it
+    dies (SIGKILL, the out-of-memory killer). mpiexec passes it to the ranks, which take it
+    as a stop request: the next report commits a checkpoint, the run stops and releases the
+    experiment. Without it, ranks whose driver was killed trained on, holding the lock."""
     if not sys.platform.startswith("linux"):
         return None
 
     def arm() -> None:  # runs in the child between fork and exec: no logging, no locks
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
         if os.getppid() != parent:  # died before the request was made
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signum)
 
     return arm
 
@@ -107,15 +141,15 @@ def run_script(ranks: int, argv: list[str], policy: RetryPolicy, cwd: str | None
     failure as ``policy`` allows; each attempt resumes from the manifest. Returns the exit
     status: 0, EXIT_STOPPED, or the last failure's."""
     settings = _settings.current()
-    command = [*mpiexec(settings, ranks), "-n", str(ranks), sys.executable, *argv]
+    launch = mpiexec(settings, ranks, [sys.executable, *argv])
     ids = {variable("run_id"): settings.run_id or f"run-{uuid.uuid4().hex}"}
     attempt = 0
     failed: dict[str, str] = {}
     seen: list[int] = []
     while True:
-        log.info("starting %d rank(s): %s", ranks, redact(" ".join(command)))
+        log.info("starting %d rank(s): %s", ranks, redact(" ".join(launch.command)))
         try:
-            code = run_process(command, {**(extra_env or {}), **ids, **failed,
+            code = run_process(launch, {**(extra_env or {}), **ids, **failed,
                                          variable("attempt"): str(attempt),
                                          variable("restarts"): str(int(policy.allows(attempt))),
                                          variable("started_at"): started_for(attempt, settings)},
@@ -144,7 +178,7 @@ def started_for(attempt: int, settings: Settings) -> str:
     return repr(process_started(settings) if attempt == 0 else time.time())
 
 
-def run_process(command: list[str], extra_env: dict[str, str], settings: Settings,
+def run_process(launch: Launch, extra_env: dict[str, str], settings: Settings,
                 cwd: str | None = None, seen: list[int] | None = None) -> int:
     """Run the ranks' launcher and wait; its exit status, or EXIT_TERMINATED where a SIGTERM
     that reached this process ended the ranks before they stopped by themselves.
@@ -157,10 +191,10 @@ def run_process(command: list[str], extra_env: dict[str, str], settings: Setting
     pids = tempfile.mkdtemp(prefix="hpckit-pids-")
     started = time.time()
     with ignored(settings.stop_signal):  # the ranks install their own handler
-        process = subprocess.Popen(command, env={**os.environ, **extra_env,
+        process = subprocess.Popen(launch.command, env={**os.environ, **extra_env,
                                                  variable("pid_dir"): pids}, cwd=cwd,
                                    start_new_session=True,
-                                   preexec_fn=ended_with(os.getpid()))
+                                   preexec_fn=ended_with(os.getpid(), launch.on_driver_death))
     try:
         with Forwarding(process, pids, settings.stop_signal) as forwarding:
             code = _wait(process, pids)

@@ -29,7 +29,7 @@ from hpckit.experiment.hangs import HUNG
 from hpckit.experiment.opening import prepare
 from hpckit.experiment.reading import read_manifest
 from hpckit.launch.forwarding import EXIT_TERMINATED
-from hpckit.launch.process import mpiexec, run_process, started_for
+from hpckit.launch.process import Launch, mpiexec, run_process, started_for
 from hpckit.logs import log
 from hpckit.result import Result
 from hpckit.run.ending import stop
@@ -54,16 +54,16 @@ def spawn(job: TrainingJob, settings: Settings) -> Result:
     job = job.resumed(settings)[0].named(settings)
     experiment = job.storage_root(settings).join(job.name)
     read_manifest(prepare(experiment.parent, job.name))  # storage and manifest, before ranks
-    command = [*mpiexec(settings, n), "-n", str(n), sys.executable, "-m", "hpckit.launch.worker"]
+    launch = mpiexec(settings, n, [sys.executable, "-m", "hpckit.launch.worker"])
     policy = RetryPolicy(job.run_config.failure_config.max_failures)
     payload = tempfile.mkdtemp(prefix="hpckit-launch-", dir=settings.local_dir)
     try:
         _write_payload(payload, job)
         attempt = 0
         while True:
-            log.debug("starting %d ranks: %s", n, " ".join(command))
+            log.debug("starting %d ranks: %s", n, " ".join(launch.command))
             try:
-                code = _run(command, payload, attempt, settings)
+                code = _run(launch, payload, attempt, settings)
             except KeyboardInterrupt as exc:
                 _interrupted(experiment, exc)
             if code == 0:
@@ -135,10 +135,10 @@ def write_payload(payload: str, what: Any, name: str, subject: str, fix: str) ->
     os.makedirs(os.path.join(payload, ERRORS))
 
 
-def _run(command: list[str], payload: str, attempt: int, settings: Settings) -> int:
+def _run(launch: Launch, payload: str, attempt: int, settings: Settings) -> int:
     for stale in os.listdir(os.path.join(payload, ERRORS)):
         os.unlink(os.path.join(payload, ERRORS, stale))
-    return run_process(command, {variable("worker"): payload, variable("attempt"): str(attempt),
+    return run_process(launch, {variable("worker"): payload, variable("attempt"): str(attempt),
                                  variable("run_id"): os.path.basename(payload),
                                  variable("started_at"): started_for(attempt, settings)},
                        settings)

@@ -29,14 +29,14 @@ TUNER = "tuner.pkl"
 def run_spawned(tuner: Any, ranks: int, settings: Settings) -> None:
     """Run ``tuner.fit()`` on ``ranks`` ranks that hpckit starts; returns when they finished
     the sweep, raises as the ranks ended otherwise."""
-    command = [*mpiexec(settings, ranks), "-n", str(ranks), sys.executable, "-m", "hpckit.sweep.worker"]
+    launch = mpiexec(settings, ranks, [sys.executable, "-m", "hpckit.sweep.worker"])
     payload = tempfile.mkdtemp(prefix="hpckit-sweep-", dir=settings.local_dir)
     try:
         write_payload(payload, tuner, TUNER, "the Tuner",
                       "define the training function at module level (not a lambda or a "
                       "nested function) and keep param_space picklable")
         log.info("starting %d rank(s) for the sweep's trials", ranks)
-        code = run_process(command, {variable("sweep_payload"): payload,
+        code = run_process(launch, {variable("sweep_payload"): payload,
                                      variable("progress"): "0",  # this process shows it
                                      variable("started_at"): started_for(0, settings)}, settings)
     except KeyboardInterrupt:
