@@ -146,7 +146,7 @@ def main() -> None:
             checkpoint_config=CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="accuracy",
                                                checkpoint_score_order="max")))
     result = trainer.fit()
-    if int(os.environ.get("PMI_RANK", "0")) == 0:
+    if hpckit.world_rank() == 0:
         best, metrics = result.best_checkpoints[-1]  # worst to best, as in Ray
         print(f"accuracy {result.metrics['accuracy']:.3f} after epoch {result.metrics['epoch']}; "
               f"best {metrics['accuracy']:.3f} at {best.path}")

@@ -95,7 +95,7 @@ def main() -> None:
             checkpoint_config=CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="val_loss",
                                                checkpoint_score_order="min")))
     result = trainer.fit()
-    if int(os.environ.get("PMI_RANK", "0")) == 0:  # the Result is printed once
+    if hpckit.world_rank() == 0:  # the Result is printed once
         best, metrics = result.best_checkpoints[-1]
         print(f"val_loss {result.metrics['val_loss']:.3f} after epoch {result.metrics['epoch']} "
               f"(step {result.metrics['step']}); best {metrics['val_loss']:.3f} at {best.path}")

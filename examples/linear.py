@@ -84,13 +84,9 @@ def main() -> None:
             failure_config=FailureConfig(max_failures=args.max_failures)),
     )
     result = trainer.fit()
-    if hpckit_rank() == 0:
+    if hpckit.world_rank() == 0:
         print(f"final loss {result.metrics['loss']:.4f}; latest {result.checkpoint}; "
               f"best {result.best_checkpoints[-1][0]}")
-
-
-def hpckit_rank() -> int:
-    return int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from fashion_hdf5 import arguments, train_loop, write_dataset  # noqa: E402
 
-from hpckit import CheckpointConfig, RunConfig, ScalingConfig, tune  # noqa: E402
+from hpckit import CheckpointConfig, RunConfig, ScalingConfig, tune, world_rank  # noqa: E402
 from hpckit.torch import TorchTrainer  # noqa: E402
 
 
@@ -27,7 +27,7 @@ def main() -> None:
                        "sweep-fashion")
     parser.add_argument("--train-size", type=int, default=6000, help="images to train on")
     args = parser.parse_args()
-    if os.environ.get("PMI_RANK", "0") == "0" and not os.path.exists(args.data):
+    if world_rank() == 0 and not os.path.exists(args.data):
         write_dataset(args.data, n_train=args.train_size)
     trainer = TorchTrainer(train_loop, train_loop_config={"epochs": args.epochs, "data": args.data},
                            scaling_config=ScalingConfig(num_workers=args.workers))
@@ -40,7 +40,7 @@ def main() -> None:
                                  num_to_keep=2, checkpoint_score_attribute="accuracy",
                                  checkpoint_score_order="max")))
     grid = tuner.fit()
-    if os.environ.get("PMI_RANK", "0") == "0":
+    if world_rank() == 0:
         best = grid.get_best_result()
         print(f"best: lr={best.config['lr']} batch_size={best.config['batch_size']} "
               f"accuracy {best.metrics['accuracy']:.3f} ({grid.num_terminated} of {len(grid)} "

@@ -83,7 +83,7 @@ def main() -> None:
             checkpoint_config=CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="eval_loss",
                                                checkpoint_score_order="min")))
     result = trainer.fit()
-    if int(os.environ.get("PMI_RANK", "0")) == 0:  # the Result is printed once
+    if hpckit.world_rank() == 0:  # the Result is printed once
         best, metrics = result.best_checkpoints[-1]
         print(f"eval_loss {result.metrics['eval_loss']:.3f} at step {result.metrics['step']}; "
               f"best {metrics['eval_loss']:.3f} at {best.path}")

@@ -40,7 +40,7 @@ from hpckit.run.session.reported import (
     ReportedCheckpointStatus,
     get_all_reported_checkpoints,
 )
-from hpckit.run.session.session import get_checkpoint, get_context, report
+from hpckit.run.session.session import get_checkpoint, get_context, report, world_rank
 from hpckit.run.startup.early import early as _early
 from hpckit.uncaught import install as _install_excepthook
 
@@ -86,4 +86,5 @@ __all__ = [
     "get_context",
     "get_preemption_info",
     "report",
+    "world_rank",
 ]

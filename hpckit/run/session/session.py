@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from hpckit import settings as _settings
 from hpckit.checkpoint import Checkpoint
 from hpckit.config import CheckpointUploadMode
 from hpckit.errors import ConfigError, HpckitError
@@ -75,6 +76,15 @@ def current(caller: str) -> Session:
 def get_context() -> TrainContext:
     """This rank's :class:`TrainContext`: ranks, topology, experiment, stop requests."""
     return current("get_context").context
+
+
+def world_rank() -> int:
+    """This process's rank among the ranks its launcher started (mpiexec, srun), read from
+    the launcher's environment: usable outside the training function, before MPI is up and
+    after ``fit()`` returned, e.g. to print a Result once. 0 in a process that runs alone,
+    such as ``python train.py`` that starts its ranks itself."""
+    rank = _settings.current().launched_rank
+    return int(rank) if rank.isdigit() else 0
 
 
 def get_checkpoint() -> Checkpoint | None:
