@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import reliability
-from conftest import HERE, final_params, manifest, run
+from conftest import HERE, JOB, final_params, manifest, run
 from test_slurm_jobs import output_of, wait, wait_for_reports
 from test_slurm_requeue import SLOW_START, minimal_script, sbatch
 from test_stop_and_resume_cli import driver_killed_then_rerun
@@ -186,3 +186,12 @@ def test_a_rank_that_dies_during_start_up_under_pmix_ends_the_others_within_a_mi
     text = out.stdout + out.stderr
     assert out.returncode != 0 and elapsed < 60, f"{elapsed:.0f} s:\n{text}"
     assert "rank died during start-up (injected by the test)" in text, text
+
+
+def test_srun_without_pmix_is_refused_naming_pmix(tmp_path, slurm):
+    out = run(["srun", "-n", "2", "--mpi=none", "-t", "2", str(PYTHON), str(JOB), "--storage",
+               str(tmp_path), "--workers", "2"], 120, {**slurm.env, **ROOT}, expect=None)
+    assert out.returncode != 0, out.output
+    assert "started 2 tasks but MPI sees a world of 1: the launcher and mpi4py's MPI " \
+           "(Open MPI v5" in out.output, out.output
+    assert "With srun use --mpi=pmix" in out.output, out.output
