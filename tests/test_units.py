@@ -223,3 +223,18 @@ def test_finalize_with_hydra_speaks_pmi_1_only_to_hydra(monkeypatch):
     finally:
         os.close(ours)
         os.close(theirs)
+
+
+def test_prepare_model_names_what_it_takes():
+    from hpckit.integrations.torch.sharding import fully_sharded
+    from hpckit.torch import prepare_model
+
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(ConfigError, match=r"parallel_strategy='zero'\): give 'ddp', 'fsdp' or None"):
+        prepare_model(model, parallel_strategy="zero")
+    with pytest.raises(ConfigError, match=r"\['find_unused_parameters'\] are DDP's keywords"):
+        prepare_model(model, parallel_strategy="fsdp", find_unused_parameters=True)
+    with pytest.raises(ConfigError, match=r"FSDP1's \['cpu_offload', 'sharding_strategy'\]; "
+                                          r"give cpu_offload: offload_policy="):
+        fully_sharded(model, torch.device("cpu"), {"sharding_strategy": 1, "cpu_offload": 2})
+    assert prepare_model(model, move_to_device=False, parallel_strategy=None) is model
