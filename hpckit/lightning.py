@@ -15,17 +15,18 @@ if TYPE_CHECKING:
     from hpckit.integrations.lightning.callback import RayTrainReportCallback
     from hpckit.integrations.lightning.environment import RayLightningEnvironment
     from hpckit.integrations.lightning.prepare import prepare_trainer
-    from hpckit.integrations.lightning.strategy import RayDDPStrategy
+    from hpckit.integrations.lightning.strategy import RayDDPStrategy, RayFSDPStrategy
 
 _WHERE = {
     "RayDDPStrategy": "hpckit.integrations.lightning.strategy",
+    "RayFSDPStrategy": "hpckit.integrations.lightning.strategy",
     "RayLightningEnvironment": "hpckit.integrations.lightning.environment",
     "RayTrainReportCallback": "hpckit.integrations.lightning.callback",
     "prepare_trainer": "hpckit.integrations.lightning.prepare",
 }
 
-__all__ = ["RayDDPStrategy", "RayLightningEnvironment", "RayTrainReportCallback",
-           "prepare_trainer"]
+__all__ = ["RayDDPStrategy", "RayFSDPStrategy", "RayLightningEnvironment",
+           "RayTrainReportCallback", "prepare_trainer"]
 
 
 __getattr__, __dir__ = lazy_names(__name__, _WHERE, "lightning", ("lightning",))

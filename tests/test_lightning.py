@@ -91,7 +91,8 @@ def test_the_ray_names_are_all_there():
     import hpckit.lightning
 
     assert sorted(hpckit.lightning.__all__) == sorted(
-        ["RayDDPStrategy", "RayLightningEnvironment", "RayTrainReportCallback", "prepare_trainer"])
+        ["RayDDPStrategy", "RayFSDPStrategy", "RayLightningEnvironment",
+         "RayTrainReportCallback", "prepare_trainer"])
     assert json.dumps(RayTrainReportCallback.CHECKPOINT_NAME) == '"checkpoint.ckpt"'
 
 

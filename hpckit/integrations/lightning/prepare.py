@@ -6,18 +6,19 @@ import lightning.pytorch as pl
 
 from hpckit.errors import ConfigError
 from hpckit.integrations.lightning.environment import RayLightningEnvironment
-from hpckit.integrations.lightning.strategy import RayDDPStrategy
+from hpckit.integrations.lightning.strategy import RayDDPStrategy, RayFSDPStrategy
 from hpckit.logs import log
 
-EXPECTED = ("pl.Trainer(strategy=RayDDPStrategy(), plugins=[RayLightningEnvironment()], "
-            "devices=1, callbacks=[RayTrainReportCallback()], ...), all from hpckit.lightning")
+EXPECTED = ("pl.Trainer(strategy=RayDDPStrategy() (or RayFSDPStrategy() on GPUs), "
+            "plugins=[RayLightningEnvironment()], devices=1, "
+            "callbacks=[RayTrainReportCallback()], ...), all from hpckit.lightning")
 
 
 def prepare_trainer(trainer: pl.Trainer) -> pl.Trainer:
     """Check that ``trainer`` runs one process per hpckit rank on hpckit's process group, and
     return it. hpckit starts the processes (or mpirun/srun does): Lightning must not."""
     strategy = trainer.strategy
-    if not isinstance(strategy, RayDDPStrategy):
+    if not isinstance(strategy, (RayDDPStrategy, RayFSDPStrategy)):
         raise ConfigError(f"the Trainer's strategy is {type(strategy).__name__}, which would "
                           f"not use hpckit's ranks; make it {EXPECTED}")
     environment = strategy.cluster_environment
