@@ -13,6 +13,9 @@ from hpckit.config import (
     SyncConfig,
     TrainRunContext,
     UserCallback,
+    ValidationConfig,
+    ValidationFn,
+    ValidationTaskConfig,
 )
 from hpckit.errors import (
     CheckpointError,
@@ -80,6 +83,9 @@ __all__ = [
     "TrainRunContext",
     "TrainingFailedError",
     "UserCallback",
+    "ValidationConfig",
+    "ValidationFn",
+    "ValidationTaskConfig",
     "WorkerGroupError",
     "get_all_reported_checkpoints",
     "get_checkpoint",

@@ -32,7 +32,9 @@ and those of ``hpckit.torch.save_state``:
                 report() has not persisted it
 
 and, on rank 0, ``committing``: every rank has finished a background checkpoint and rank 0's
-commit thread is about to write its metrics line and manifest, while the ranks train on.
+commit thread is about to write its metrics line and manifest, while the ranks train on;
+``validating``: a committed checkpoint's validation process has started, and its outcome is
+not recorded yet.
 
 Random-time kills need no hook: the tests send SIGKILL from outside. Ground layer.
 """

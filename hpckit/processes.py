@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -103,3 +106,23 @@ def background_thread() -> None:
         os.sched_setscheduler(0, policy, os.sched_param(0))
     except OSError:
         pass
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def ended_with(parent: int, signum: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` for a child process (Linux): ``signum`` when ``parent`` dies, however
+    it dies (SIGKILL, the out-of-memory killer). For the launcher of the ranks, a stop
+    request it passes on (without it, ranks whose driver was killed trained on, holding the
+    lock); for a validation process, its end."""
+    if not sys.platform.startswith("linux"):
+        return None
+
+    def arm() -> None:  # runs in the child between fork and exec: no logging, no locks
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
+        if os.getppid() != parent:  # died before the request was made
+            os.kill(os.getpid(), signum)
+
+    return arm

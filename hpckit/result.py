@@ -75,7 +75,7 @@ class Result:
         latest = max((r for r in manifest.checkpoints if r.on_storage), key=lambda r: r.index,
                      default=None)
         result = cls(
-            metrics=history[-1]["metrics"] if history else None,
+            metrics=_last_metrics(manifest, history),
             checkpoint=Checkpoint._at(experiment.join(latest.directory)) if latest else None,
             error=_attempt_error(manifest), path=experiment.path,
             best_checkpoints=[(Checkpoint._at(experiment.join(r.directory)), r.metrics)
@@ -130,3 +130,17 @@ def _attempt_error(manifest: Manifest) -> BaseException | None:
     if last is not None and last.status in (AttemptStatus.FAILED, AttemptStatus.HUNG):
         return TrainingFailedError(last.error or "the last attempt failed")
     return None
+
+
+def _last_metrics(manifest: Manifest, history: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The last report's metrics; where it carried a checkpoint that was validated, with the
+    validation's metrics merged in (Ray updates that report's metrics in place)."""
+    if not history:
+        return None
+    last = history[-1]
+    record = next((r for r in manifest.checkpoints
+                   if r.directory == last.get("checkpoint") and r.validation), None)
+    metrics: dict[str, Any] = last["metrics"]
+    return {**metrics, **(record.validation.metrics or {})} if record and record.validation \
+        else metrics
+

@@ -65,10 +65,14 @@ def check_metrics(location, manifest: Manifest) -> None:
               if line.strip()]
              if _storage.file_type(path) != pyarrow.fs.FileType.NotFound else [])
     own = [e for e in lines if e["step"] == latest.step]
-    assert own and own[-1]["metrics"] == latest.metrics, \
+    validated = (latest.validation.metrics if latest.validation else None) or {}
+    assert own and {**own[-1]["metrics"], **validated} == latest.metrics, \
         f"metrics.jsonl lacks step {latest.step} of {latest.directory}: {lines[-3:]}"
     shown = Result._read(location)
-    assert shown.metrics == lines[-1]["metrics"] and lines[-1]["step"] >= latest.step, \
+    last = next((r for r in manifest.checkpoints if r.directory == lines[-1]["checkpoint"]), None)
+    merged = (last.validation.metrics if last and last.validation else None) or {}
+    assert shown.metrics == {**lines[-1]["metrics"], **merged} and \
+        lines[-1]["step"] >= latest.step, \
         f"Result.from_path shows {shown.metrics}, behind {latest.directory} (step {latest.step})"
 
 

@@ -51,8 +51,9 @@ WRITERS = {
 
 # On the ranks, local files are written only by these rooms, each in a directory of its own:
 # staging and in-place checkpoint directories (writing), node-local caches (levels, and the
-# partner copies that run.mpi.transfer receives), shared memory (startup), and the error
-# payload for the launching process (ending.exit).
+# partner copies that run.mpi.transfer receives), shared memory (startup), the error
+# payload for the launching process (ending.exit), and what a process that re-runs the
+# user's script reads (job; validation, on rank 0).
 LOCAL_WRITES = frozenset({"makedirs", "mkdir", "rename", "replace", "unlink", "remove", "rmdir",
                           "rmtree", "copyfile", "copy2", "copytree", "move", "link"})
 RUN_ROOM = "hpckit/run/"
@@ -64,6 +65,8 @@ LOCAL_WRITERS = {
     "hpckit/run/mpi/transfer.py": "partner copies received into a node's cache",
     "hpckit/run/startup/shm.py": "shared memory left by a killed incarnation",
     "hpckit/run/ending/exit.py": "a failed rank's error, for the process that launched it",
+    "hpckit/run/job.py": "the payload of a process that re-runs the user's script",
+    "hpckit/run/validation/validator.py": "rank 0's validation payload and answer folders",
 }
 
 

@@ -238,3 +238,19 @@ def test_prepare_model_names_what_it_takes():
                                           r"give cpu_offload: offload_policy="):
         fully_sharded(model, torch.device("cpu"), {"sharding_strategy": 1, "cpu_offload": 2})
     assert prepare_model(model, move_to_device=False, parallel_strategy=None) is model
+
+
+def test_validation_configs_say_what_is_wrong():
+    from hpckit import ValidationConfig, ValidationTaskConfig
+
+    with pytest.raises(ConfigError, match=r"timeout_s=0\) must be a number of seconds > 0"):
+        ValidationTaskConfig(timeout_s=0)
+    with pytest.raises(ConfigError, match="must hold JSON values"):
+        ValidationTaskConfig(fn_kwargs={"model": object()})
+    with pytest.raises(ConfigError, match="must be a function"):
+        ValidationConfig("validate")  # type: ignore[arg-type]
+    config = ValidationConfig(len, ValidationTaskConfig({"a": 1, "b": 2}, timeout_s=5))
+    assert config.task(True) == {"fn_kwargs": {"a": 1, "b": 2}, "timeout_s": 5}
+    assert config.task(ValidationTaskConfig({"b": 3})) == {"fn_kwargs": {"a": 1, "b": 3},
+                                                           "timeout_s": None}
+    assert config.task(False) is None and config.threads == 1

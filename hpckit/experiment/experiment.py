@@ -12,21 +12,21 @@ them here; ``tests/test_invariants.py`` names every such writer.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow.fs
 
 from hpckit import faults, interrupts
 from hpckit.config import CheckpointConfig, SyncConfig
-from hpckit.errors import CheckpointError, ExperimentLockedError, HpckitError, StorageError
+from hpckit.errors import CheckpointError, HpckitError, StorageError
 from hpckit.experiment.attempts import AttemptStatus
 from hpckit.experiment.hangs import hung_unrecorded
 from hpckit.experiment.leftovers import leftovers, remove_leftovers, size_of
-from hpckit.experiment.lock import LOCK_NAME, Lock
-from hpckit.experiment.lock import read as read_lock
+from hpckit.experiment.lock import Lock
+from hpckit.experiment.maintenance import Garbage, refuse_if_running
 from hpckit.experiment.manifest import (
     MANIFEST_NAME,
     PENDING_MARKER,
@@ -41,23 +41,11 @@ from hpckit.experiment.opening import Opening, numbered, prepare, resumable
 from hpckit.experiment.purge import Purge
 from hpckit.experiment.reading import read_manifest, require_manifest
 from hpckit.experiment.retention import recorded_config, select_evictions
+from hpckit.experiment.validation import Validation
 from hpckit.logs import log
 from hpckit.settings import Settings
 from hpckit.storage import files
 from hpckit.storage.location import Location
-
-
-@dataclass(frozen=True)
-class Garbage:
-    """What :meth:`Experiment.collect_garbage` removes (or would): evicted checkpoints, and
-    leftover directories with their sizes."""
-
-    evicted: list[CheckpointRecord]
-    leftovers: dict[str, int]
-
-    @property
-    def size(self) -> int:
-        return sum(r.size for r in self.evicted) + sum(self.leftovers.values())
 
 
 class Experiment:
@@ -71,6 +59,8 @@ class Experiment:
         self._metrics = metrics
         self._mirror = mirror
         self._purge = Purge(location)
+        # Rank 0's validation thread records results while the training thread commits.
+        self._changing = threading.RLock()
 
     @property
     def manifest(self) -> Manifest:
@@ -107,17 +97,7 @@ class Experiment:
         """The experiment for a command that changes it after the fact (``hpckit gc``): refused
         while a live run holds it, unless ``force``."""
         manifest = require_manifest(location)
-        holder = read_lock(location.join(LOCK_NAME))
-        if not force and holder is not None and holder.stale(
-                time.time(), settings.lock_stale_seconds) is None:
-            raise ExperimentLockedError(f"{location.display} is in use by a run "
-                                        f"({holder.describe()}); wait for it to end, or pass "
-                                        "--force if it is dead.")
-        last = manifest.last_attempt
-        if not force and last is not None and last.status is AttemptStatus.RUNNING:
-            raise ExperimentLockedError(
-                f"{location.display} looks running (attempt {last.attempt} on {last.host}, pid "
-                f"{last.pid}); stop it first, or pass --force if it died without saying so.")
+        refuse_if_running(location, manifest, settings, force)
         return cls(location, manifest)
 
     def commit(self, record: CheckpointRecord, config: CheckpointConfig) -> None:
@@ -126,16 +106,17 @@ class Experiment:
         the metrics are never behind the latest committed checkpoint (a resume drops a line
         whose checkpoint did not commit). Then what retention evicts is deleted in the
         background, and the mirror (if any) follows."""
-        evicted = select_evictions([*self._manifest.checkpoints, record], config)
-        updated = self._manifest.with_checkpoint(record, evicted)
-        faults.reached("gathered", 0)
-        if self._metrics is not None:
-            self._metrics.append(record.step, record.metrics, record.directory)
-        try:
-            self._replace(updated)
-        except HpckitError:
-            self._retract_unless_committed(record)
-            raise
+        with self._changing:
+            evicted = select_evictions([*self._manifest.checkpoints, record], config)
+            updated = self._manifest.with_checkpoint(record, evicted)
+            faults.reached("gathered", 0)
+            if self._metrics is not None:
+                self._metrics.append(record.step, record.metrics, record.directory)
+            try:
+                self._replace(updated)
+            except HpckitError:
+                self._retract_unless_committed(record)
+                raise
         faults.reached("committed", 0)
         if not is_checkpoint_dirname(record.directory):
             self._unmark_pending(record.directory)
@@ -203,7 +184,23 @@ class Experiment:
 
     def persisted(self, directory: str) -> None:
         """The cached checkpoint ``directory`` is now complete on storage_path too."""
-        self._replace(self._manifest.persisted(directory))
+        with self._changing:
+            self._replace(self._manifest.persisted(directory))
+
+    def record_validation(self, directory: str, validation: Validation,
+                          config: CheckpointConfig) -> None:
+        """``directory``'s validation, as it now stands; once it has ended, retention ranks
+        the checkpoint by its merged metrics and what it evicts is deleted in the background.
+        A checkpoint no longer in the manifest is left alone."""
+        with self._changing:
+            if not any(r.directory == directory for r in self._manifest.checkpoints):
+                return
+            updated = self._manifest.validated(directory, validation)
+            evicted = select_evictions(updated.checkpoints, config)
+            self._replace(updated.without(evicted))
+        self._purge.start(evicted)
+        if self._mirror is not None:
+            self._mirror.after_commit(self._manifest)
 
     def _replace(self, updated: Manifest) -> None:
         with interrupts.deferred():
@@ -225,14 +222,15 @@ class Experiment:
     def end_attempt(self, status: AttemptStatus, error: str | None = None,
                     reports: int | None = None) -> None:
         """Record how the newest attempt ended; best-effort, since the run is ending anyway."""
-        last = self._manifest.last_attempt
-        if last is None:
-            return
-        self._manifest = self._manifest.with_last_attempt(last.ended(status, error, reports))
-        try:
-            _write(self.location, self._manifest)
-        except StorageError as exc:
-            log.warning("could not record the attempt's end in the manifest: %s", exc)
+        with self._changing:
+            last = self._manifest.last_attempt
+            if last is None:
+                return
+            self._manifest = self._manifest.with_last_attempt(last.ended(status, error, reports))
+            try:
+                _write(self.location, self._manifest)
+            except StorageError as exc:
+                log.warning("could not record the attempt's end in the manifest: %s", exc)
 
     def collect_garbage(self, keep: int | None, dry_run: bool) -> Garbage:
         """Apply retention with ``keep`` after the fact and remove leftovers no manifest names;

@@ -15,13 +15,15 @@ from typing import Any
 
 from hpckit.errors import ManifestError
 from hpckit.experiment.attempts import Attempt, AttemptStatus
+from hpckit.experiment.validation import Validation
+from hpckit.experiment.validation import parse as parse_validation
 from hpckit.storage.checksum import SHA256
 from hpckit.storage.checksum import problem as checksum_problem
 
 FORMAT = "hpckit.manifest"
 # 2 adds cached checkpoints; 3 records each file's checksum with its algorithm ("checksum")
 # where 1 and 2 had a bare SHA-256 ("sha256"). Written as 1 while there are no checkpoints.
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 MANIFEST_NAME = "manifest.json"
 STAGING_NAME = ".staging"  # asynchronous checkpoints' files, waiting for the background
 METRICS_NAME = "metrics.jsonl"
@@ -86,6 +88,7 @@ class CheckpointRecord:
     files: tuple[FileRecord, ...]
     level: str = STORAGE
     hosts: tuple[str, ...] = ()  # a cached checkpoint's writers: the host of each rank
+    validation: Validation | None = None  # report(..., validation=...)
 
     @property
     def size(self) -> int:
@@ -124,6 +127,18 @@ class Manifest:
         return replace(self, checkpoints=kept, next_checkpoint_index=record.index + 1,
                        next_step=record.step + 1)
 
+    def validated(self, directory: str, validation: Validation) -> Manifest:
+        """The manifest with ``directory``'s validation replaced; a validation's metrics are
+        merged into the checkpoint's own (they win over same-named ones, as in Ray)."""
+        return replace(self, checkpoints=tuple(
+            replace(r, validation=validation, metrics={**r.metrics, **(validation.metrics or {})})
+            if r.directory == directory else r for r in self.checkpoints))
+
+    @property
+    def awaiting_validation(self) -> tuple[CheckpointRecord, ...]:
+        """The kept checkpoints whose validation has not ended, oldest first."""
+        return tuple(r for r in self.checkpoints if r.validation and r.validation.pending)
+
     def persisted(self, directory: str) -> Manifest:
         """The manifest once the cached checkpoint ``directory`` is on storage_path too."""
         return replace(self, checkpoints=tuple(
@@ -158,12 +173,18 @@ class Manifest:
         return self.attempts[-1] if self.attempts else None
 
     def to_json(self) -> str:
-        body = {"format": FORMAT, "format_version": FORMAT_VERSION if self.checkpoints else 1,
-                **{k: v for k, v in asdict(self).items() if k != "attempts"},
+        body = {"format": FORMAT, "format_version": self._format_version(),
+                **{k: v for k, v in asdict(self).items() if k not in ("attempts", "checkpoints")},
+                "checkpoints": [_checkpoint_json(r) for r in self.checkpoints],
                 "attempts": [a.to_json() for a in self.attempts]}
         latest = self.latest
         body["latest"] = latest.directory if latest else None
         return json.dumps(body, indent=1, allow_nan=False) + "\n"
+
+    def _format_version(self) -> int:
+        """The oldest format that holds this manifest, so that older hpckit reads what it
+        can: 1 without checkpoints, 4 with validations (which an older hpckit would drop)."""
+        return 4 if any(r.validation for r in self.checkpoints) else 3 if self.checkpoints else 1
 
     @classmethod
     def from_json(cls, text: str | bytes, where: str) -> Manifest:
@@ -230,11 +251,20 @@ def _parse_checkpoint(raw: Any, check: _Checker, name: str) -> CheckpointRecord:
     hosts = raw.get("hosts", [])
     if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
         check.fail(f"{name}.hosts", "expected a list of host names")
+    try:
+        validation = parse_validation(raw.get("validation"), f"{name}.validation")
+    except ValueError as exc:
+        check.fail(f"{name}.validation", str(exc))
     return CheckpointRecord(
         index=index, directory=directory, step=check.field(raw, "step", int, name),
         reported_at=check.field(raw, "reported_at", (int, float), name),
         metrics=check.field(raw, "metrics", dict, name), files=tuple(files), level=level,
-        hosts=tuple(hosts))
+        hosts=tuple(hosts), validation=validation)
+
+
+def _checkpoint_json(record: CheckpointRecord) -> dict[str, Any]:
+    body = {k: v for k, v in asdict(record).items() if k != "validation"}
+    return {**body, "validation": record.validation.to_json()} if record.validation else body
 
 
 def _checksum(raw: dict[str, Any], check: _Checker, where: str) -> str:

@@ -53,12 +53,15 @@ def recorded_config(manifest: Manifest, num_to_keep: int | None) -> CheckpointCo
 
 def select_evictions(records: Sequence[CheckpointRecord],
                      config: CheckpointConfig) -> list[CheckpointRecord]:
-    """Records that retention deletes: all but the ``num_to_keep`` best and the latest."""
+    """Records that retention deletes: all but the ``num_to_keep`` best, the latest, and
+    those awaiting validation (their score is not known yet). A validated checkpoint ranks
+    by its merged metrics, the validation's included."""
     if config.num_to_keep is None or not records:
         return []
-    ranked = rank_best_first(records, config.checkpoint_score_attribute,
-                             config.checkpoint_score_order)
-    keep = {r.index for r in ranked[: config.num_to_keep]}
+    awaiting = [r for r in records if r.validation is not None and r.validation.pending]
+    ranked = rank_best_first([r for r in records if r not in awaiting],
+                             config.checkpoint_score_attribute, config.checkpoint_score_order)
+    keep = {r.index for r in ranked[: config.num_to_keep]} | {r.index for r in awaiting}
     keep.add(max(r.index for r in records))
     return [r for r in records if r.index not in keep]
 

@@ -3,7 +3,6 @@ resume`` and ``fit()`` from ``python train.py`` all come here."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import signal
@@ -12,7 +11,6 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +23,7 @@ from hpckit.launch.forwarding import (
     signal_ranks,
 )
 from hpckit.logs import log
+from hpckit.processes import ended_with
 from hpckit.run.ending.exit import INTERRUPT_GRACE
 from hpckit.run.ending.hang import EXIT_HUNG
 from hpckit.run.ending.retry import RetryPolicy
@@ -113,26 +112,6 @@ def _open_mpi(found: str, ranks: int) -> list[str]:
             "user, or allow it with OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
             "in the environment.")
     return ["--oversubscribe"] if ranks > len(os.sched_getaffinity(0)) else []
-
-
-PR_SET_PDEATHSIG = 1
-
-
-def ended_with(parent: int, signum: int) -> Callable[[], None] | None:
-    """For the launcher's child process (Linux): ``signum`` when ``parent`` dies, however it
-    dies (SIGKILL, the out-of-memory killer). mpiexec passes it to the ranks, which take it
-    as a stop request: the next report commits a checkpoint, the run stops and releases the
-    experiment. Without it, ranks whose driver was killed trained on, holding the lock."""
-    if not sys.platform.startswith("linux"):
-        return None
-
-    def arm() -> None:  # runs in the child between fork and exec: no logging, no locks
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
-        if os.getppid() != parent:  # died before the request was made
-            os.kill(os.getpid(), signum)
-
-    return arm
 
 
 def run_script(ranks: int, argv: list[str], policy: RetryPolicy, cwd: str | None = None,

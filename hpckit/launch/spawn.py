@@ -7,7 +7,6 @@ script as multiprocessing's spawn does (see :mod:`hpckit.launch.mainimport`).
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import shutil
@@ -18,7 +17,6 @@ from typing import Any, NoReturn
 from hpckit import uncaught
 from hpckit.errors import (
     HpckitError,
-    LaunchError,
     PreemptionError,
     TrainingFailedError,
     WorkerGroupError,
@@ -37,7 +35,7 @@ from hpckit.run.ending.exit import ERRORS, RESUME_HINT, read_errors
 from hpckit.run.ending.hang import EXIT_HUNG
 from hpckit.run.ending.retry import RetryPolicy
 from hpckit.run.ending.stop import EXIT_INTERRUPTED, EXIT_STOPPED
-from hpckit.run.job import TrainingJob
+from hpckit.run.job import TrainingJob, write_payload
 from hpckit.run.mpi.comm import describe
 from hpckit.run.ranks import configure_logs
 from hpckit.settings import Settings, variable
@@ -109,30 +107,6 @@ def _write_payload(payload: str, job: TrainingJob) -> None:
     write_payload(payload, job, "job.pkl", "the trainer", f"define "
                   f"{job.train_loop.__qualname__} at module level (not a lambda or a nested "
                   "function) and keep train_loop_config picklable")
-
-
-def write_payload(payload: str, what: Any, name: str, subject: str, fix: str) -> None:
-    """What ranks that re-run the user's script need: ``what`` (``subject`` to a person)
-    pickled as ``name``, and how to import the script (``main.json``). ``fix`` says what to
-    change when it cannot be pickled."""
-    main = sys.modules["__main__"]
-    path = getattr(main, "__file__", None)
-    if not path:
-        raise LaunchError(
-            f"{subject} needs more ranks, which hpckit starts by re-running a script file, "
-            "and this is an interactive session: put the code in a .py file, or launch with "
-            "mpiexec -n N python script.py.")
-    try:
-        data = pickle.dumps(what)
-    except (pickle.PicklingError, AttributeError, TypeError) as exc:
-        raise LaunchError(f"{subject} cannot be sent to the ranks ({exc}); {fix}.") from None
-    with open(os.path.join(payload, name), "wb") as f:
-        f.write(data)
-    spec = {"main": os.path.abspath(path), "argv": sys.argv, "sys_path": sys.path,
-            "cwd": os.getcwd()}
-    with open(os.path.join(payload, "main.json"), "w") as f:
-        json.dump(spec, f)
-    os.makedirs(os.path.join(payload, ERRORS))
 
 
 def _run(launch: Launch, payload: str, attempt: int, settings: Settings) -> int:

@@ -9,7 +9,7 @@ from typing import Any
 
 from hpckit import settings
 from hpckit.checkpoint import Checkpoint
-from hpckit.config import RunConfig, ScalingConfig
+from hpckit.config import RunConfig, ScalingConfig, ValidationConfig
 from hpckit.errors import ConfigError
 from hpckit.launch import mainimport
 from hpckit.launch.spawn import spawn
@@ -32,7 +32,8 @@ class DataParallelTrainer:
                  train_loop_config: dict[str, Any] | None = None,
                  scaling_config: ScalingConfig | None = None,
                  run_config: RunConfig | None = None,
-                 resume_from_checkpoint: Checkpoint | None = None) -> None:
+                 resume_from_checkpoint: Checkpoint | None = None,
+                 validation_config: ValidationConfig | None = None) -> None:
         kind = type(self).__name__
         if not callable(train_loop_per_worker):
             raise ConfigError(f"{kind}(train_loop_per_worker={train_loop_per_worker!r}) must be "
@@ -44,7 +45,8 @@ class DataParallelTrainer:
             raise ConfigError(f"{kind}(train_loop_config={train_loop_config!r}) must be a dict.")
         for name, value, expected in (("scaling_config", scaling_config, ScalingConfig),
                                       ("run_config", run_config, RunConfig),
-                                      ("resume_from_checkpoint", resume_from_checkpoint, Checkpoint)):
+                                      ("resume_from_checkpoint", resume_from_checkpoint, Checkpoint),
+                                      ("validation_config", validation_config, ValidationConfig)):
             if value is not None and not isinstance(value, expected):
                 raise ConfigError(f"{kind}({name}={value!r}) must be a {expected.__name__}.")
         self.train_loop_per_worker = train_loop_per_worker
@@ -52,6 +54,7 @@ class DataParallelTrainer:
         self.scaling_config = scaling_config or ScalingConfig()
         self.run_config = run_config or RunConfig()
         self.resume_from_checkpoint = resume_from_checkpoint
+        self.validation_config = validation_config
 
     def fit(self) -> Result:
         """Train on every rank; return the :class:`Result` (on every rank under a launcher)."""
@@ -67,7 +70,7 @@ class DataParallelTrainer:
         """What ``fit()`` runs on every rank (a sweep runs it on a group of the ranks)."""
         return TrainingJob(self.train_loop_per_worker, self.train_loop_config,
                            self.scaling_config, self.run_config, self.resume_from_checkpoint,
-                           self._backend())
+                           self._backend(), self.validation_config)
 
     def _backend(self) -> Backend:
         """The framework set up on every rank before the training function: none here."""

@@ -9,6 +9,8 @@ contract in pyproject.toml holds them to it):
   ``get_context``, ``should_checkpoint``, ``get_preemption_info``, reported checkpoints).
 - ``commit``: the commit protocol behind ``report()``: the collective steps, rank 0's
   ledger of reports not yet written, the UserCallbacks.
+- ``validation``: rank 0 validating committed checkpoints in a process of its own while the
+  ranks train (Ray 2.60's ``ValidationConfig``).
 - ``levels``: node-local checkpoint caches, partner copies, restart from a cache.
 - ``writing``: one checkpoint on the ranks: the plan rank 0 makes, what a rank hands in,
   the files each rank writes, and the checkpoints in flight in the background.

@@ -45,6 +45,7 @@ from hpckit.run.session.interval import CheckpointClock, agreed_due
 from hpckit.run.session.preemption import not_requeued_after, preemption_info
 from hpckit.run.session.session import Session, activate
 from hpckit.run.startup.early import ready_since
+from hpckit.run.validation.validator import for_attempt
 from hpckit.run.writing.handover import Staging
 from hpckit.settings import Settings
 from hpckit.storage import files
@@ -190,7 +191,8 @@ def _session(job: TrainingJob, ranks: Ranks, settings: Settings, number: int,
     staging.remove()  # what an earlier attempt of this rank left
     protocol = CommitProtocol(ranks.comm, location, job.run_config.checkpoint_config,
                               (start.next_step, start.next_index), experiment, latest, staging,
-                              callbacks(job, location), job.run_config.stop, levels)
+                              callbacks(job, location), job.run_config.stop, levels,
+                              for_attempt(job, experiment, settings))
     context = TrainContext(ranks.topology, job.name, location, number, settings.launcher,
                            settings.slurm(), artifact_dir=lambda: artifacts.directory,
                            stop_requested=lambda: session.stop_requested is not None,
@@ -199,7 +201,8 @@ def _session(job: TrainingJob, ranks: Ranks, settings: Settings, number: int,
                                ranks.comm, clock, lambda: session.stop_requested is not None))
     watch = HangWatch(job.run_config.failure_config.hang_timeout_s, location, start.recorded_number, rank)
     clock = CheckpointClock(job.run_config.checkpoint_config.mtbf_s)
-    session = Session(context, protocol, job.resume_from_checkpoint, artifacts, watch, clock)
+    session = Session(context, protocol, job.resume_from_checkpoint, artifacts, watch, clock,
+                      job.validation_config)
     return session
 
 

@@ -1,10 +1,13 @@
 """The training job every rank runs: the training function, its configs, and the framework
-back-end that is set up before it. A value, pickled as it is to the ranks hpckit starts."""
+back-end that is set up before it. A value, pickled as it is to the ranks hpckit starts
+(``write_payload``: what a process that re-runs the user's script needs)."""
 
 from __future__ import annotations
 
 import inspect
+import json
 import os
+import pickle
 import sys
 import time
 from collections.abc import Callable
@@ -12,9 +15,10 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from hpckit.checkpoint import Checkpoint
-from hpckit.config import RunConfig, ScalingConfig
-from hpckit.errors import ProtocolError
+from hpckit.config import RunConfig, ScalingConfig, ValidationConfig
+from hpckit.errors import LaunchError, ProtocolError
 from hpckit.experiment.values import jsonable
+from hpckit.run.ending.exit import ERRORS
 from hpckit.run.mpi.comm import Topology
 from hpckit.settings import Settings
 from hpckit.storage.location import Location, resolve
@@ -40,6 +44,7 @@ class TrainingJob:
     run_config: RunConfig
     resume_from_checkpoint: Checkpoint | None
     backend: Backend
+    validation_config: ValidationConfig | None = None
 
     def storage_root(self, settings: Settings) -> Location:
         path = self.run_config.storage_path or settings.storage or DEFAULT_STORAGE
@@ -118,3 +123,27 @@ def default_name(settings: Settings) -> str:
 def _qualified_name(fn: Callable[..., Any]) -> str:
     module = getattr(fn, "__module__", None) or "?"
     return f"{'__main__' if module == '__mp_main__' else module}.{getattr(fn, '__qualname__', fn)}"
+
+
+def write_payload(payload: str, what: Any, name: str, subject: str, fix: str) -> None:
+    """What ranks that re-run the user's script need: ``what`` (``subject`` to a person)
+    pickled as ``name``, and how to import the script (``main.json``). ``fix`` says what to
+    change when it cannot be pickled."""
+    main = sys.modules["__main__"]
+    path = getattr(main, "__file__", None)
+    if not path:
+        raise LaunchError(
+            f"{subject} needs more ranks, which hpckit starts by re-running a script file, "
+            "and this is an interactive session: put the code in a .py file, or launch with "
+            "mpiexec -n N python script.py.")
+    try:
+        data = pickle.dumps(what)
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        raise LaunchError(f"{subject} cannot be sent to the ranks ({exc}); {fix}.") from None
+    with open(os.path.join(payload, name), "wb") as f:
+        f.write(data)
+    spec = {"main": os.path.abspath(path), "argv": sys.argv, "sys_path": sys.path,
+            "cwd": os.getcwd()}
+    with open(os.path.join(payload, "main.json"), "w") as f:
+        json.dump(spec, f)
+    os.makedirs(os.path.join(payload, ERRORS))

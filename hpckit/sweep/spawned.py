@@ -17,10 +17,10 @@ from typing import Any
 from hpckit import uncaught
 from hpckit.errors import TrainingFailedError
 from hpckit.launch.process import mpiexec, run_process, started_for
-from hpckit.launch.spawn import write_payload
 from hpckit.logs import log
 from hpckit.run.ending import stop
 from hpckit.run.ending.stop import EXIT_INTERRUPTED, EXIT_STOPPED
+from hpckit.run.job import write_payload
 from hpckit.settings import Settings, variable
 
 TUNER = "tuner.pkl"

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hpckit.checkpoint import Checkpoint
-from hpckit.config import RunConfig, ScalingConfig
+from hpckit.config import RunConfig, ScalingConfig, ValidationConfig
 from hpckit.errors import ConfigError
 from hpckit.integrations.torch.config import TorchConfig
 from hpckit.integrations.torch.distributed import TorchBackend
@@ -24,13 +24,15 @@ class TorchTrainer(DataParallelTrainer):
                  torch_config: TorchConfig | None = None,
                  scaling_config: ScalingConfig | None = None,
                  run_config: RunConfig | None = None,
-                 resume_from_checkpoint: Checkpoint | None = None) -> None:
+                 resume_from_checkpoint: Checkpoint | None = None,
+                 validation_config: ValidationConfig | None = None) -> None:
         if torch_config is not None and not isinstance(torch_config, TorchConfig):
             raise ConfigError(f"TorchTrainer(torch_config={torch_config!r}) must be a TorchConfig.")
         self.torch_config = torch_config or TorchConfig()
         super().__init__(train_loop_per_worker, train_loop_config=train_loop_config,
                          scaling_config=scaling_config, run_config=run_config,
-                         resume_from_checkpoint=resume_from_checkpoint)
+                         resume_from_checkpoint=resume_from_checkpoint,
+                         validation_config=validation_config)
 
     def _backend(self) -> Backend:
         return TorchBackend(self.torch_config)

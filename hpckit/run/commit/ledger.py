@@ -27,9 +27,11 @@ from hpckit.experiment.manifest import (
 )
 from hpckit.experiment.nested import flatten
 from hpckit.experiment.retention import score_of
+from hpckit.experiment.validation import Validation
 from hpckit.logs import human_size, log, metrics_summary
 from hpckit.run.commit.callbacks import Callbacks
 from hpckit.run.commit.committer import Committer
+from hpckit.run.validation.validator import Validator
 from hpckit.run.writing.plan import (
     Announcement,
     Persisted,
@@ -60,8 +62,11 @@ class Ledger:
 
     def __init__(self, experiment: Experiment, config: CheckpointConfig,
                  callbacks: Callbacks | None = None, hosts: tuple[str, ...] = (),
-                 cached_at: Callable[[str], Location] | None = None) -> None:
+                 cached_at: Callable[[str], Location] | None = None,
+                 validator: Validator | None = None) -> None:
         self.experiment = experiment
+        self.validator = validator
+        self._validations: dict[str, dict[str, Any]] = {}  # directory: what to validate
         self.config = config
         self.callbacks = callbacks
         self.hosts = hosts  # every rank's, recorded with a checkpoint in the node-local caches
@@ -158,9 +163,22 @@ class Ledger:
         if directory is not None:
             self.experiment.discard(directory)
 
+    def ask_validation(self, directory: str, task: dict[str, Any] | None) -> None:
+        """The checkpoint ``directory`` is validated once committed (``task``: None, not)."""
+        if task is not None:
+            self._validations[directory] = task
+
+    def finish_validations(self) -> None:
+        """A run that finished: every validation ends before the run does."""
+        if self.validator is not None:
+            self.validator.finish()
+
     def close(self) -> None:
-        """At the end of the attempt: the commits handed over are made (or given up)."""
+        """At the end of the attempt: the commits handed over are made (or given up), and
+        validations still running are stopped, left pending for a resumed run."""
         self.committer.close()
+        if self.validator is not None:
+            self.validator.cancel()
 
     def commit(self, plan: Plan, per_rank: list[Persisted], metrics: dict[str, Any],
                started: float) -> None:
@@ -175,12 +193,17 @@ class Ledger:
         except (HpckitError, OSError):
             self.experiment.discard(directory)
             raise
+        asked = self._validations.pop(directory, None)
         record = CheckpointRecord(index, directory,
                                   plan.step, time.time(), metrics,
                                   tuple(sorted(written, key=lambda r: r.path)), plan.level,
-                                  self.hosts if plan.level == CACHE else ())
-        self._say_if_unscored(metrics)
+                                  self.hosts if plan.level == CACHE else (),
+                                  Validation.asked(asked) if asked else None)
+        if not asked:  # else the validation may bring the score
+            self._say_if_unscored(metrics)
         self.experiment.commit(record, self.config)
+        if asked and self.validator is not None:
+            self.validator.submit(directory)
         if self.callbacks:
             at = (self.cached_at(directory) if plan.level == CACHE and self.cached_at
                   else target)

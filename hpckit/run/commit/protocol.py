@@ -33,6 +33,7 @@ from hpckit.run.commit.ledger import Ledger
 from hpckit.run.ending import stop
 from hpckit.run.levels.levels import Levels
 from hpckit.run.mpi.comm import RankFailure, all_reduce, captured
+from hpckit.run.validation.validator import Validator
 from hpckit.run.writing.handover import Handed, Staging, Upload, hand_in, release
 from hpckit.run.writing.inflight import InFlight
 from hpckit.run.writing.plan import (
@@ -64,7 +65,7 @@ class CommitProtocol:
     def __init__(self, comm: Any, location: Location, config: CheckpointConfig,
                  progress: tuple[int, int], experiment: Experiment | None, latest: Checkpoint | None,
                  staging: Staging, callbacks: Callbacks, stop_when: Any = None,
-                 levels: Levels | None = None) -> None:
+                 levels: Levels | None = None, validator: Validator | None = None) -> None:
         self.comm = comm
         self.location = location
         self.config = config
@@ -74,7 +75,7 @@ class CommitProtocol:
         self.stop_when = stop_when  # RunConfig.stop
         self.levels = levels  # CheckpointConfig(cache_dir)
         self.ledger = (Ledger(experiment, config, callbacks, levels.nodes.hosts if levels else (),
-                              levels.cache.location if levels else None)
+                              levels.cache.location if levels else None, validator)
                        if experiment is not None else None)
         self.latest = latest
         self.stop: str | None = None  # the stop every rank agreed on; stop.received() is a rank's
@@ -83,6 +84,7 @@ class CommitProtocol:
         self.writer = ShareWriter(comm.rank, comm.size, staging, self.in_flight)
         self.reports = 0
         self.last_metrics: dict[str, Any] = {}
+        self.last_validation: dict[str, Any] | None = None  # rank 0's report(validation=...)
         self._mine: dict[str, Any] | None = None
         self._told_of_wait = False
         self._told_of_mixed = False
@@ -136,6 +138,8 @@ class CommitProtocol:
         if self.levels is not None:
             self.levels.persist_latest(self.experiment, "the last checkpoint of the run")
             self.levels.release()
+        if self.ledger is not None:
+            self.ledger.finish_validations()
 
     def _callback_failure(self) -> RankFailure | None:
         """A UserCallback that raised on rank 0, as the failure every rank will raise."""
@@ -159,7 +163,7 @@ class CommitProtocol:
         converted = to_json_metrics(metrics)
         self._mine = converted
         if self.comm.rank == 0:
-            self.last_metrics = converted
+            self.last_metrics, self.last_validation = converted, upload.validation
         if checkpoint is None:
             return Handed()
         pending = self.staging.in_place_path(checkpoint_dirname(self.next_index))
@@ -193,6 +197,7 @@ class CommitProtocol:
         plan = make_plan(announcements, self.next_step, self.next_index)
         if announcements[0].kind == REPORT and plan.directory is not None:
             ledger.prepare(plan, self.next_index)  # may refuse the report: before anything commits
+            ledger.ask_validation(plan.directory, self.last_validation)
         # At a report, rank 0 writes the commits in the background and replies at once (a
         # later step says they landed); a drain, the end and the caches' levels wait for them.
         off_collective = announcements[0].kind == REPORT and self.levels is None

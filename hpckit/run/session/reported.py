@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -9,14 +10,15 @@ from typing import Any
 from hpckit.checkpoint import Checkpoint
 from hpckit.errors import ConfigError
 from hpckit.experiment import retention
+from hpckit.experiment.manifest import CheckpointRecord
 from hpckit.experiment.reading import require_manifest
 from hpckit.run.session.session import current
 from hpckit.storage.location import Location
 
 
 class ReportedCheckpointStatus(Enum):
-    """Where a reported checkpoint stands. hpckit validates no checkpoint after its commit,
-    so every checkpoint it lists is ``COMMITTED``; the other values are Ray's."""
+    """Where a reported checkpoint stands: ``COMMITTED`` (no validation asked), or its
+    validation's status as the manifest records it."""
 
     COMMITTED = "COMMITTED"
     PENDING_VALIDATION = "PENDING_VALIDATION"
@@ -26,8 +28,8 @@ class ReportedCheckpointStatus(Enum):
 
 
 class CheckpointConsistencyMode(Enum):
-    """What :func:`get_all_reported_checkpoints` waits for. Without validation in hpckit,
-    both mean: the checkpoints that the manifest has committed."""
+    """What :func:`get_all_reported_checkpoints` waits for: the commits (``COMMITTED``), or
+    also the end of every validation (``VALIDATED``)."""
 
     COMMITTED = "COMMITTED"
     VALIDATED = "VALIDATED"
@@ -35,11 +37,14 @@ class CheckpointConsistencyMode(Enum):
 
 @dataclass(frozen=True)
 class ReportedCheckpoint:
-    """A committed checkpoint with the metrics reported with it."""
+    """A committed checkpoint with its metrics (a validation's merged in) and status."""
 
     checkpoint: Checkpoint
     metrics: dict[str, Any]
     status: ReportedCheckpointStatus = ReportedCheckpointStatus.COMMITTED
+
+
+POLL_S = 0.2
 
 
 def get_all_reported_checkpoints(
@@ -51,12 +56,25 @@ def get_all_reported_checkpoints(
     Any rank may call it, any number of times: it reads the manifest, which every rank sees.
     A synchronous report's checkpoint is listed once ``report()`` has returned; an
     asynchronous one once it is committed (at a later report, or at the end of the run).
-    ``timeout_s`` is accepted for Ray's signature; reading the manifest does not wait.
+    With ``VALIDATED`` (the default, as in Ray) it first waits until no kept checkpoint
+    awaits validation, or ``timeout_s`` has passed (then it returns what stands, as Ray
+    does); rank 0's validation thread records each outcome while the ranks train.
     """
     if not isinstance(consistency_mode, CheckpointConsistencyMode):
         raise ConfigError(f"get_all_reported_checkpoints(consistency_mode={consistency_mode!r}) "
                           "must be a CheckpointConsistencyMode (COMMITTED or VALIDATED).")
     location: Location = current("get_all_reported_checkpoints").context.experiment
     manifest = require_manifest(location)
-    return [ReportedCheckpoint(Checkpoint._at(location.join(r.directory)), r.metrics)
+    if consistency_mode is CheckpointConsistencyMode.VALIDATED:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while manifest.awaiting_validation and (deadline is None or time.monotonic() < deadline):
+            time.sleep(POLL_S)
+            manifest = require_manifest(location)
+    return [ReportedCheckpoint(Checkpoint._at(location.join(r.directory)), r.metrics, _status(r))
             for r in reversed(retention.ranked(manifest))]
+
+
+def _status(record: CheckpointRecord) -> ReportedCheckpointStatus:
+    if record.validation is None:
+        return ReportedCheckpointStatus.COMMITTED
+    return ReportedCheckpointStatus(record.validation.status)

@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from hpckit import settings as _settings
 from hpckit.checkpoint import Checkpoint
-from hpckit.config import CheckpointUploadMode
+from hpckit.config import CheckpointUploadMode, ValidationConfig, ValidationTaskConfig
 from hpckit.errors import ConfigError, HpckitError
 from hpckit.experiment.artifacts import Artifacts
 from hpckit.logs import log
@@ -31,6 +32,20 @@ class Session:
     artifacts: Artifacts
     watch: HangWatch
     clock: CheckpointClock
+    validation_config: ValidationConfig | None = None
+
+    def validation(self, asked: bool | ValidationTaskConfig,
+                   checkpoint: Checkpoint | None) -> dict[str, Any] | None:
+        """What ``report(validation=asked)`` asks, merged over the trainer's defaults."""
+        if asked is False:
+            return None
+        if checkpoint is None:
+            raise ConfigError("report(validation=...) validates the checkpoint it reports: "
+                              "pass checkpoint=... too, as in Ray.")
+        if self.validation_config is None:
+            raise ConfigError("report(validation=...) but the trainer has no validation_config; "
+                              "pass TorchTrainer(..., validation_config=ValidationConfig(fn)).")
+        return self.validation_config.task(asked)
 
     @property
     def stop_requested(self) -> str | None:
@@ -96,7 +111,9 @@ def get_checkpoint() -> Checkpoint | None:
 def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None, *,
            checkpoint_dir_name: str | None = None,
            checkpoint_upload_mode: CheckpointUploadMode | str = CheckpointUploadMode.SYNC,
-           delete_local_checkpoint_after_upload: bool | None = None) -> None:
+           delete_local_checkpoint_after_upload: bool | None = None,
+           checkpoint_upload_fn: Callable[[Checkpoint, str], Checkpoint] | None = None,
+           validation: bool | ValidationTaskConfig = False) -> None:
     """Record rank 0's metrics and persist every rank's checkpoint files as one checkpoint.
 
     Collective: every rank calls it the same number of times. With ``SYNC`` it returns once
@@ -109,7 +126,15 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None, *,
     True for ``ASYNC`` only, as in Ray) lets hpckit move the handed files instead of copying
     them, and remove the handed directory. ``checkpoint_dir_name`` names the checkpoint's
     directory in the experiment (the same on every rank) instead of ``checkpoint_NNNNNN``.
+    ``validation`` (True, or a ``ValidationTaskConfig`` whose ``fn_kwargs`` are merged over
+    the trainer's) has the trainer's ``ValidationConfig.fn`` validate this checkpoint once it
+    is committed, in a process of its own on rank 0's node, while training goes on; rank 0's
+    report decides. ``checkpoint_upload_fn`` is not accepted yet.
     """
+    if checkpoint_upload_fn is not None:
+        raise ConfigError("report(checkpoint_upload_fn=...) is not supported by hpckit yet; "
+                          "write into hpckit.get_context().get_checkpoint_dir() (DCP's "
+                          "save_state_dcp does) and report that directory.")
     session = current("report")
     mode = CheckpointUploadMode.parse(checkpoint_upload_mode)
     delete = delete_local_checkpoint_after_upload
@@ -118,4 +143,5 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None, *,
     elif not isinstance(delete, bool):
         raise ConfigError(f"report(delete_local_checkpoint_after_upload={delete!r}) must be True, "
                           "False or None (Ray's default: True for ASYNC, else False).")
-    session.report(metrics, checkpoint, Upload(mode, delete, checkpoint_dir_name))
+    session.report(metrics, checkpoint, Upload(mode, delete, checkpoint_dir_name,
+                                                session.validation(validation, checkpoint)))

@@ -18,6 +18,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass
+from typing import Any
 
 from hpckit.checkpoint import Checkpoint, written_later
 from hpckit.config import CheckpointUploadMode
@@ -34,6 +35,7 @@ class Upload:
     mode: CheckpointUploadMode = CheckpointUploadMode.SYNC
     delete_local: bool = False
     dir_name: str | None = None
+    validation: dict[str, Any] | None = None  # ValidationConfig.task(): rank 0's decides
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,91 @@
+"""Validation of reported checkpoints apart from the training ranks, as in Ray Train 2.60:
+``ValidationConfig`` on the trainer, ``report(..., validation=True | ValidationTaskConfig)``."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from hpckit.errors import ConfigError
+
+
+class ValidationFn(Protocol):
+    """``fn(checkpoint, **fn_kwargs) -> dict`` of metrics, merged into the checkpoint's."""
+
+    def __call__(self, checkpoint: Any, **kwargs: Any) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class ValidationTaskConfig:
+    """One validation's arguments: ``fn_kwargs`` (JSON values: the manifest keeps them, so a
+    resumed run validates with the same) and ``timeout_s`` (None: no limit)."""
+
+    fn_kwargs: dict[str, Any] | None = None
+    timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        kwargs = {} if self.fn_kwargs is None else self.fn_kwargs
+        if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+            raise ConfigError(f"ValidationTaskConfig(fn_kwargs={self.fn_kwargs!r}) must be a "
+                              "dict of keyword arguments.")
+        try:
+            json.dumps(kwargs, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"ValidationTaskConfig(fn_kwargs=...) must hold JSON values, as "
+                              f"in Ray ({exc}); pass paths or numbers, not objects.") from None
+        object.__setattr__(self, "fn_kwargs", dict(kwargs))
+        t = self.timeout_s
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))
+                              or not math.isfinite(t) or t <= 0):
+            raise ConfigError(f"ValidationTaskConfig(timeout_s={t!r}) must be a number of "
+                              "seconds > 0, or None for no limit.")
+
+
+@dataclass(frozen=True)
+class ValidationConfig:
+    """How the trainer validates the checkpoints reported with ``validation=``: ``fn`` (a
+    module-level function: it runs in a process of its own on rank 0's node, which imports
+    the script as the ranks do), the default ``task_config``, and ``ray_remote_kwargs``, of
+    which hpckit uses ``num_cpus`` (the validation process's threads; default 1, so that
+    training keeps its cores) and ignores the rest."""
+
+    fn: ValidationFn
+    task_config: ValidationTaskConfig = field(default_factory=ValidationTaskConfig)
+    ray_remote_kwargs: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if not callable(self.fn):
+            raise ConfigError(f"ValidationConfig(fn={self.fn!r}) must be a function "
+                              "fn(checkpoint, **fn_kwargs) returning a dict of metrics.")
+        if self.task_config is None:
+            object.__setattr__(self, "task_config", ValidationTaskConfig())
+        if not isinstance(self.task_config, ValidationTaskConfig):
+            raise ConfigError(f"ValidationConfig(task_config={self.task_config!r}) must be a "
+                              "ValidationTaskConfig.")
+        remote = self.ray_remote_kwargs or {}
+        cpus = remote.get("num_cpus", 1)
+        if isinstance(cpus, bool) or not isinstance(cpus, (int, float)) or cpus < 1:
+            raise ConfigError(f"ValidationConfig(ray_remote_kwargs={{'num_cpus': {cpus!r}}}): "
+                              "give a whole number of CPUs >= 1 for the validation process.")
+
+    @property
+    def threads(self) -> int:
+        return int((self.ray_remote_kwargs or {}).get("num_cpus", 1))
+
+    def task(self, validation: bool | ValidationTaskConfig) -> dict[str, Any] | None:
+        """What one report's ``validation=`` asks for, merged over the defaults (the report's
+        ``fn_kwargs`` win, and its ``timeout_s``); None for no validation."""
+        if validation is False:
+            return None
+        if validation is True:
+            chosen = self.task_config
+            kwargs = dict(chosen.fn_kwargs or {})
+        elif isinstance(validation, ValidationTaskConfig):
+            chosen = validation
+            kwargs = {**(self.task_config.fn_kwargs or {}), **(validation.fn_kwargs or {})}
+        else:
+            raise ConfigError(f"report(validation={validation!r}) must be True, False or a "
+                              "ValidationTaskConfig.")
+        return {"fn_kwargs": kwargs, "timeout_s": chosen.timeout_s}

@@ -1,0 +1,44 @@
+"""Commands that change an experiment after the fact (``hpckit gc``): whether they may (no
+live run holds it), and what garbage collection removes."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from hpckit.errors import ExperimentLockedError
+from hpckit.experiment.attempts import AttemptStatus
+from hpckit.experiment.lock import LOCK_NAME
+from hpckit.experiment.lock import read as read_lock
+from hpckit.experiment.manifest import CheckpointRecord, Manifest
+from hpckit.settings import Settings
+from hpckit.storage.location import Location
+
+
+@dataclass(frozen=True)
+class Garbage:
+    """What :meth:`Experiment.collect_garbage` removes (or would): evicted checkpoints, and
+    leftover directories with their sizes."""
+
+    evicted: list[CheckpointRecord]
+    leftovers: dict[str, int]
+
+    @property
+    def size(self) -> int:
+        return sum(r.size for r in self.evicted) + sum(self.leftovers.values())
+
+
+def refuse_if_running(location: Location, manifest: Manifest, settings: Settings,
+                      force: bool) -> None:
+    """Refused while a live run holds the experiment, unless ``force``."""
+    holder = read_lock(location.join(LOCK_NAME))
+    if not force and holder is not None and holder.stale(
+            time.time(), settings.lock_stale_seconds) is None:
+        raise ExperimentLockedError(f"{location.display} is in use by a run "
+                                    f"({holder.describe()}); wait for it to end, or pass "
+                                    "--force if it is dead.")
+    last = manifest.last_attempt
+    if not force and last is not None and last.status is AttemptStatus.RUNNING:
+        raise ExperimentLockedError(
+            f"{location.display} looks running (attempt {last.attempt} on {last.host}, pid "
+            f"{last.pid}); stop it first, or pass --force if it died without saying so.")

@@ -1,0 +1,76 @@
+"""One validation process: the payload it reads, the environment it runs in, and how it
+ended (metrics, an error, or too long)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+from hpckit.checkpoint import Checkpoint
+from hpckit.config import ValidationConfig
+from hpckit.experiment.validation import FAILED, TIMED_OUT, VALIDATED, Validation
+from hpckit.processes import ended_with
+from hpckit.run.job import write_payload
+
+FN, TASK, RESULT, ERROR = "validation_fn.pkl", "task.pkl", "result.json", "error.txt"
+# A rank's launcher and Slurm step: the validation process is neither a rank nor a task.
+NOT_INHERITED = ("PMI_", "PMIX_", "OMPI_", "MPI_LOCALRANK", "HYDRA_", "I_MPI_", "MPIR_",
+                 "SLURM_STEP", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "HPCKIT_WORKER")
+
+
+def write_function(payload: str, config: ValidationConfig) -> None:
+    """The validation function and how to import the user's script, once per attempt."""
+    write_payload(payload, config.fn, FN, "ValidationConfig(fn=...)",
+                  f"define {getattr(config.fn, '__qualname__', config.fn)} at module level "
+                  "(not a lambda or a nested function)")
+
+
+def environment(threads: int) -> dict[str, str]:
+    """This process's environment, less the launcher's, with ``threads`` CPU threads."""
+    kept = {k: v for k, v in os.environ.items() if not k.startswith(NOT_INHERITED)}
+    return {**kept, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+            "HPCKIT_VALIDATION": "1", "HPCKIT_EARLY_STOP": "0"}
+
+
+def start(payload: str, checkpoint: Checkpoint, validation: Validation,
+          threads: int) -> tuple[subprocess.Popen[bytes], str]:
+    """Start validating ``checkpoint``; the process and the folder it answers in."""
+    work = tempfile.mkdtemp(prefix="validation-", dir=payload)
+    with open(os.path.join(work, TASK), "wb") as f:
+        pickle.dump((checkpoint, validation.fn_kwargs), f)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hpckit.launch.validator", payload, work],
+        env=environment(threads), stdin=subprocess.DEVNULL,
+        preexec_fn=ended_with(os.getpid(), signal.SIGKILL))
+    return process, work
+
+
+def outcome(process: subprocess.Popen[bytes], work: str, validation: Validation) -> Validation:
+    """Wait for the process (killed after ``timeout_s``) and say how it ended."""
+    try:
+        code = process.wait(timeout=validation.timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        return validation.ended(TIMED_OUT, error=f"took longer than timeout_s="
+                                f"{validation.timeout_s:g}; stopped")
+    if code == 0 and os.path.exists(os.path.join(work, RESULT)):
+        with open(os.path.join(work, RESULT)) as f:
+            metrics: dict[str, Any] = json.load(f)
+        return validation.ended(VALIDATED, metrics=metrics)
+    return validation.ended(FAILED, error=_error(work, code))
+
+
+def _error(work: str, code: int) -> str:
+    try:
+        with open(os.path.join(work, ERROR)) as f:
+            return f.read().strip() or f"exited with status {code}"
+    except OSError:
+        return (f"killed by signal {-code}" if code < 0 else f"exited with status {code}") + \
+            " before saying why"
