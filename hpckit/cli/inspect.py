@@ -43,6 +43,9 @@ def show(experiment: str, checkpoint: str | None, as_json: bool) -> None:
         click.echo(f"{location.join(record.directory).display}  step {record.step}  "
                    f"{moment(record.reported_at)}  {size(record.size)}  metrics "
                    + ", ".join(f"{k}={number(v)}" for k, v in record.metrics.items()))
+        if record.validation is not None:
+            reason = f": {record.validation.error}" if record.validation.error else ""
+            click.echo(f"validation {record.validation.status}{reason}")
         echo_table(["  FILE", "SIZE", "RANK", "CHECKSUM"],
                    [["  " + f.path, size(f.size), str(f.rank), f.checksum] for f in record.files],
                    [False, True, True, False])

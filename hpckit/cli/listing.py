@@ -66,17 +66,21 @@ def _checkpoints(manifest: Manifest, metrics: tuple[str, ...], as_json: bool) ->
     rows: list[dict[str, Any]] = [{"index": r.index, "directory": r.directory, "step": r.step,
              "reported_at": r.reported_at, "bytes": r.size, "latest": r is latest,
              "best": r.directory == best,
+             "validation": r.validation.status if r.validation else None,
              "metrics": {k: v for k, v in r.metrics.items() if not metrics or k in metrics}}
             for r in manifest.checkpoints]
     if as_json:
         echo_json(rows)
         return
     names = list(dict.fromkeys(k for row in rows for k in row["metrics"]))
-    header = ["", "CHECKPOINT", "STEP", "REPORTED", "SIZE", *names]
+    validated = ["VALIDATION"] if any(row["validation"] for row in rows) else []
+    header = ["", "CHECKPOINT", "STEP", "REPORTED", "SIZE", *validated, *names]
     table = [[("*" if row["latest"] else " ") + ("+" if row["best"] else " "), row["directory"],
               str(row["step"]), moment(row["reported_at"]), size(row["bytes"]),
+              *([row["validation"] or "-"] if validated else []),
               *(number(row["metrics"].get(n)) for n in names)] for row in rows]
-    echo_table(header, table, [False, False, True, False, True, *([True] * len(names))])
+    echo_table(header, table, [False, False, True, False, True, *([False] * len(validated)),
+                               *([True] * len(names))])
 
 
 def _experiments(root: Location, as_json: bool) -> None:
