@@ -32,9 +32,9 @@ def test_fsdp_trains_to_what_ddp_reaches_and_the_loader_keeps_its_arguments(tmp_
 
 
 def test_fsdp_state_resumes_resharded_to_another_world_size(tmp_path):
-    first = mpiexec(3, "--storage", str(tmp_path), "--epochs", "2", script=FSDP, timeout=180)
+    first = mpiexec(2, "--storage", str(tmp_path), "--epochs", "2", script=FSDP, timeout=180)
     saved = _values(first, "FINAL")["params"]
-    resumed = mpiexec(2, "--storage", str(tmp_path), "--epochs", "4", script=FSDP, timeout=180)
+    resumed = mpiexec(3, "--storage", str(tmp_path), "--epochs", "4", script=FSDP, timeout=180)
     loaded = _values(resumed, "RESUMED")
-    assert loaded["epoch"] == 1 and loaded["world"] == 2 and loaded["params"] == saved
+    assert loaded["epoch"] == 1 and loaded["world"] == 3 and loaded["params"] == saved
     assert _values(resumed, "FINAL")["params"] != saved
