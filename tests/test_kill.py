@@ -23,6 +23,7 @@ import reliability
 from conftest import HERE, MPIEXEC, Run, mpiexec
 
 from hpckit.faults import PHASES
+from hpckit.experiment.reading import read_manifest
 from hpckit.storage import files as _storage
 from hpckit.storage.location import resolve
 
@@ -39,17 +40,20 @@ QUICK = {"HPCKIT_TENSORBOARD": "0"}  # saves rank 0 half a second per launch, 13
 ASYNC = ("handed", "background", "persisted", "committing")
 SAVE_STATE = ("staging", "serialising")  # hpckit.torch.save_state's, then reported ASYNC
 BEFORE_COMMIT = ("writing", "written", "gathered", *ASYNC)
-ROOT_ONLY = ("gathered", "committed", "evicting", "committing")
+ROOT_ONLY = ("gathered", "committed", "evicting", "committing", "validating")
+VALIDATING = ("validating",)  # a committed checkpoint's validation process has started
 # Phases of node-local caches, which need nodes of their own: tests/test_multilevel.py kills
 # ranks there (a partner copy, a drain to storage_path).
 CACHED = ("partnering", "draining")
 STORAGE_PHASES = tuple(p for p in PHASES if p not in CACHED)
 OCCURRENCES = {"writing": (1, 3), "written": (1, 2), "gathered": (1, 2), "committed": (1, 2),
                "evicting": (1, 4, 9), "handed": (1, 3), "background": (1, 4), "persisted": (1, 2),
-               "staging": (1, 3), "serialising": (1, 4), "committing": (1, 2)}
+               "staging": (1, 3), "serialising": (1, 4), "committing": (1, 2),
+               "validating": (1, 2)}
 # Rank 0 commits off the collective only when the ranks train between reports long enough
 # for the background checkpoint to finish (else the next report drains it, synchronously).
-TRAINING = {"committing": ("--epoch-seconds", "0.25")}
+TRAINING = {"committing": ("--epoch-seconds", "0.25"),
+            "validating": ("--validate", "--epoch-seconds", "0.4")}
 
 
 def mode_for(phase: str, trial: int) -> str:
@@ -129,7 +133,11 @@ def kill_trial(storage: str, experiment: str, phase: str, trial: int, state: rel
     check_resumed(run, state)
     after = reliability.check_experiment(experiment, state)
     in_flight = max(after.leftovers + after.committed, default=None)
-    if phase in ASYNC + SAVE_STATE:
+    if phase in VALIDATING:
+        # Killed with the validation process: the checkpoint stays committed and pending.
+        assert after.latest is not None and after.latest >= (state.latest or ""), after
+        outcome = "validation left pending, committed checkpoint kept"
+    elif phase in ASYNC + SAVE_STATE:
         # The checkpoint in flight may have reached only staging, not its directory; what
         # check_experiment and the resume checks say is what matters here.
         outcome = f"in-flight checkpoint discarded ({mode})"
@@ -146,10 +154,10 @@ def kill_trial(storage: str, experiment: str, phase: str, trial: int, state: rel
 
 
 def finish_chain(storage: str, experiment: str, state: reliability.State, reference,
-                 mode: str = "sync") -> None:
+                 mode: str = "sync", extra: tuple[str, ...] = ()) -> None:
     """The run that completes a chain: resumed right, and equal to an uninterrupted one."""
-    run = mpiexec(RANKS, *args(storage, PHASE_EPOCHS, mode), script=SHARDED, env=QUICK,
-                  timeout=180)
+    run = mpiexec(RANKS, *args(storage, PHASE_EPOCHS, mode), *extra, script=SHARDED,
+                  env=QUICK, timeout=180)
     check_resumed(run, state)
     assert finished(experiment, PHASE_EPOCHS, run) == reference(PHASE_EPOCHS)
     end = reliability.check_experiment(experiment, state)
@@ -163,14 +171,19 @@ def test_sigkill_at_each_commit_phase_loses_nothing(phase, tmp_path, reference):
     for trial in range(TRIALS):
         state = kill_trial(str(tmp_path), str(tmp_path / "exp"), phase, trial, state,
                            "SIGKILL at a hook")
-    finish_chain(str(tmp_path), str(tmp_path / "exp"), state, reference, mode_for(phase, 0))
+    finish_chain(str(tmp_path), str(tmp_path / "exp"), state, reference, mode_for(phase, 0),
+                 TRAINING.get(phase, ()) if phase in VALIDATING else ())
+    if phase in VALIDATING:  # every kept checkpoint that asked for it ends validated, once
+        kept = read_manifest(resolve(str(tmp_path / "exp"))).checkpoints
+        assert [r.validation.status for r in kept if r.validation] == ["VALIDATED"] * \
+            len([r for r in kept if r.validation]), kept
 
 
 def test_sigkill_at_every_phase_on_s3_loses_nothing(s3, tmp_path, reference):
     """The same checks with the experiment on the S3 server: four trials per phase."""
     storage = s3.uri(f"kill-{tmp_path.name}")
     experiment = storage.replace("?", "/exp?", 1)
-    synchronous = [p for p in STORAGE_PHASES if p not in ASYNC + SAVE_STATE]
+    synchronous = [p for p in STORAGE_PHASES if p not in ASYNC + SAVE_STATE + VALIDATING]
     state = reliability.State(None, [])
     for trial in range(TRIALS):
         state = kill_trial(storage, experiment, synchronous[trial % len(synchronous)],

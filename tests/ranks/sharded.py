@@ -19,7 +19,15 @@ import numpy as np
 from mpi4py import MPI
 
 import hpckit
-from hpckit import Checkpoint, CheckpointConfig, DataParallelTrainer, RunConfig, ScalingConfig, SyncConfig
+from hpckit import (
+    Checkpoint,
+    CheckpointConfig,
+    DataParallelTrainer,
+    RunConfig,
+    ScalingConfig,
+    SyncConfig,
+    ValidationConfig,
+)
 
 
 def train_loop(config: dict) -> None:
@@ -53,7 +61,7 @@ def train_loop(config: dict) -> None:
             hpckit.report({"epoch": epoch, "loss": loss})
         else:
             save_and_report(config["mode"], rank, epoch, {"epoch": epoch, "loss": loss},
-                            state, momentum)
+                            state, momentum, config.get("validate", False) and epoch % 4 == 3)
         if rank == 0 and config["artifacts"] != "off":
             print("ARTIFACT_DIR " + artifacts, flush=True)
             stored = os.path.join(ctx.get_experiment_path(), "artifacts", "rank-0", "fixed.txt")
@@ -78,7 +86,14 @@ def load(checkpoint: Checkpoint, rank: int, mode: str) -> tuple:
             return state, momentum, json.load(f)["epoch"] + 1
 
 
-def save_and_report(mode: str, rank: int, epoch: int, metrics: dict, state, momentum) -> None:
+def validate(checkpoint: Checkpoint) -> dict:
+    """--validate: the checkpoint's epoch, read back as a validation would read a model."""
+    with checkpoint.as_directory() as d, open(os.path.join(d, "meta.json")) as f:
+        return {"validated_epoch": json.load(f)["epoch"]}
+
+
+def save_and_report(mode: str, rank: int, epoch: int, metrics: dict, state, momentum,
+                    validation: bool = False) -> None:
     """One checkpoint: into a temporary directory handed to report() (sync or async), written
     in place into get_checkpoint_dir() (in-place, in-place-async), or staged by save_state
     and reported asynchronously (save-state)."""
@@ -101,7 +116,7 @@ def save_and_report(mode: str, rank: int, epoch: int, metrics: dict, state, mome
     with tempfile.TemporaryDirectory() as d:
         save(d, rank, epoch, state, momentum)
         hpckit.report(metrics, checkpoint=Checkpoint.from_directory(d),
-                      checkpoint_upload_mode=mode)
+                      checkpoint_upload_mode=mode, validation=validation)
 
 
 def save(d: str, rank: int, epoch: int, state, momentum) -> None:
@@ -133,13 +148,15 @@ def main() -> None:
     p.add_argument("--persist-every", type=int, default=1)
     p.add_argument("--redundancy", default=None)
     p.add_argument("--stop-at", type=int, default=-1, help="rank 0 gets SIGUSR2 at this epoch")
+    p.add_argument("--validate", action="store_true", help="every 4th checkpoint is validated")
     args = p.parse_args()
     trainer = DataParallelTrainer(
         train_loop,
         train_loop_config={"epochs": args.epochs, "epoch_seconds": args.epoch_seconds,
                            "shard_floats": args.shard_floats, "artifacts": args.artifacts,
                            "mode": args.mode, "every": args.every,
-                           "topology": args.topology, "stop_at": args.stop_at},
+                           "topology": args.topology, "stop_at": args.stop_at,
+                           "validate": args.validate},
         scaling_config=ScalingConfig(num_workers=MPI.COMM_WORLD.size),
         run_config=RunConfig(name=args.name, storage_path=args.storage,
                              sync_config=SyncConfig(
@@ -151,7 +168,8 @@ def main() -> None:
                                  num_to_keep=args.keep, verify_on_resume=not args.no_verify,
                                  max_checkpoints_in_flight=args.in_flight, cache_dir=args.cache,
                                  persist_every=args.persist_every,
-                                 redundancy=args.redundancy)))
+                                 redundancy=args.redundancy)),
+        validation_config=ValidationConfig(validate) if args.validate else None)
     try:
         trainer.fit()
     except hpckit.HpckitError as exc:  # each rank says that its fit() raised (rank 0 prints it)
