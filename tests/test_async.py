@@ -156,9 +156,10 @@ def test_the_in_flight_wait_is_logged_once(tmp_path):
         f"checkpoint_{i:06d}" for i in range(4)]
 
 
-@pytest.mark.parametrize("flavour", ["sync", "async"])
+@pytest.mark.parametrize("flavour", ["sync", "async", "upload-fn"])
 def test_dcp_state_is_saved_in_place_and_resumed_resharded(flavour, tmp_path):
-    extra = ["--async"] if flavour == "async" else []
+    # upload-fn: report(checkpoint_upload_fn=...) runs DCP's async_save into the experiment.
+    extra = {"sync": [], "async": ["--async"], "upload-fn": ["--async", "--upload", "dcp"]}[flavour]
     first = mpiexec(2, "--storage", str(tmp_path), "--epochs", "3", *extra, script=DCP,
                     env=QUICK, timeout=180)
     assert json.loads(first.line("FINAL")) == {"sum": 6 * 12 * 4096, "epoch": 2}
@@ -168,6 +169,16 @@ def test_dcp_state_is_saved_in_place_and_resumed_resharded(flavour, tmp_path):
                       env=QUICK, timeout=180)
     assert "RESUMED epoch=2 world=3" in resumed.output
     assert json.loads(resumed.line("FINAL")) == {"sum": 15 * 12 * 4096, "epoch": 4}
+
+
+def test_a_checkpoint_upload_fn_that_uploads_elsewhere_is_one_clear_error(tmp_path):
+    run = mpiexec(2, "--storage", str(tmp_path), "--epochs", "2", "--upload", "outside",
+                  script=DCP, env=QUICK, timeout=120, expect=None)
+    assert run.returncode != 0 and run.line("FINAL") is None, run.output
+    assert "checkpoint_upload_fn returned a checkpoint at" in run.output, run.output
+    assert "outside this checkpoint's directory in the experiment; upload into " \
+        f"{tmp_path / 'dcp' / 'checkpoint_000000'}" in run.output, run.output
+    assert not json.loads((tmp_path / "dcp" / "manifest.json").read_text())["checkpoints"]
 
 
 def test_dcp_state_on_s3(s3, tmp_path):

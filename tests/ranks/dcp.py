@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import tempfile
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
 import hpckit
-from hpckit import CheckpointConfig, RunConfig, ScalingConfig
+from hpckit import Checkpoint, CheckpointConfig, RunConfig, ScalingConfig
 from hpckit.torch import TorchTrainer, load_state_dcp, save_state_dcp
 
 ROWS, COLS = 12, 4096
@@ -30,13 +33,32 @@ def train_loop(config: dict) -> None:
         with torch.no_grad():
             weights.add_(float(epoch + 1))
         state["epoch"] = torch.tensor(epoch)
+        metrics = {"epoch": epoch, "sum": float(weights.full_tensor().sum())}
+        mode = "async" if config["async"] else "sync"
+        if config["upload"]:
+            with tempfile.TemporaryDirectory() as d:  # the local checkpoint Ray would upload
+                hpckit.report(metrics, checkpoint=Checkpoint.from_directory(d),
+                              checkpoint_upload_mode=mode,
+                              checkpoint_upload_fn=_uploading(state, config["upload"]))
+            continue
         checkpoint = save_state_dcp(state, async_=config["async"])
-        hpckit.report({"epoch": epoch, "sum": float(weights.full_tensor().sum())},
-                      checkpoint=checkpoint,
-                      checkpoint_upload_mode="async" if config["async"] else "sync")
+        hpckit.report(metrics, checkpoint=checkpoint, checkpoint_upload_mode=mode)
     total = float(weights.full_tensor().sum())
     if dist.get_rank() == 0:
         print("FINAL " + json.dumps({"sum": total, "epoch": int(state["epoch"])}), flush=True)
+
+
+def _uploading(state: dict, where: str):
+    """report(checkpoint_upload_fn=...): DCP's async_save straight into the experiment's
+    checkpoint directory (``where="outside"``: into a directory of its own, which hpckit
+    refuses)."""
+    def upload(checkpoint: Checkpoint, checkpoint_dir_name: str) -> Checkpoint:
+        directory = os.path.join(hpckit.get_context().get_experiment_path(), checkpoint_dir_name)
+        if where == "outside":
+            directory = tempfile.mkdtemp(prefix="elsewhere-")
+        dcp.async_save(state, checkpoint_id=directory).result()
+        return Checkpoint.from_directory(directory)
+    return upload
 
 
 def main() -> None:
@@ -44,10 +66,13 @@ def main() -> None:
     p.add_argument("--storage", required=True)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--async", dest="async_", action="store_true")
+    p.add_argument("--upload", choices=["dcp", "outside"], default=None,
+                   help="checkpoint with report(checkpoint_upload_fn=...)")
     args = p.parse_args()
     from mpi4py import MPI
 
-    TorchTrainer(train_loop, train_loop_config={"epochs": args.epochs, "async": args.async_},
+    TorchTrainer(train_loop, train_loop_config={"epochs": args.epochs, "async": args.async_,
+                                                   "upload": args.upload},
                  scaling_config=ScalingConfig(num_workers=MPI.COMM_WORLD.size),
                  run_config=RunConfig(name="dcp", storage_path=args.storage,
                                       checkpoint_config=CheckpointConfig(num_to_keep=2))).fit()

@@ -34,7 +34,7 @@ from hpckit.run.ending import stop
 from hpckit.run.levels.levels import Levels
 from hpckit.run.mpi.comm import RankFailure, all_reduce, captured
 from hpckit.run.validation.validator import Validator
-from hpckit.run.writing.handover import Handed, Staging, Upload, hand_in, release
+from hpckit.run.writing.handover import Handed, Staging, Upload, hand_in, release, uploaded
 from hpckit.run.writing.inflight import InFlight
 from hpckit.run.writing.plan import (
     DRAIN,
@@ -167,6 +167,7 @@ class CommitProtocol:
         if checkpoint is None:
             return Handed()
         pending = self.staging.in_place_path(checkpoint_dirname(self.next_index))
+        checkpoint = uploaded(checkpoint, upload, self.comm.rank, pending, self.location)
         return hand_in(checkpoint, upload, self.comm.rank, pending, self.location)
 
     def _announce(self, announcement: Announcement) -> Plan:

@@ -129,12 +129,15 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None, *,
     ``validation`` (True, or a ``ValidationTaskConfig`` whose ``fn_kwargs`` are merged over
     the trainer's) has the trainer's ``ValidationConfig.fn`` validate this checkpoint once it
     is committed, in a process of its own on rank 0's node, while training goes on; rank 0's
-    report decides. ``checkpoint_upload_fn`` is not accepted yet.
+    report decides. ``checkpoint_upload_fn(checkpoint, checkpoint_dir_name) -> Checkpoint``
+    uploads this rank's files itself, straight into the pending checkpoint directory
+    ``<experiment>/<checkpoint_dir_name>`` on a POSIX storage_path, and returns a checkpoint
+    of that directory (anything else is refused); hpckit then hashes, records and commits
+    what it finds there, as for a checkpoint written in place.
     """
-    if checkpoint_upload_fn is not None:
-        raise ConfigError("report(checkpoint_upload_fn=...) is not supported by hpckit yet; "
-                          "write into hpckit.get_context().get_checkpoint_dir() (DCP's "
-                          "save_state_dcp does) and report that directory.")
+    if checkpoint_upload_fn is not None and not callable(checkpoint_upload_fn):
+        raise ConfigError(f"report(checkpoint_upload_fn={checkpoint_upload_fn!r}) must be a "
+                          "function (checkpoint, checkpoint_dir_name) -> Checkpoint.")
     session = current("report")
     mode = CheckpointUploadMode.parse(checkpoint_upload_mode)
     delete = delete_local_checkpoint_after_upload
@@ -144,4 +147,5 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None, *,
         raise ConfigError(f"report(delete_local_checkpoint_after_upload={delete!r}) must be True, "
                           "False or None (Ray's default: True for ASYNC, else False).")
     session.report(metrics, checkpoint, Upload(mode, delete, checkpoint_dir_name,
-                                                session.validation(validation, checkpoint)))
+                                                session.validation(validation, checkpoint),
+                                                checkpoint_upload_fn))

@@ -17,6 +17,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,7 @@ class Upload:
     delete_local: bool = False
     dir_name: str | None = None
     validation: dict[str, Any] | None = None  # ValidationConfig.task(): rank 0's decides
+    upload_fn: Callable[[Checkpoint, str], Checkpoint] | None = None  # checkpoint_upload_fn
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,33 @@ def hand_in(checkpoint: Checkpoint, upload: Upload, rank: int, pending: str,
     # move or delete.
     owned = upload.delete_local and not (experiment.is_local and inside(source, experiment.path))
     return Handed(checkpoint, source, list_source(source, rank), owned=owned)
+
+
+def uploaded(checkpoint: Checkpoint, upload: Upload, rank: int, pending: str,
+             experiment: Location) -> Checkpoint:
+    """``report(checkpoint_upload_fn=fn)``: ``fn(checkpoint, name)`` uploads this rank's
+    files itself, in place of hpckit's copy, straight into the pending checkpoint; what it
+    returns is then committed as a checkpoint written in place (hashed and recorded). Not
+    called for ``NO_UPLOAD``, as in Ray."""
+    if upload.upload_fn is None or upload.mode is CheckpointUploadMode.NO_UPLOAD:
+        return checkpoint
+    if not experiment.is_local or upload.dir_name is not None:
+        raise CheckpointError(
+            f"rank {rank}: report(checkpoint_upload_fn=...) uploads into the pending checkpoint "
+            "directory, which hpckit names, on a POSIX storage_path; leave checkpoint_dir_name "
+            "out, and use SYNC or ASYNC without it on S3.")
+    returned = upload.upload_fn(checkpoint, os.path.basename(pending))
+    if not isinstance(returned, Checkpoint):
+        raise CheckpointError(f"rank {rank}: checkpoint_upload_fn returned {returned!r}; it must "
+                              "return a Checkpoint, as in Ray.")
+    if returned.filesystem.type_name != "local" or \
+            os.path.realpath(returned.path) != os.path.realpath(pending):
+        raise CheckpointError(
+            f"rank {rank}: checkpoint_upload_fn returned a checkpoint at {returned.path}, "
+            f"outside this checkpoint's directory in the experiment; upload into {pending} "
+            "(the checkpoint_dir_name it is given, under get_context().get_experiment_path()) "
+            "and return Checkpoint.from_directory() of it.")
+    return returned
 
 
 def release(handed: Handed, shared_in_place: bool) -> None:
