@@ -164,16 +164,21 @@ def test_scontrol_requeue_under_pmix_ends_as_an_uninterrupted_run(tmp_path, slur
     segments do not outlive the killed incarnation, so hpckit has nothing to remove."""
     command = (f"--mpi=pmix {PYTHON} {STEADY} --storage {tmp_path} --name again --workers 2 "
                "--epoch-seconds 1")
+    before = _segments()  # other runs' (Open MPI leaves them after a rank's SIGKILL)
     job = sbatch(slurm, tmp_path, minimal_script(tmp_path, 2, command), "--time=10", **ROOT)
     wait_for_reports(slurm, tmp_path, tmp_path / "again", 3, 180)
-    segments = [name for name in os.listdir("/dev/shm") if name.startswith("sm_segment.")]
+    segments = _segments() - before
     assert segments, os.listdir("/dev/shm")  # the killed incarnation's, while it runs
     slurm.run("scontrol", "requeue", job)
     assert wait(slurm, tmp_path, job, 300) == {job: "COMPLETED"}, output_of(tmp_path)
-    assert not set(segments) & set(os.listdir("/dev/shm")), "Open MPI's segments were left"
+    assert not segments & _segments(), "Open MPI's segments were left"
     assert final_params(output_of(tmp_path)) == steady_reference
     lines = [json.loads(line) for line in (tmp_path / "again" / "metrics.jsonl").open()]
     assert [line["metrics"]["epoch"] for line in lines] == list(range(8))
+
+
+def _segments() -> set[str]:
+    return {name for name in os.listdir("/dev/shm") if name.startswith("sm_segment.")}
 
 
 def test_a_rank_that_dies_during_start_up_under_pmix_ends_the_others_within_a_minute(
