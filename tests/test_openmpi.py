@@ -200,3 +200,30 @@ def test_srun_without_pmix_is_refused_naming_pmix(tmp_path, slurm):
     assert "started 2 tasks but MPI sees a world of 1: the launcher and mpi4py's MPI " \
            "(Open MPI v5" in out.output, out.output
     assert "With srun use --mpi=pmix" in out.output, out.output
+
+
+def test_a_killed_rank_is_restarted_and_its_shared_memory_removed(tmp_path):
+    """python train.py under Open MPI: a rank SIGKILLed mid-run is restarted with the others
+    (FailureConfig(max_failures=1)), and the segments the killed attempt's ranks left in
+    /dev/shm (Open MPI removes its own only at MPI_Finalize) are removed once its launcher
+    has returned."""
+    marker = tmp_path / "hanging"
+    before = _segments()
+    process = subprocess.Popen(
+        [str(PYTHON), str(JOB), "--workers", "3", "--storage", str(tmp_path), "--epochs", "4",
+         "--hang-rank", "1", "--hang-epoch", "2", "--hang-file", str(marker),
+         "--max-failures", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True, env={**os.environ, **ROOT})
+    try:
+        deadline = time.monotonic() + 90
+        while not marker.exists():
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0]
+            time.sleep(0.1)
+        os.kill(int(marker.read_text()), signal.SIGKILL)
+        output, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 0, output
+    assert [a["status"] for a in manifest(tmp_path / "exp")["attempts"]] == ["failed", "finished"]
+    assert not _segments() - before, f"left in /dev/shm: {_segments() - before}\n{output}"

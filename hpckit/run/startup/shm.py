@@ -19,6 +19,7 @@ import contextlib
 import fcntl
 import glob
 import os
+import socket
 import time
 from collections.abc import Iterator
 
@@ -88,19 +89,22 @@ def remove_unmapped(patterns: list[str], since: float = 0.0) -> list[str]:
 
 def remove_left_by_ranks(since: float, ranks: list[int]) -> None:
     """After the launcher of ``ranks`` (PIDs) on this node returned: the segments that those
-    of them that died left since ``since`` (MPICH removes a segment in MPI_Finalize). Each
-    holds megabytes of RAM until the node reboots. Ranks the launcher killed may take a
-    moment to be gone, and they map the segment until then."""
+    of them that died left since ``since`` (MPICH's ``mpich_*``, Open MPI's ``sm_segment.``
+    of this host and user; each MPI removes its own in MPI_Finalize). Each holds megabytes
+    of RAM until the node reboots. Ranks the launcher killed may take a moment to be gone,
+    and they map the segment until then."""
     deadline = time.monotonic() + EXIT_WAIT_S
     while any(alive(pid) for pid in ranks) and time.monotonic() < deadline:
         time.sleep(0.05)
+    open_mpi = f"sm_segment.{socket.gethostname()}.{os.getuid()}.*"
     try:
-        removed = remove_unmapped([os.path.join(SHM_DIR, "mpich_*")], since=since)
+        removed = remove_unmapped([os.path.join(SHM_DIR, "mpich_*"),
+                                   os.path.join(SHM_DIR, open_mpi)], since=since)
     except OSError as exc:  # tidying up must not hide how the ranks ended
-        log.debug("could not look for MPICH shared memory in %s: %s", SHM_DIR, exc)
+        log.debug("could not look for MPI shared memory in %s: %s", SHM_DIR, exc)
         return
     if removed:
-        log.info("removed the MPICH shared memory that ended ranks left in %s: %s", SHM_DIR,
+        log.info("removed the MPI shared memory that ended ranks left in %s: %s", SHM_DIR,
                  ", ".join(removed))
 
 
