@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from conftest import JOB, checkpoint_dirs, manifest, mpiexec, python
@@ -82,12 +83,27 @@ def test_single_rank_retries_in_process(tmp_path):
 
 
 def test_a_killed_rank_is_restarted_and_the_run_resumes(tmp_path):
-    marker = tmp_path / "hanging"
     segments_before = set(glob.glob("/dev/shm/mpich_*"))
+    returncode, output = killed_once_and_restarted(sys.executable, tmp_path, {})
+    assert returncode == 0, output
+    assert "SEEN [2, 3]" in output and "no rank reported an exception" in output
+    m = manifest(tmp_path / "exp")
+    assert [a["status"] for a in m["attempts"]] == ["failed", "finished"]
+    assert m["latest"] == "checkpoint_000003"
+    left = set(glob.glob("/dev/shm/mpich_*")) - segments_before
+    assert not left, f"the killed attempt's shared memory is still in RAM: {left}"
+
+
+def killed_once_and_restarted(python: str, tmp_path: Path,
+                              env: dict[str, str]) -> tuple[int, str]:
+    """``python job.py --workers 3 --max-failures 1`` whose rank 1 hangs at epoch 2 and is
+    SIGKILLed there; the exit status and output once the restarted attempt has ended."""
+    marker = tmp_path / "hanging"
     process = subprocess.Popen(
-        [sys.executable, str(JOB), "--workers", "3", "--storage", str(tmp_path), "--epochs", "4",
+        [python, str(JOB), "--workers", "3", "--storage", str(tmp_path), "--epochs", "4",
          "--hang-rank", "1", "--hang-epoch", "2", "--hang-file", str(marker), "--max-failures", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env={**os.environ, **env})
     try:
         deadline = time.monotonic() + 90
         while not marker.exists():
@@ -98,10 +114,4 @@ def test_a_killed_rank_is_restarted_and_the_run_resumes(tmp_path):
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
-    assert process.returncode == 0, output
-    assert "SEEN [2, 3]" in output and "no rank reported an exception" in output
-    m = manifest(tmp_path / "exp")
-    assert [a["status"] for a in m["attempts"]] == ["failed", "finished"]
-    assert m["latest"] == "checkpoint_000003"
-    left = set(glob.glob("/dev/shm/mpich_*")) - segments_before
-    assert not left, f"the killed attempt's shared memory is still in RAM: {left}"
+    return process.returncode, output

