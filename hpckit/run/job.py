@@ -133,9 +133,9 @@ def write_payload(payload: str, what: Any, name: str, subject: str, fix: str) ->
     path = getattr(main, "__file__", None)
     if not path:
         raise LaunchError(
-            f"{subject} needs more ranks, which hpckit starts by re-running a script file, "
-            "and this is an interactive session: put the code in a .py file, or launch with "
-            "mpiexec -n N python script.py.")
+            f"{subject} runs in processes that hpckit starts by re-running your script file, "
+            "and this is an interactive session: put the code in a .py file and run it (or "
+            "launch it with mpiexec -n N python script.py).")
     try:
         data = pickle.dumps(what)
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
