@@ -254,3 +254,33 @@ def test_validation_configs_say_what_is_wrong():
     assert config.task(ValidationTaskConfig({"b": 3})) == {"fn_kwargs": {"a": 1, "b": 3},
                                                            "timeout_s": None}
     assert config.task(False) is None and config.threads == 1
+
+
+def test_waiting_for_a_purge_never_joins_a_thread_not_yet_started(tmp_path, monkeypatch):
+    """A background commit starts the purge on the commit thread while the training thread
+    waits for it (CI once failed: "cannot join thread before it is started"). The thread's
+    start is slowed here, so that the wait comes in between."""
+    import threading
+
+    from hpckit.experiment.manifest import CheckpointRecord
+    from hpckit.experiment.purge import Purge
+
+    started = threading.Event()
+    real_start = threading.Thread.start
+
+    def slow_start(thread: threading.Thread) -> None:
+        started.set()
+        time.sleep(0.3)
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", slow_start)
+    purge = Purge(resolve(str(tmp_path)))
+    (tmp_path / "checkpoint_000000").mkdir()
+    record = CheckpointRecord(0, "checkpoint_000000", 0, 0.0, {}, ())
+    starter = threading.Thread(target=purge.start, args=([record],))
+    real_start(starter)
+    started.wait(5)
+    purge.wait()  # raised RuntimeError when the thread was published before it started
+    starter.join()
+    purge.wait()
+    assert not (tmp_path / "checkpoint_000000").exists()

@@ -61,8 +61,11 @@ class Purge:
             if self._running:
                 return  # the thread takes them before it ends
             self._running = True
-            self._thread = threading.Thread(target=self._drain, name="hpckit-purge", daemon=True)
-            self._thread.start()
+            # Started before it is published: wait() (another thread, when a background
+            # commit starts the purge) must never join a thread not yet started.
+            thread = threading.Thread(target=self._drain, name="hpckit-purge", daemon=True)
+            thread.start()
+            self._thread = thread
 
     def _drain(self) -> None:
         while True:
@@ -80,6 +83,7 @@ class Purge:
 
     def wait(self) -> None:
         """Until everything handed over so far is deleted."""
-        thread = self._thread
+        with self._lock:
+            thread = self._thread
         if thread is not None:
             thread.join()
