@@ -124,10 +124,8 @@ class Validator:
 
 
 def _awaiting(experiment: Experiment, directory: str) -> CheckpointRecord | None:
-    for record in experiment.manifest.checkpoints:
-        if record.directory == directory and record.validation and record.validation.pending:
-            return record
-    return None
+    return next((r for r in experiment.manifest.awaiting_validation if r.directory == directory),
+                None)
 
 
 def for_attempt(job: TrainingJob, experiment: Experiment | None,
