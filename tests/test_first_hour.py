@@ -98,7 +98,8 @@ def test_hpckit_resume_continues_the_experiment_it_names_and_says_so(tmp_path):
 def test_to_resume_is_said_once_when_no_restart_follows(tmp_path):
     out = run([HPCKIT, "run", "-n", "2", "--max-failures", "1", str(NEWCOMER), "--storage",
                str(tmp_path), "--fail"], timeout=120, expect=1)
-    assert out.output.count("to resume, run the same command again") == 1, out.output
+    said = "training failed; to resume from its last committed checkpoint, run the same command again"
+    assert out.output.count(said) == 1, out.output
     assert [a["status"] for a in manifest(tmp_path / "newcomer")["attempts"]] == ["failed", "failed"]
 
 

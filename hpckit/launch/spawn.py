@@ -31,7 +31,7 @@ from hpckit.launch.process import Launch, mpiexec, run_process, started_for
 from hpckit.logs import log
 from hpckit.result import Result
 from hpckit.run.ending import stop
-from hpckit.run.ending.exit import ERRORS, RESUME_HINT, read_errors
+from hpckit.run.ending.exit import ERRORS, read_errors
 from hpckit.run.ending.hang import EXIT_HUNG
 from hpckit.run.ending.retry import RetryPolicy
 from hpckit.run.ending.stop import EXIT_INTERRUPTED, EXIT_STOPPED
@@ -63,13 +63,13 @@ def spawn(job: TrainingJob, settings: Settings) -> Result:
             try:
                 code = _run(launch, payload, attempt, settings)
             except KeyboardInterrupt as exc:
-                _interrupted(experiment, exc)
+                _interrupted(experiment, exc, not job.timestamped)
             if code == 0:
                 return Result._read(experiment, _returned(payload))
             if code == EXIT_STOPPED:
                 _stopped(payload)
             if code == EXIT_INTERRUPTED:  # the ranks alone were interrupted: never retried
-                _interrupted(experiment, KeyboardInterrupt())
+                _interrupted(experiment, KeyboardInterrupt(), not job.timestamped)
             if code == EXIT_TERMINATED:  # killed after a second SIGTERM: never retried
                 _terminated(experiment)
             failure = _failure(payload, code)
@@ -78,7 +78,7 @@ def spawn(job: TrainingJob, settings: Settings) -> Result:
             end_abandoned_attempt(experiment, str(failure).split("\n", 1)[0],
                                   AttemptStatus.HUNG if code == EXIT_HUNG else AttemptStatus.FAILED)
             if not policy.allows(attempt):
-                log.error("%s", RESUME_HINT)
+                log.error("%s", job.resume_hint(settings))
                 raise failure
             attempt += 1
             log.warning("the ranks failed; restarting from the last committed checkpoint "
@@ -87,7 +87,7 @@ def spawn(job: TrainingJob, settings: Settings) -> Result:
         shutil.rmtree(payload, ignore_errors=True)
 
 
-def _interrupted(experiment: Location, exc: KeyboardInterrupt) -> NoReturn:
+def _interrupted(experiment: Location, exc: KeyboardInterrupt, rerun_resumes: bool) -> NoReturn:
     """After Ctrl-C: the ranks' attempt recorded interrupted (if they could not), one line
     saying what is kept and how to resume, and the interrupt raised on to the program."""
     stop.exit_on_next_interrupt()
@@ -96,9 +96,8 @@ def _interrupted(experiment: Location, exc: KeyboardInterrupt) -> NoReturn:
         manifest = read_manifest(experiment)
     except HpckitError:
         manifest = None
-    latest = manifest.latest if manifest else None
-    log.warning("%s", stop.interrupted_line(
-        experiment.display, experiment.join(latest.directory).display if latest else None))
+    latest = manifest.latest.directory if manifest and manifest.latest else None
+    log.warning("%s", stop.interrupted_line(experiment, latest, rerun_resumes))
     stop.interrupt_handled()
     raise uncaught.shown_elsewhere(exc)
 

@@ -125,6 +125,7 @@ def _open(job: TrainingJob, root: Location, world_size: int, settings: Settings,
                       retention.record(config), config.verify_on_resume, attempt,
                       previous_failure(settings), restored)
     experiment = Experiment.open(root, opening, settings, job.run_config.sync_config)
+    job.warn_if_meant_to_resume(root, experiment.manifest)
     try:
         marker = experiment.leave_marker()
     except BaseException:
@@ -227,8 +228,7 @@ def _train(job: TrainingJob, session: Session, experiment: Experiment | None,
             session.protocol.returned()
         return returned
     except stop.StopRequested as requested:
-        _stop_run(session, experiment, settings, str(requested),
-                  job.run_config.failure_config.max_preemption_failures)
+        _stop_run(job, session, experiment, settings, str(requested))
     except KeyboardInterrupt:
         stop.exit_on_next_interrupt()
         interrupted = True
@@ -238,8 +238,7 @@ def _train(job: TrainingJob, session: Session, experiment: Experiment | None,
             if not settings.worker:  # else the process that started the ranks says it
                 latest = experiment.manifest.latest
                 log.warning("%s", stop.interrupted_line(
-                    experiment.location.display,
-                    experiment.location.join(latest.directory).display if latest else None))
+                    experiment.location, latest.directory if latest else None, not job.timestamped))
         raise
     except BaseException as exc:
         together = raised_together(exc)
@@ -254,35 +253,36 @@ def _train(job: TrainingJob, session: Session, experiment: Experiment | None,
         session.artifacts.close()
 
 
-def _stop_run(session: Session, experiment: Experiment | None, settings: Settings,
-              signal_name: str, limit: int) -> None:
+def _stop_run(job: TrainingJob, session: Session, experiment: Experiment | None,
+              settings: Settings, signal_name: str) -> None:
     """After the checkpoint that followed a stop request: requeue under Slurm (up to
-    ``limit`` times, FailureConfig.max_preemption_failures) and exit 75; not requeued,
-    raise PreemptionError on every rank (as Ray does), which exits 75 if uncaught."""
+    FailureConfig.max_preemption_failures times) and exit 75; not requeued, raise
+    PreemptionError on every rank (as Ray does), which exits 75 if uncaught."""
+    limit = job.run_config.failure_config.max_preemption_failures
     requeued = False
     if experiment is not None:
         reason = f"stop requested by {signal_name}"
         reports = session.protocol.reports
-        job = settings.job_to_requeue
+        requeue = settings.job_to_requeue
         before = sum(a.status is AttemptStatus.REQUEUED for a in experiment.manifest.attempts)
-        refused = job and not_requeued_after(signal_name, settings)
+        refused = requeue and not_requeued_after(signal_name, settings)
         if refused:
-            job = None
+            requeue = None
             reason += f"; not requeued: {refused}"
-        elif job and limit != -1 and before >= limit:
-            job = None
+        elif requeue and limit != -1 and before >= limit:
+            requeue = None
             reason += (f"; not requeued: FailureConfig(max_preemption_failures={limit}) reached "
                        f"after {before} requeue(s)")
         # Recorded before asking: Slurm may end this job as soon as it requeues it.
-        experiment.end_attempt(AttemptStatus.REQUEUED if job else AttemptStatus.STOPPED, reason, reports)
-        requeued = bool(job) and stop.requeue(settings)
+        experiment.end_attempt(AttemptStatus.REQUEUED if requeue else AttemptStatus.STOPPED, reason, reports)
+        requeued = bool(requeue) and stop.requeue(settings)
         if not requeued:
-            if job:
+            if requeue:
                 experiment.end_attempt(AttemptStatus.STOPPED, reason, reports)
             latest = session.protocol.latest
-            log.warning("stopped after committing %s (%s). To continue, run the same command "
-                        "again, or: hpckit resume %s", latest.uri if latest else "-", reason,
-                        experiment.location.display)
+            log.warning("stopped after committing %s (%s). To continue, %s",
+                        latest.uri if latest else "-", reason,
+                        stop.how_to_resume(experiment.location.display, not job.timestamped))
     comm = session.protocol.comm
     if from_root(comm, requeued):
         raise SystemExit(stop.EXIT_STOPPED)

@@ -8,23 +8,33 @@ import inspect
 import json
 import os
 import pickle
+import re
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+import pyarrow.fs
+
 from hpckit.checkpoint import Checkpoint
 from hpckit.config import RunConfig, ScalingConfig, ValidationConfig
-from hpckit.errors import LaunchError, ProtocolError
+from hpckit.errors import HpckitError, LaunchError, ProtocolError
+from hpckit.experiment.attempts import AttemptStatus
+from hpckit.experiment.manifest import Manifest
+from hpckit.experiment.reading import read_manifest
 from hpckit.experiment.values import jsonable
-from hpckit.run.ending.exit import ERRORS
+from hpckit.logs import log
+from hpckit.run.ending.exit import ERRORS, resume_hint
 from hpckit.run.mpi.comm import Topology
 from hpckit.settings import Settings
+from hpckit.storage import files
 from hpckit.storage.location import Location, resolve
 from hpckit.storage.uris import redact
 
 DEFAULT_STORAGE = "~/hpckit_results"
+TIMESTAMP = "%Y%m%d-%H%M%S"  # default_name's, outside Slurm
+TIMESTAMPED = r"-\d{8}-\d{6}"
 
 
 class Backend:
@@ -45,6 +55,9 @@ class TrainingJob:
     resume_from_checkpoint: Checkpoint | None
     backend: Backend
     validation_config: ValidationConfig | None = None
+    timestamped: bool = False
+    """The name is default_name's timestamp: running the same command again starts another
+    experiment instead of resuming this one."""
 
     def storage_root(self, settings: Settings) -> Location:
         path = self.run_config.storage_path or settings.storage or DEFAULT_STORAGE
@@ -54,8 +67,8 @@ class TrainingJob:
         """This job with its experiment name fixed, so every rank and attempt agree."""
         if self.run_config.name:
             return self
-        return replace(self, run_config=replace(self.run_config,
-                                                name=name or default_name(settings)))
+        return replace(self, run_config=replace(self.run_config, name=name or default_name(settings)),
+                       timestamped=_slurm_suffix(settings) is None and not settings.name)
 
     def resumed(self, settings: Settings) -> tuple[TrainingJob, str | None]:
         """Under ``hpckit resume EXP``: this job continuing EXP whatever its RunConfig names,
@@ -82,6 +95,23 @@ class TrainingJob:
             raise ProtocolError("a training job was run before it was named (TrainingJob.named); "
                                 "please report this to hpckit's authors")
         return self.run_config.name
+
+    def resume_hint(self, settings: Settings) -> str:
+        """How to continue this job's experiment after a failure that ends the run."""
+        return resume_hint(self.storage_root(settings).join(self.name).display,
+                           not self.timestamped)
+
+    def warn_if_meant_to_resume(self, root: Location, manifest: Manifest) -> None:
+        """On rank 0, once the experiment is open: see :func:`meant_to_resume`."""
+        if not self.timestamped or len(manifest.attempts) != 1:
+            return
+        try:
+            warning = meant_to_resume(root, self.name)
+        except HpckitError as exc:  # a hint: never a reason for the run to fail
+            log.debug("could not look for an earlier experiment to resume: %s", exc)
+            return
+        if warning:
+            log.warning("%s", warning)
 
     def call_train_loop(self) -> Any:
         if inspect.signature(self.train_loop).parameters:
@@ -113,11 +143,36 @@ def default_name(settings: Settings) -> str:
     if settings.name:
         return settings.name
     stem = os.path.splitext(os.path.basename(sys.argv[0] or ""))[0] or "hpckit"
+    return f"{stem}-{_slurm_suffix(settings) or time.strftime(TIMESTAMP)}"
+
+
+def meant_to_resume(root: Location, name: str) -> str | None:
+    """For a new experiment ``name`` that default_name made from the time: a warning when the
+    same script's experiment just before it did not finish and has a checkpoint, since the
+    person who ran the command again most likely meant to resume that one."""
+    stem = re.sub(TIMESTAMPED + "$", "", name)
+    pattern = re.compile(re.escape(stem) + TIMESTAMPED)
+    earlier = [i.base_name for i in files.list_dir(root) if i.type == pyarrow.fs.FileType.Directory
+               and pattern.fullmatch(i.base_name) and i.base_name < name]
+    if not earlier:
+        return None
+    previous = root.join(max(earlier))
+    manifest = read_manifest(previous)
+    last = manifest.last_attempt if manifest else None
+    if manifest is None or last is None or manifest.latest is None or last.status in (
+            AttemptStatus.FINISHED, AttemptStatus.RUNNING):
+        return None
+    return (f"this run starts a new experiment, {name}: with no RunConfig(name=...) its name is "
+            f"made from the time, so it does not resume {previous.display}, the same script's "
+            f"last experiment ({last.status.value}, with {manifest.latest.directory} committed). "
+            f"To continue that one instead: hpckit resume {previous.display}, or run the "
+            f"script with RunConfig(name={previous.name!r}).")
+
+
+def _slurm_suffix(settings: Settings) -> str | None:
     if settings.slurm_array_job_id and settings.slurm_array_task_id:
-        return f"{stem}-job{settings.slurm_array_job_id}_{settings.slurm_array_task_id}"
-    if settings.slurm_job_id:
-        return f"{stem}-job{settings.slurm_job_id}"
-    return f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+        return f"job{settings.slurm_array_job_id}_{settings.slurm_array_task_id}"
+    return f"job{settings.slurm_job_id}" if settings.slurm_job_id else None
 
 
 def _qualified_name(fn: Callable[..., Any]) -> str:

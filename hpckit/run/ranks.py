@@ -75,7 +75,8 @@ def _run(job: TrainingJob, settings: Settings, group: Any) -> Result:
             here = (alone and settings.launcher is None) or (
                 group is not None and (alone or failure.collective))
             if not (here and policy.allows(number)):
-                rank_exit.fail(comm, settings, failure.cause, failure.collective, training=True)
+                rank_exit.fail(comm, settings, failure.cause, failure.collective, training=True,
+                               resume=job.resume_hint(settings))
             number += 1
             log.warning("attempt %d failed (%s); restarting from the last committed "
                         "checkpoint (%s)", number - 1, failure.cause, policy.describe(number))

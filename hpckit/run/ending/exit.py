@@ -21,8 +21,6 @@ from hpckit.settings import Settings
 ABORT_GRACE = 0.5
 INTERRUPT_GRACE = 2.0
 ERRORS = "errors"
-RESUME_HINT = ("training failed; to resume, run the same command again: the experiment has a "
-               "manifest, so the run continues from its last committed checkpoint.")
 
 # A communicator of its own for the ranks to meet on after Ctrl-C: the others may have been
 # interrupted inside one of hpckit's collectives, which a meeting there could be taken for.
@@ -37,24 +35,31 @@ class ErrorReport:
     training: bool
 
 
+def resume_hint(experiment: str, rerun_resumes: bool) -> str:
+    """What a failed run says last: how to continue from its last committed checkpoint."""
+    return ("training failed; to resume from its last committed checkpoint, "
+            + stop.how_to_resume(experiment, rerun_resumes))
+
+
 def fail(comm: Any, settings: Settings, exc: BaseException, collective: bool,
-         training: bool) -> NoReturn:
+         training: bool, resume: str = "") -> NoReturn:
     """End this rank's part in a failed run; the others must not be left waiting.
 
     An error every rank raised together is raised on each rank. An error of one rank alone
     is logged with its traceback and the whole MPI job is aborted, since the other ranks may
-    be blocked in a collective that this rank will never join.
+    be blocked in a collective that this rank will never join. ``resume`` (a
+    :func:`resume_hint`) is said last when no restart follows.
     """
     error = as_raised(exc, training, collective, comm)
     handed = settings.worker is not None and write_error(
         settings.worker, ErrorReport(RankFailure.capture(comm.rank, error), training))
     if collective or comm.size == 1:
-        if comm.rank == 0 and training and not (settings.worker or settings.restarts):
-            log.error("%s", RESUME_HINT)
+        if comm.rank == 0 and resume and not (settings.worker or settings.restarts):
+            log.error("%s", resume)
         if handed or (comm.rank != 0 and not settings.worker):
             uncaught.shown_elsewhere(error)  # by the launching process, or by rank 0
         raise error from exc
-    hint = "" if settings.worker or settings.restarts else "\n" + RESUME_HINT
+    hint = "" if settings.worker or settings.restarts or not resume else "\n" + resume
     # A start-up error is one line (its message names the fix); training errors are the user's
     # code, and their traceback says where.
     told = (RankFailure.capture(comm.rank, exc).traceback.rstrip() if training or logs.debugging()

@@ -15,6 +15,7 @@ imports torch), the start-up hook that hpckit installs into site-packages notes 
 from __future__ import annotations
 
 import os
+import posixpath
 import shutil
 import signal
 import subprocess
@@ -28,6 +29,7 @@ from typing import Any
 from hpckit.experiment.retention import score_of
 from hpckit.logs import log
 from hpckit.settings import Settings
+from hpckit.storage.location import Location
 
 EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped on request; run again (or requeued) to continue
 EXIT_INTERRUPTED = 128 + signal.SIGINT  # what a shell reports for Ctrl-C
@@ -197,11 +199,23 @@ def interrupt_handled() -> None:
         _before_interrupt = None
 
 
-def interrupted_line(experiment: str, latest: str | None) -> str:
-    """The one line a person sees after Ctrl-C: what is kept, and how to go on."""
-    kept = f"the latest committed checkpoint is {latest}" if latest else "no checkpoint was committed"
-    return (f"interrupted; {kept}. To resume, run the same command again, or: "
-            f"hpckit resume {experiment}")
+def interrupted_line(experiment: Location, latest: str | None, rerun_resumes: bool) -> str:
+    """The one line a person sees after Ctrl-C: what is kept (``latest``, the newest
+    checkpoint's directory), and how to go on."""
+    kept = (f"the latest committed checkpoint is {experiment.join(latest).display}" if latest
+            else "no checkpoint was committed")
+    return f"interrupted; {kept}. To resume, {how_to_resume(experiment.display, rerun_resumes)}"
+
+
+def how_to_resume(experiment: str, rerun_resumes: bool) -> str:
+    """How a person continues ``experiment``. ``hpckit resume`` always does; the same command
+    again only when it names the same experiment (``rerun_resumes``): a name that hpckit made
+    from the time is a new one at every run."""
+    if rerun_resumes:
+        return f"run the same command again, or: hpckit resume {experiment}"
+    name = posixpath.basename(experiment.split("?", 1)[0].rstrip("/"))
+    return (f"run: hpckit resume {experiment} (or the script with RunConfig(name={name!r}); "
+            "the same command alone starts a new experiment, its name being made from the time)")
 
 
 class CriterionMet(BaseException):
