@@ -156,6 +156,8 @@ def commit_latency(storage: str, counts: tuple[int, ...], reps: int) -> None:
          "ranks (1.0 = linear)",
          by_ranks=rows, baseline="report() without a checkpoint, interleaved, same run",
          growth_exponent=round(exponent, 3),
+         growth_exponent_beyond_first=round(slope(ranks[1:], [r["median_ms"] for r in rows[1:]]), 3)
+         if len(rows) > 2 else None,
          manifest_growth_exponent=round(slope(ranks, [r["manifest_bytes"] for r in rows]), 3),
          latency_ratio_last_over_first=round(rows[-1]["median_ms"] / rows[0]["median_ms"], 2),
          rank_ratio=ranks[-1] // ranks[0], target="growth at most linear (exponent <= 1)",
