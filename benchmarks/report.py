@@ -1,0 +1,134 @@
+"""Render docs/performance.md from its template and the benchmarks' recorded figures.
+
+    python benchmarks/report.py            # write docs/performance.md
+    python benchmarks/report.py --check    # exit 1 if the page is not what this renders
+
+The template, benchmarks/performance.md.in, holds the prose; every figure in it is a
+placeholder resolved from benchmarks/results/*.jsonl (written by benchmarks/record.py):
+
+    {{core-quick figure=report_no_checkpoint ranks=2 median_ms:.2f}}
+
+names a results file, selectors ``field=pattern`` (shell-style patterns, matched against the
+field's text) that leave one line, or several that agree, and the field to show: a dotted path
+(``report_ms.async``, ``by_ranks.0.median_ms``), then ``*1000`` to scale it and ``:.1f`` to
+format it (``:met`` writes yes or **no**). ``{{run core-quick}}`` says when, where and by which
+command that file's figures were made. A placeholder no results file answers is an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import re
+import shlex
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+TEMPLATE = HERE / "performance.md.in"
+RESULTS = HERE / "results"
+PAGE = HERE.parent / "docs" / "performance.md"
+PLACEHOLDER = re.compile(r"\{\{(.+?)\}\}", re.DOTALL)
+FIELD = re.compile(r"^(?P<path>[^*:]+)(?:\*(?P<factor>[0-9.e+-]+))?(?::(?P<format>.*))?$")
+
+
+class MissingFigure(LookupError):
+    """A placeholder that no recorded figure answers (or that several answer differently)."""
+
+
+def load(results: Path = RESULTS) -> dict[str, list[dict]]:
+    """Every results file's lines, by the file's name without ``.jsonl``."""
+    return {path.stem: [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            for path in sorted(results.glob("*.jsonl"))}
+
+
+def render(template: str, recorded: dict[str, list[dict]]) -> str:
+    return PLACEHOLDER.sub(lambda found: resolve(found.group(1), recorded), template)
+
+
+def resolve(spec: str, recorded: dict[str, list[dict]]) -> str:
+    words = shlex.split(spec)
+    if len(words) == 2 and words[0] == "run":
+        return run_line(words[1], lines_of(words[1], recorded, spec))
+    if len(words) < 2:
+        raise MissingFigure(f"{{{{{spec}}}}}: a placeholder is NAME [field=pattern ...] FIELD")
+    name, *selectors, field = words
+    chosen = [line for line in lines_of(name, recorded, spec) if matches(line, selectors)]
+    parts = FIELD.match(field)
+    if parts is None:
+        raise MissingFigure(f"{{{{{spec}}}}}: {field!r} is not FIELD[*factor][:format]")
+    values = {json.dumps(lookup(line, parts["path"])) for line in chosen} - {json.dumps(None)}
+    if len(values) != 1:
+        found = "no line has it" if not values else f"the lines disagree: {sorted(values)}"
+        raise MissingFigure(f"{{{{{spec}}}}}: {len(chosen)} line(s) of results/{name}.jsonl "
+                            f"match; {found}")
+    return shown(json.loads(values.pop()), parts["factor"], parts["format"])
+
+
+def lines_of(name: str, recorded: dict[str, list[dict]], spec: str) -> list[dict]:
+    if name not in recorded:
+        raise MissingFigure(f"{{{{{spec}}}}}: no benchmarks/results/{name}.jsonl "
+                            f"(there are: {', '.join(recorded)})")
+    return recorded[name]
+
+
+def matches(line: dict, selectors: list[str]) -> bool:
+    for selector in selectors:
+        field, _, pattern = selector.partition("=")
+        value = lookup(line, field)
+        if value is None or not fnmatch.fnmatchcase(value if isinstance(value, str)
+                                                    else json.dumps(value), pattern):
+            return False
+    return True
+
+
+def lookup(line: object, path: str) -> object:
+    """The value at a dotted path; a key may itself hold dots (``hpckit.torch``)."""
+    if not path:
+        return line
+    parts = path.split(".")
+    for taken in range(len(parts), 0, -1):
+        key, rest = ".".join(parts[:taken]), ".".join(parts[taken:])
+        if isinstance(line, dict) and key in line:
+            return lookup(line[key], rest)
+        if isinstance(line, list) and key.isdigit() and int(key) < len(line):
+            return lookup(line[int(key)], rest)
+    return None
+
+
+def shown(value: object, factor: str | None, form: str | None) -> str:
+    if form == "met":
+        return "yes" if value else "**no**"
+    if factor is not None:
+        value = float(value) * float(factor)  # type: ignore[arg-type]
+    return format(value, form) if form else str(value)
+
+
+def run_line(name: str, lines: list[dict]) -> str:
+    """'date, machine, command' of a results file, each once, as one sentence."""
+    said = {}
+    for field in ("date", "command", "machine", "label"):
+        values = list(dict.fromkeys(str(line[field]) for line in lines if field in line))
+        said[field] = " / ".join(values)
+    text = f"Recorded {said['date']} by `{said['command']}` on {said['machine']}"
+    return text + (f"; {said['label']}" if said["label"] else "") + "."
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="compare instead of writing")
+    args = parser.parse_args()
+    try:
+        page = render(TEMPLATE.read_text(), load())
+    except MissingFigure as missing:
+        sys.exit(f"benchmarks/performance.md.in: {missing}")
+    if args.check:
+        if PAGE.read_text() != page:
+            sys.exit("docs/performance.md is stale: python benchmarks/report.py")
+        return
+    PAGE.write_text(page)
+
+
+if __name__ == "__main__":
+    main()
