@@ -254,6 +254,27 @@ def test_validation_configs_say_what_is_wrong():
     assert config.task(ValidationTaskConfig({"b": 3})) == {"fn_kwargs": {"a": 1, "b": 3},
                                                            "timeout_s": None}
     assert config.task(False) is None and config.threads == 1
+    with pytest.raises(ConfigError, match="hpckit sets --wait itself"):
+        ValidationConfig(len, sbatch={"--wait": "1"})
+    with pytest.raises(ConfigError, match="must be a dict of sbatch options"):
+        ValidationConfig(len, sbatch=["--partition=cpu"])  # type: ignore[arg-type]
+    assert ValidationConfig(len, sbatch={"--partition": "cpu", "mem": 8}).sbatch == \
+        {"partition": "cpu", "mem": "8"}
+    with pytest.raises(ConfigError, match="not both"):
+        ValidationConfig(len, ranks=1, sbatch={"partition": "cpu"})
+    with pytest.raises(ConfigError, match=r"ranks=-1\) must be how many"):
+        ValidationConfig(len, ranks=-1)
+
+
+def test_ranks_set_aside_to_validate_are_counted_in_the_launch():
+    from hpckit.errors import LaunchError
+    from hpckit.run.ranks import check_world
+
+    check_world(4, 3, 1, None)
+    with pytest.raises(LaunchError, match=r"num_workers=3\) and ValidationConfig\(ranks=1\) "
+                                          r"but 3 rank\(s\) were launched; make them agree "
+                                          r"\(mpirun -n 4"):
+        check_world(3, 3, 1, None)
 
 
 def test_waiting_for_a_purge_never_joins_a_thread_not_yet_started(tmp_path, monkeypatch):

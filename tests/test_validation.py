@@ -7,9 +7,11 @@ pending checkpoints once it resumes. DataParallelTrainer: torch is not the point
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
+import pytest
 import reliability
 from conftest import HERE, HPCKIT, manifest, mpiexec, run
 
@@ -22,6 +24,7 @@ def _run(tmp_path: Path, *args: str, env: dict[str, str] | None = None, expect: 
 
 
 def _validations(tmp_path: Path, name: str = "val") -> Counter:
+    """How many times each checkpoint was validated."""
     log = tmp_path / f"{name}-validations.log"
     return Counter(line.split()[0] for line in log.read_text().splitlines())
 
@@ -63,16 +66,17 @@ def test_failed_and_timed_out_validations_are_recorded_and_rank_worst(tmp_path):
     assert all(c["validation"]["status"] == "VALIDATED" for c in _kept(tmp_path).values())
 
 
+@pytest.mark.parametrize("set_aside", ["0", "1"], ids=["on-rank-0s-node", "on-a-rank-set-aside"])
 def test_a_rank_killed_while_validating_leaves_it_pending_and_the_rerun_validates_once(
-        tmp_path):
-    killed = _run(tmp_path, "--validate-seconds", "1",
+        tmp_path, set_aside):
+    killed = _run(tmp_path, "--validate-seconds", "1", "--validation-ranks", set_aside,
                   env={"HPCKIT_FAULT": "validating:0:2"}, expect=None)
     assert killed.returncode != 0 and killed.line("FINAL") is None, killed.output
     state = reliability.check_experiment(tmp_path / "val", None)
     pending = [d for d, c in _kept(tmp_path).items()
                if c["validation"]["status"] == "PENDING_VALIDATION"]
     assert "checkpoint_000001" in pending, _kept(tmp_path)
-    rerun = _run(tmp_path, "--validate-seconds", "1")
+    rerun = _run(tmp_path, "--validate-seconds", "1", "--validation-ranks", set_aside)
     reliability.check_experiment(tmp_path / "val", state)
     assert "that an earlier attempt left pending" in rerun.output, rerun.output
     kept = _kept(tmp_path)
@@ -82,3 +86,41 @@ def test_a_rank_killed_while_validating_leaves_it_pending_and_the_rerun_validate
     counts = _validations(tmp_path)
     assert set(counts) == {f"checkpoint_00000{i}" for i in range(4)}, counts
     assert all(n == 1 for d, n in counts.items() if d != "checkpoint_000001"), counts
+
+
+def test_each_validation_as_a_slurm_job_of_its_own_is_recorded_and_cancelled_at_its_timeout(
+        tmp_path, slurm):
+    run = _run(tmp_path, "--validate-seconds", "0.3", "--faulty", "--sbatch", "partition=test",
+               "--sbatch", "job-name=val", env=slurm.env)
+    assert "checkpoint_000001: VALIDATION_FAILED (RuntimeError: validation of epoch 1 failed " \
+           "on purpose)" in run.output, run.output
+    assert "checkpoint_000002: VALIDATION_TIMEOUT" in run.output, run.output
+    assert all(c["validation"]["status"] == "VALIDATED" for c in _kept(tmp_path).values())
+    jobs = {line.split()[0]: line.split()[2]
+            for line in (tmp_path / "val-validations.log").read_text().splitlines()}
+    assert sorted(jobs) == [f"checkpoint_00000{i}" for i in range(4)], jobs
+    assert "-" not in jobs.values() and len(set(jobs.values())) == 4, jobs  # a job each
+    states = {d: slurm.run("scontrol", "show", "job", "-o", j).stdout for d, j in jobs.items()}
+    assert "JobState=CANCELLED" in states["checkpoint_000002"], states
+    assert "JobName=val " in states["checkpoint_000000"] and \
+        "JobState=COMPLETED" in states["checkpoint_000000"], states
+    assert not (tmp_path / "val" / ".staging").exists(), "the jobs' folder outlived the run"
+
+
+def test_ranks_set_aside_validate_in_parallel_and_return_the_runs_result(tmp_path):
+    """4 ranks: 2 train, 2 validate; each validation takes longer than an epoch, so both
+    validation ranks are busy at once."""
+    run = mpiexec(4, "--storage", str(tmp_path), "--validate-seconds", "1.5",
+                  "--validation-ranks", "2", "--wait", script=VALIDATED, timeout=180)
+    pids = {int(rank): int(pid) for rank, pid in re.findall(r"PID (\d+) (\d+)", run.output)}
+    lines = (tmp_path / "val-validations.log").read_text().splitlines()
+    parents = Counter(int(line.split()[3]) for line in lines)
+    assert set(parents) == {pids[2], pids[3]}, (parents, pids)  # the two ranks set aside
+    assert _validations(tmp_path) == {f"checkpoint_00000{i}": 1 for i in range(4)}
+    kept = _kept(tmp_path)
+    assert sorted(kept) == ["checkpoint_000001", "checkpoint_000003"], kept
+    assert all(c["validation"]["status"] == "VALIDATED" for c in kept.values()), kept
+    assert json.loads(run.line("REPORTED")) == [
+        ["checkpoint_000001", "VALIDATED", 11.0], ["checkpoint_000003", "VALIDATED", 13.0]]
+    assert "SERVED 2 2" in run.output and "SERVED 3 2" in run.output, run.output
+

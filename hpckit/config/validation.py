@@ -46,14 +46,23 @@ class ValidationTaskConfig:
 @dataclass(frozen=True)
 class ValidationConfig:
     """How the trainer validates the checkpoints reported with ``validation=``: ``fn`` (a
-    module-level function: it runs in a process of its own on rank 0's node, which imports
-    the script as the ranks do), the default ``task_config``, and ``ray_remote_kwargs``, of
-    which hpckit uses ``num_cpus`` (the validation process's threads; default 1, so that
-    training keeps its cores) and ignores the rest."""
+    module-level function: it runs in a process of its own, which imports the script as the
+    ranks do), the default ``task_config``, and ``ray_remote_kwargs``, of which hpckit uses
+    ``num_cpus`` (the validation process's threads; default 1, so that training keeps its
+    cores) and ignores the rest.
+
+    Where the process runs (hpckit's, beside Ray's names): on rank 0's node by default; with
+    ``ranks=N`` on the last N launched ranks, set aside from training (launch
+    ``num_workers + N`` ranks), each validating one checkpoint at a time on its own node; with
+    ``sbatch={"partition": "cpu", ...}`` each validation is a Slurm job of its own, submitted
+    with these ``sbatch`` options (e.g. on cheaper nodes), which needs a POSIX storage_path
+    that the job's node sees."""
 
     fn: ValidationFn
     task_config: ValidationTaskConfig = field(default_factory=ValidationTaskConfig)
     ray_remote_kwargs: dict[str, Any] | None = None
+    ranks: int = 0
+    sbatch: dict[str, str | int] | None = None
 
     def __post_init__(self) -> None:
         if not callable(self.fn):
@@ -69,6 +78,15 @@ class ValidationConfig:
         if isinstance(cpus, bool) or not isinstance(cpus, (int, float)) or cpus < 1:
             raise ConfigError(f"ValidationConfig(ray_remote_kwargs={{'num_cpus': {cpus!r}}}): "
                               "give a whole number of CPUs >= 1 for the validation process.")
+        if isinstance(self.ranks, bool) or not isinstance(self.ranks, int) or self.ranks < 0:
+            raise ConfigError(f"ValidationConfig(ranks={self.ranks!r}) must be how many of the "
+                              "launched ranks validate instead of training: a whole number "
+                              ">= 0 (0: a process on rank 0's node).")
+        if self.sbatch is not None:
+            if self.ranks:
+                raise ConfigError("ValidationConfig(ranks=..., sbatch=...): validate on ranks "
+                                  "set aside or in Slurm jobs of their own, not both.")
+            object.__setattr__(self, "sbatch", _sbatch_options(self.sbatch))
 
     @property
     def threads(self) -> int:
@@ -89,3 +107,27 @@ class ValidationConfig:
             raise ConfigError(f"report(validation={validation!r}) must be True, False or a "
                               "ValidationTaskConfig.")
         return {"fn_kwargs": kwargs, "timeout_s": chosen.timeout_s}
+
+
+# What hpckit itself gives each validation job: it waits for the job and reads its answer.
+SBATCH_OWN = frozenset({"wait", "wrap", "parsable", "output", "error", "cpus-per-task"})
+
+
+def _sbatch_options(options: Any) -> dict[str, str]:
+    """``{"partition": "cpu", "--mem": "8G"}`` as ``{"partition": "cpu", "mem": "8G"}``."""
+    if not isinstance(options, dict):
+        raise ConfigError(f"ValidationConfig(sbatch={options!r}) must be a dict of sbatch "
+                          'options, e.g. {"partition": "cpu", "time": "30"}.')
+    normal = {}
+    for key, value in options.items():
+        name = key.lstrip("-") if isinstance(key, str) else ""
+        if not name or isinstance(value, bool) or not isinstance(value, (str, int)) or \
+                "\n" in str(value):
+            raise ConfigError(f"ValidationConfig(sbatch={{{key!r}: {value!r}}}): give sbatch "
+                              'long options and their values, e.g. {"partition": "cpu"}.')
+        if name in SBATCH_OWN:
+            raise ConfigError(f"ValidationConfig(sbatch={{{key!r}: ...}}): hpckit sets --{name} "
+                              "itself (num_cpus in ray_remote_kwargs gives --cpus-per-task); "
+                              "leave it out.")
+        normal[name] = str(value)
+    return normal

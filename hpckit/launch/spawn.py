@@ -46,9 +46,10 @@ from hpckit.storage.location import Location
 RETURNED = "returned.pkl"  # rank 0's return value, in the launch payload
 
 def spawn(job: TrainingJob, settings: Settings) -> Result:
-    """Start ``num_workers`` ranks on this node under mpiexec; restart them on failure."""
+    """Start the ranks on this node under mpiexec (``num_workers``, and those set aside to
+    validate); restart them on failure."""
     configure_logs(0, job, settings)
-    n = job.scaling_config.num_workers
+    n = job.launched_ranks
     job = job.resumed(settings)[0].named(settings)
     experiment = job.storage_root(settings).join(job.name)
     read_manifest(prepare(experiment.parent, job.name))  # storage and manifest, before ranks

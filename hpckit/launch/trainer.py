@@ -62,7 +62,7 @@ class DataParallelTrainer:
             raise mainimport.MainImported()
         current = settings.refresh()
         job = self.training_job()
-        if current.launcher is None and self.scaling_config.num_workers > 1:
+        if current.launcher is None and job.launched_ranks > 1:
             return spawn(job, current)
         return run_ranks(job, current)
 

@@ -45,6 +45,7 @@ from hpckit.run.session.interval import CheckpointClock, agreed_due
 from hpckit.run.session.preemption import not_requeued_after, preemption_info
 from hpckit.run.session.session import Session, activate
 from hpckit.run.startup.early import ready_since
+from hpckit.run.validation.pool import Pool
 from hpckit.run.validation.validator import for_attempt
 from hpckit.run.writing.handover import Staging
 from hpckit.settings import Settings
@@ -82,6 +83,8 @@ class Ranks:
     comm: Any
     local_comm: Any
     topology: Topology
+    validation: Pool | None = None
+    """The ranks set aside to validate, beside this world."""
 
 
 def run_attempt(job: TrainingJob, ranks: Ranks, settings: Settings, number: int) -> Result:
@@ -193,7 +196,7 @@ def _session(job: TrainingJob, ranks: Ranks, settings: Settings, number: int,
     protocol = CommitProtocol(ranks.comm, location, job.run_config.checkpoint_config,
                               (start.next_step, start.next_index), experiment, latest, staging,
                               callbacks(job, location), job.run_config.stop, levels,
-                              for_attempt(job, experiment, settings))
+                              for_attempt(job, experiment, settings, ranks.validation))
     context = TrainContext(ranks.topology, job.name, location, number, settings.launcher,
                            settings.slurm(), artifact_dir=lambda: artifacts.directory,
                            stop_requested=lambda: session.stop_requested is not None,

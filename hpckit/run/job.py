@@ -59,6 +59,15 @@ class TrainingJob:
     """The name is default_name's timestamp: running the same command again starts another
     experiment instead of resuming this one."""
 
+    @property
+    def validation_ranks(self) -> int:
+        """Launched ranks that validate instead of training (``ValidationConfig.ranks``)."""
+        return self.validation_config.ranks if self.validation_config is not None else 0
+
+    @property
+    def launched_ranks(self) -> int:
+        return self.scaling_config.num_workers + self.validation_ranks
+
     def storage_root(self, settings: Settings) -> Location:
         path = self.run_config.storage_path or settings.storage or DEFAULT_STORAGE
         return resolve(path, self.run_config.storage_filesystem)

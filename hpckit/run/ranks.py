@@ -19,6 +19,7 @@ from hpckit.run.mpi.comm import RankFailure, discover, raised_together, world
 from hpckit.run.mpi.waiting import from_root, wait_for_all
 from hpckit.run.startup import shm
 from hpckit.run.startup.watchdog import StartupWatchdog
+from hpckit.run.validation import pool
 from hpckit.settings import Settings
 
 
@@ -39,26 +40,48 @@ def _run(job: TrainingJob, settings: Settings, group: Any) -> Result:
     rank_exit.register_pid(settings)
     shm.clear_stale_segments(settings)
     with StartupWatchdog(settings):
-        comm = (group or world()).Dup()
-        rank_exit.prepare_interrupts(comm)
-        configure_logs(comm.rank, job, settings)
+        launched = (group or world()).Dup()
+        rank_exit.prepare_interrupts(launched)
+        configure_logs(launched.rank, job, settings)
         try:
-            check_world(comm.size, job.scaling_config.num_workers,
+            check_world(launched.size, job.scaling_config.num_workers, job.validation_ranks,
                         settings if group is None else None)
         except LaunchError as exc:
-            rank_exit.fail(comm, settings, exc, collective=True, training=False)
-        job, redirected = job.resumed(settings)
-        if redirected and comm.rank == 0:
-            log.warning("%s", redirected)
-        topology, local_comm = discover(comm)
-        name = from_root(comm, job.named(settings).name if comm.rank == 0 else None)
-    job = job.named(settings, name)
+            rank_exit.fail(launched, settings, exc, collective=True, training=False)
+        comm, validation = pool.split_off(launched, job.scaling_config.num_workers)
+        if comm is not None:
+            job, ranks = _agree(job, settings, comm, validation)
+    if comm is None:
+        assert validation is not None and job.validation_config is not None
+        returned: Result = pool.serve(validation, job.validation_config, settings.local_dir)
+        return returned
+    if validation is None or comm.rank != 0:
+        return _attempts(job, settings, group, ranks)
+    with pool.ending(validation) as ended:
+        ended.result = result = _attempts(job, settings, group, ranks)
+    return result
+
+
+def _agree(job: TrainingJob, settings: Settings, comm: Any,
+           validation: pool.Pool | None) -> tuple[TrainingJob, Ranks]:
+    """The training ranks: where each runs, and the experiment's name."""
+    job, redirected = job.resumed(settings)
+    if redirected and comm.rank == 0:
+        log.warning("%s", redirected)
+    topology, local_comm = discover(comm)
+    name = from_root(comm, job.named(settings).name if comm.rank == 0 else None)
+    return job.named(settings, name), Ranks(comm, local_comm, topology, validation)
+
+
+def _attempts(job: TrainingJob, settings: Settings, group: Any, ranks: Ranks) -> Result:
+    """Attempts until one succeeds or the retry policy gives up."""
+    comm = ranks.comm
     policy = RetryPolicy(job.run_config.failure_config.max_failures)
     number = settings.attempt
     while True:
         try:
             with stop.terminations(settings.stop_signal):
-                return run_attempt(job, Ranks(comm, local_comm, topology), settings, number)
+                return run_attempt(job, ranks, settings, number)
         except (SystemExit, KeyboardInterrupt):
             raise
         except PreemptionError as stopped:  # every rank, together: the run stopped, not failed
@@ -84,9 +107,10 @@ def _run(job: TrainingJob, settings: Settings, group: Any) -> Result:
             rank_exit.fail(comm, settings, exc, raised_together(exc), training=False)
 
 
-def check_world(size: int, num_workers: int, settings: Settings | None) -> None:
+def check_world(size: int, num_workers: int, validating: int,
+                settings: Settings | None) -> None:
     """The world agrees with the launcher (``settings``; None: a group of its ranks) and with
-    ``num_workers``."""
+    ``num_workers`` and the ranks ``validating`` beside them."""
     tasks, launcher = (settings.launched_tasks, settings.launcher) if settings else (None, None)
     if tasks is not None and tasks != size:
         version = library.loaded_version()
@@ -95,11 +119,13 @@ def check_world(size: int, num_workers: int, settings: Settings | None) -> None:
             f"{size}: the launcher and mpi4py's MPI ({version}) disagree. With srun use "
             f"--mpi={library.srun_plugin(version)}; with mpirun use the mpiexec of the MPI "
             "that mpi4py loads (hpckit doctor compares them).")
-    if size != num_workers:
+    launched = num_workers + validating
+    if size != launched:
+        beside = f" and ValidationConfig(ranks={validating})" if validating else ""
         raise LaunchError(
-            f"ScalingConfig(num_workers={num_workers}) but {size} rank(s) were launched; make "
-            f"them agree (mpirun -n {num_workers} ..., srun --ntasks={num_workers}) or set "
-            f"num_workers={size}.")
+            f"ScalingConfig(num_workers={num_workers}){beside} but {size} rank(s) were "
+            f"launched; make them agree (mpirun -n {launched} ..., srun --ntasks={launched}) "
+            f"or set num_workers={size - validating}.")
 
 
 def configure_logs(rank: int, job: TrainingJob, settings: Settings) -> None:

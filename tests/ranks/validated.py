@@ -2,9 +2,10 @@
 epoch and reports it with ``validation=...``; the trainer's ``ValidationConfig.fn`` reads
 the checkpoint, takes ``--validate-seconds``, logs the call to ``fn_kwargs["log"]`` and
 returns ``val_score``, by which retention keeps the best two. ``--faulty`` makes epoch 1's
-validation raise and epoch 2's outlast its time limit. Rank 0 prints ``LOOP {seconds}``
-(the training function's own time) and ``FINAL {json}`` (the result and every kept
-checkpoint's status). No torch: DataParallelTrainer."""
+validation raise and epoch 2's outlast its time limit; ``--sbatch partition=P`` makes each
+validation a Slurm job, and ``--validation-ranks N`` sets the last N ranks aside to
+validate. Rank 0 prints ``LOOP {seconds}`` (the training function's own time) and
+``FINAL {json}`` (the result and every kept checkpoint's status). No torch: DataParallelTrainer."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ def validate(checkpoint: Checkpoint, log: str, seconds: float, mode: str = "ok")
     with checkpoint.as_directory() as d, open(os.path.join(d, "state.json")) as f:
         epoch = json.load(f)["epoch"]
     with open(log, "a") as f:
-        f.write(f"{os.path.basename(checkpoint.path)} {os.getpid()}\n")
+        f.write(f"{os.path.basename(checkpoint.path)} {os.getpid()} "
+                f"{os.environ.get('SLURM_JOB_ID', '-')} {os.getppid()}\n")
     if mode == "raise":
         raise RuntimeError(f"validation of epoch {epoch} failed on purpose")
     time.sleep(seconds * (20 if mode == "slow" else 1))
@@ -86,6 +88,10 @@ def main() -> None:
     p.add_argument("--validate-seconds", type=float, default=None)
     p.add_argument("--faulty", action="store_true")
     p.add_argument("--wait", action="store_true", help="rank 1 waits for the validations")
+    p.add_argument("--validation-ranks", type=int, default=0,
+                   help="the last N launched ranks validate instead of training")
+    p.add_argument("--sbatch", action="append", default=[], metavar="KEY=VALUE",
+                   help="validate each checkpoint in a Slurm job with these sbatch options")
     args = p.parse_args()
     from mpi4py import MPI
 
@@ -93,16 +99,21 @@ def main() -> None:
     validation = None
     if args.validate_seconds is not None:
         validation = ValidationConfig(validate, ValidationTaskConfig(
-            fn_kwargs={"log": log, "seconds": args.validate_seconds}))
+            fn_kwargs={"log": log, "seconds": args.validate_seconds}),
+            ranks=args.validation_ranks,
+            sbatch=dict(o.split("=", 1) for o in args.sbatch) if args.sbatch else None)
+    print(f"PID {MPI.COMM_WORLD.rank} {os.getpid()}", flush=True)
     result = DataParallelTrainer(
         train_loop, train_loop_config={"epochs": args.epochs, "epoch_seconds": args.epoch_seconds,
                                        "validate": validation is not None, "faulty": args.faulty,
                                        "wait": args.wait},
-        scaling_config=ScalingConfig(num_workers=MPI.COMM_WORLD.size),
+        scaling_config=ScalingConfig(num_workers=MPI.COMM_WORLD.size - args.validation_ranks),
         run_config=RunConfig(name=args.name, storage_path=args.storage,
                              checkpoint_config=CheckpointConfig(
                                  num_to_keep=2, checkpoint_score_attribute="val_score")),
         validation_config=validation).fit()
+    if MPI.COMM_WORLD.rank >= MPI.COMM_WORLD.size - args.validation_ranks:
+        print(f"SERVED {MPI.COMM_WORLD.rank} {len(result.best_checkpoints)}", flush=True)
     if MPI.COMM_WORLD.rank == 0:
         print("FINAL " + json.dumps({
             "best": [(os.path.basename(c.path), m) for c, m in result.best_checkpoints],

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +18,8 @@ from hpckit.config import ValidationConfig
 from hpckit.experiment.validation import FAILED, TIMED_OUT, VALIDATED, Validation
 from hpckit.processes import ended_with
 from hpckit.run.job import write_payload
+from hpckit.run.validation import slurm
+from hpckit.run.validation.slurm import SlurmJob
 
 FN, TASK, RESULT, ERROR = "validation_fn.pkl", "task.pkl", "result.json", "error.txt"
 # A rank's launcher and Slurm step: the validation process is neither a rank nor a task.
@@ -38,28 +41,51 @@ def environment(threads: int) -> dict[str, str]:
             "HPCKIT_VALIDATION": "1", "HPCKIT_EARLY_STOP": "0"}
 
 
+Running = subprocess.Popen[bytes] | SlurmJob
+
+
 def start(payload: str, checkpoint: Checkpoint, validation: Validation,
-          threads: int) -> tuple[subprocess.Popen[bytes], str]:
-    """Start validating ``checkpoint``; the process and the folder it answers in."""
+          config: ValidationConfig) -> tuple[Running, str]:
+    """Start validating ``checkpoint``, on this node or as a Slurm job as ``config`` says;
+    the process and the folder it answers in."""
     work = tempfile.mkdtemp(prefix="validation-", dir=payload)
     with open(os.path.join(work, TASK), "wb") as f:
         pickle.dump((checkpoint, validation.fn_kwargs), f)
+    env = environment(config.threads)
+    if config.sbatch is not None:
+        return slurm.submit(payload, work, env, config.threads, config.sbatch,
+                            validation.timeout_s), work
     process = subprocess.Popen(
         [sys.executable, "-m", "hpckit.launch.validator", payload, work],
-        env=environment(threads), stdin=subprocess.DEVNULL,
-        preexec_fn=ended_with(os.getpid(), signal.SIGKILL))
+        env=env, stdin=subprocess.DEVNULL, preexec_fn=ended_with(os.getpid(), signal.SIGKILL))
     return process, work
 
 
-def outcome(process: subprocess.Popen[bytes], work: str, validation: Validation) -> Validation:
+class Local:
+    """One validation on rank 0's node, or in a Slurm job that rank 0 waits for."""
+
+    def __init__(self, payload: str, checkpoint: Checkpoint, validation: Validation,
+                 config: ValidationConfig) -> None:
+        self.validation = validation
+        self.process, self.work = start(payload, checkpoint, validation, config)
+
+    def outcome(self) -> Validation:
+        try:
+            return outcome(self.process, self.work, self.validation)
+        finally:
+            shutil.rmtree(self.work, ignore_errors=True)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+
+
+def outcome(process: Running, work: str, validation: Validation) -> Validation:
     """Wait for the process (killed after ``timeout_s``) and say how it ended."""
     try:
         code = process.wait(timeout=validation.timeout_s)
     except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-        return validation.ended(TIMED_OUT, error=f"took longer than timeout_s="
-                                f"{validation.timeout_s:g}; stopped")
+        return timed_out(process, validation)
     if code == 0 and os.path.exists(os.path.join(work, RESULT)):
         with open(os.path.join(work, RESULT)) as f:
             metrics: dict[str, Any] = json.load(f)
@@ -67,10 +93,19 @@ def outcome(process: subprocess.Popen[bytes], work: str, validation: Validation)
     return validation.ended(FAILED, error=_error(work, code))
 
 
+def timed_out(process: Running, validation: Validation) -> Validation:
+    """Stop a validation that outlived its ``timeout_s``."""
+    process.kill()
+    process.wait()
+    return validation.ended(TIMED_OUT, error=f"took longer than timeout_s="
+                            f"{validation.timeout_s:g}; stopped")
+
+
 def _error(work: str, code: int) -> str:
     try:
         with open(os.path.join(work, ERROR)) as f:
             return f.read().strip() or f"exited with status {code}"
     except OSError:
-        return (f"killed by signal {-code}" if code < 0 else f"exited with status {code}") + \
-            " before saying why"
+        ended = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        said = slurm.submission_error(work)
+        return f"{ended}: {said}" if said else f"{ended} before saying why"
