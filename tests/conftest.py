@@ -197,6 +197,14 @@ def s3(tmp_path_factory: pytest.TempPathFactory):
     server.stop()
 
 
+def pytest_configure(config) -> None:  # type: ignore[no-untyped-def]
+    """Ctrl-C as the tests expect it, even when pytest was started with SIGINT ignored (``cmd &``
+    in a script, ``nohup``): Python's own handler here, and so, since exec resets a handler
+    but keeps an ignored signal ignored, the default in every process the tests start."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]
     """The fault-injection figures that docs/reliability.md quotes."""
     import reliability
@@ -215,7 +223,7 @@ def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untype
 QUICK_MODULES = frozenset({
     "test_units", "test_plan", "test_invariants", "test_architecture", "test_lint",
     "test_manifest", "test_retention", "test_cli_reference", "test_ray_compatibility",
-    "test_commit_protocol", "test_interval", "test_lock",
+    "test_commit_protocol", "test_interval", "test_lock", "test_naming",
 })
 
 
