@@ -50,6 +50,7 @@ class Result:
         self.config: dict[str, Any] = {}  # a sweep trial's params, as Ray's Result.config
         self._metrics_dataframe = metrics_dataframe
         self._location: Location | None = None
+        self._validated: dict[str, dict[str, Any]] = {}  # checkpoint directory: its metrics
 
     def __repr__(self) -> str:
         return (f"Result(metrics={self.metrics!r}, checkpoint={self.checkpoint!r}, "
@@ -81,7 +82,9 @@ class Result:
             best_checkpoints=[(Checkpoint._at(experiment.join(r.directory)), r.metrics)
                               for r in _worst_to_best(manifest) if r.on_storage],
             _storage_filesystem=experiment.filesystem, return_value=return_value)
-        result.metrics_history = [entry["metrics"] for entry in history]
+        result._validated = {r.directory: r.validation.metrics for r in manifest.checkpoints
+                             if r.validation is not None and r.validation.metrics}
+        result.metrics_history = [result._merged(entry)["metrics"] for entry in history]
         result._location = experiment
         return result
 
@@ -92,11 +95,20 @@ class Result:
         where pandas is installed); or the dataframe the Result was built with."""
         if self._metrics_dataframe is not None:
             return self._metrics_dataframe
-        entries = (read_metrics(self._location) if self._location is not None
+        entries = ([self._merged(e) for e in read_metrics(self._location)]
+                   if self._location is not None
                    else [{"metrics": m} for m in self.metrics_history])
         rows = [{**{k: e[k] for k in ("step", "time", "checkpoint") if k in e},
                  **flatten(e["metrics"])} for e in entries]
-        return pyarrow.Table.from_pylist(rows)
+        # Every column any row has (pyarrow would take the first row's alone), in order.
+        columns = list(dict.fromkeys(k for row in rows for k in row))
+        return pyarrow.Table.from_pylist([{k: row.get(k) for k in columns} for row in rows])
+
+    def _merged(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """A metrics log entry with its checkpoint's validation metrics merged in, as Ray
+        updates a validated report's metrics in place."""
+        validated = self._validated.get(entry.get("checkpoint") or "")
+        return {**entry, "metrics": {**entry["metrics"], **validated}} if validated else entry
 
     def get_best_checkpoint(self, metric: str, mode: str = "max") -> Checkpoint:
         """The checkpoint of ``best_checkpoints`` with the best ``metric`` (``mode`` "max" or

@@ -50,6 +50,9 @@ def test_a_slow_validation_does_not_delay_training_and_retention_keeps_the_best_
     final = json.loads(validated.line("FINAL"))
     assert [name for name, _ in final["best"]] == ["checkpoint_000001", "checkpoint_000003"]
     assert final["metrics"]["val_score"] == 13.0  # the last report's, validated
+    # A kept checkpoint's report carries its validation's metrics, as Ray updates them in
+    # place; an evicted checkpoint's validation is not kept.
+    assert final["history"] == final["frame"] == [None, 11.0, None, 13.0], final
     assert json.loads(validated.line("REPORTED")) == [  # worst to best, as in Ray
         ["checkpoint_000001", "VALIDATED", 11.0], ["checkpoint_000003", "VALIDATED", 13.0]]
     listed = run([HPCKIT, "ls", str(tmp_path / "val")], 30).output

@@ -79,6 +79,10 @@ def _validation(config: dict, epoch: int) -> bool | ValidationTaskConfig:
     return True
 
 
+def _column(table, name: str) -> list | None:
+    return table.column(name).to_pylist() if name in table.column_names else None
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--storage", required=True)
@@ -117,7 +121,9 @@ def main() -> None:
     if MPI.COMM_WORLD.rank == 0:
         print("FINAL " + json.dumps({
             "best": [(os.path.basename(c.path), m) for c, m in result.best_checkpoints],
-            "metrics": result.metrics}), flush=True)
+            "metrics": result.metrics,
+            "history": [m.get("val_score") for m in result.metrics_history],
+            "frame": _column(result.metrics_dataframe, "val_score")}), flush=True)
 
 
 if __name__ == "__main__":
