@@ -7,7 +7,7 @@ lowest validation loss. Run it again with more epochs and it resumes where it st
     python examples/lightning_mnist_like.py --workers 2                 # hpckit starts the ranks
 
 The Lightning lines are those of Ray Train's guide with ``ray.train.lightning`` replaced by
-``hpckit.lightning``. Needs ``pip install 'hpckit[lightning]'``.
+``hpckit.lightning``. Needs ``pip install -e '.[lightning]'`` in hpckit's clone.
 """
 
 from __future__ import annotations

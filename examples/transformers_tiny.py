@@ -8,7 +8,7 @@ epochs and it resumes where it stopped:
     python examples/transformers_tiny.py --workers 2                 # hpckit starts the ranks
 
 The Trainer lines are those of Ray Train's guide with ``ray.train.huggingface.transformers``
-replaced by ``hpckit.transformers``. Needs ``pip install 'hpckit[transformers]'``.
+replaced by ``hpckit.transformers``. Needs ``pip install -e '.[transformers]'`` in hpckit's clone.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """PyTorch Lightning on hpckit, with Ray Train's names (``ray.train.lightning``): a Ray
 program's Lightning code runs after ``from ray.train.lightning import ...`` becomes
-``from hpckit.lightning import ...``. Needs the extra: ``pip install 'hpckit[lightning]'``.
+``from hpckit.lightning import ...``. Needs the extra: ``pip install -e '.[lightning]'`` in hpckit's clone.
 
 Each name is imported when first used, so importing this module costs nothing until then.
 """

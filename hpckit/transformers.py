@@ -1,7 +1,8 @@
 """Hugging Face Transformers on hpckit, with Ray Train's names
 (``ray.train.huggingface.transformers``): a Ray program's Trainer code runs after
 ``from ray.train.huggingface.transformers import ...`` becomes
-``from hpckit.transformers import ...``. Needs the extra: ``pip install 'hpckit[transformers]'``.
+``from hpckit.transformers import ...``. Needs the extra: ``pip install -e '.[transformers]'``
+in hpckit's clone.
 
 Each name is imported when first used, so importing this module costs nothing until then.
 """

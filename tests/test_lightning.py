@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import MPIEXEC, checkpoint_dirs, manifest, metrics_lines, run, stopped_after_first_checkpoint
 
-pl = pytest.importorskip("lightning.pytorch", reason="pip install 'hpckit[lightning]'")
+pl = pytest.importorskip("lightning.pytorch", reason="pip install -e '.[lightning]'")
 
 from hpckit import Result, RunConfig, ScalingConfig  # noqa: E402
 from hpckit.errors import ConfigError  # noqa: E402

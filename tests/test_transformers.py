@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import MPIEXEC, checkpoint_dirs, manifest, metrics_lines, run, stopped_after_first_checkpoint
 
-pytest.importorskip("transformers", reason="pip install 'hpckit[transformers]'")
+pytest.importorskip("transformers", reason="pip install -e '.[transformers]'")
 
 from hpckit.integrations.transformers.callback import _link_own_files  # noqa: E402
 

@@ -181,8 +181,17 @@ def test_a_missing_extra_is_named_with_its_install_command(face, name, package):
             f"import hpckit.{face}\n"
             f"try:\n    hpckit.{face}.{name}\nexcept ModuleNotFoundError as e:\n    print(e)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    clone = Path(__file__).resolve().parent.parent  # hpckit runs from this clone
     assert out.stdout.strip() == (f"hpckit.{face}.{name} needs {package}, which is not "
-                                  f"installed: pip install 'hpckit[{face}]'"), out.stderr
+                                  f"installed: pip install -e '{clone}[{face}]'"), out.stderr
+
+
+def test_an_extra_outside_a_clone_is_named_from_the_clone_it_came_from(monkeypatch):
+    from hpckit.integrations import optional
+
+    monkeypatch.setattr(optional.os.path, "isfile", lambda path: False)
+    assert optional.install_command("lightning") == (
+        "pip install -e '.[lightning]' in the clone of hpckit that you installed it from")
 
 
 def test_a_slurm_warning_after_the_run_is_ignored_through_the_interpreter_exit():

@@ -4,6 +4,7 @@ each name imported when first used, and a missing extra named with its install c
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -12,8 +13,7 @@ from typing import Any
 def lazy_names(face: str, where: dict[str, str], extra: str,
                packages: tuple[str, ...]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """``__getattr__`` and ``__dir__`` for module ``face``, whose public names live in the
-    modules ``where`` gives; ``packages`` are those that ``pip install 'hpckit[extra]'``
-    brings."""
+    modules ``where`` gives; ``packages`` are those that the extra ``extra`` brings."""
 
     def getattr_(name: str) -> Any:
         if name not in where:
@@ -24,7 +24,7 @@ def lazy_names(face: str, where: dict[str, str], extra: str,
             if exc.name is None or exc.name.split(".")[0] not in packages:
                 raise
             raise ModuleNotFoundError(f"{face}.{name} needs {exc.name.split('.')[0]}, which is "
-                                      f"not installed: pip install 'hpckit[{extra}]'",
+                                      f"not installed: {install_command(extra)}",
                                       name=exc.name) from None
         value = getattr(module, name)
         setattr(sys.modules[face], name, value)
@@ -34,3 +34,12 @@ def lazy_names(face: str, where: dict[str, str], extra: str,
         return sorted([*vars(sys.modules[face]), *where])
 
     return getattr_, dir_
+
+
+def install_command(extra: str) -> str:
+    """How to add ``extra``. hpckit is not on PyPI: it is installed from a clone, named by its
+    path when this hpckit runs from one (an editable install)."""
+    clone = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if os.path.isfile(os.path.join(clone, "setup.cfg")):
+        return f"pip install -e '{clone}[{extra}]'"
+    return f"pip install -e '.[{extra}]' in the clone of hpckit that you installed it from"
