@@ -8,6 +8,7 @@ the built-in base Ray uses), so a Ray program's ``except`` clauses still catch i
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 __all__ = [
@@ -25,6 +26,23 @@ __all__ = [
     "ControllerError",
     "PreemptionError",
 ]
+
+
+def hpckit_clone() -> str | None:
+    """The clone this hpckit runs from (an editable install), else None. hpckit is not on
+    PyPI: it is installed from a clone, which is where extras are added and bugs reported."""
+    clone = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return clone if os.path.isfile(os.path.join(clone, "setup.cfg")) else None
+
+
+def how_to_report() -> str:
+    """Where a bug in hpckit goes and what to send. There is no public tracker: the issues of
+    the repository that the clone was made from."""
+    clone = hpckit_clone()
+    remote = f"git -C {clone} remote -v" if clone else "git remote -v in hpckit's clone"
+    return (f"report it on the issue tracker of the repository hpckit was cloned from ({remote} "
+            "names it) with the command, the traceback (--debug, or HPCKIT_LOG_LEVEL=DEBUG for a "
+            "run) and the output of python -m hpckit doctor")
 
 
 class HpckitError(Exception):

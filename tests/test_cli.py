@@ -273,3 +273,19 @@ def test_plot_writes_a_png_of_the_expected_size_with_curves(experiment, tmp_path
     assert ink > 0.02 and colours > 20  # axes, labels and coloured curves, not a blank image
     bad = CliRunner().invoke(main, ["plot", path, "--metric", "nope", "-o", str(tmp_path / "x.png")])
     assert bad.exit_code == 2 and "no experiment reported a numeric metric 'nope'" in bad.output
+
+
+def test_an_unexpected_error_says_where_to_report_it_and_what_to_send(tmp_path, monkeypatch):
+    from hpckit.cli import listing
+
+    def broken(root):
+        raise RuntimeError("a defect")
+
+    monkeypatch.setattr(listing, "list_experiments", broken)
+    out = CliRunner().invoke(main, ["ls", "--root", str(tmp_path)])
+    clone = Path(__file__).resolve().parent.parent  # hpckit runs from this clone
+    assert out.exit_code == 1, out.output
+    assert out.output.startswith("hpckit: error: unexpected RuntimeError: a defect (this is a bug in hpckit; "
+                                 "report it on the issue tracker of the repository hpckit was cloned "
+                                 f"from (git -C {clone} remote -v names it) with the command"), out.output
+    assert "python -m hpckit doctor" in out.output

@@ -13,7 +13,7 @@ from typing import IO, Any
 import click
 
 from hpckit import logs, settings
-from hpckit.errors import ConfigError, ExperimentLockedError, HpckitError, StorageError
+from hpckit.errors import ConfigError, ExperimentLockedError, HpckitError, StorageError, how_to_report
 from hpckit.storage.uris import redact
 
 VERSION = "0.1.0"
@@ -68,8 +68,7 @@ class _Group(click.Group):
             if _debugging(ctx):
                 raise
             raise CommandError(f"unexpected {type(exc).__name__}: {redact(str(exc))} (this is a "
-                               "bug in hpckit; rerun with --debug for the traceback and report "
-                               "it)") from None
+                               f"bug in hpckit; {how_to_report()})") from None
 
 
 def _debugging(ctx: click.Context) -> bool:

@@ -4,10 +4,11 @@ each name imported when first used, and a missing extra named with its install c
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 from collections.abc import Callable
 from typing import Any
+
+from hpckit.errors import hpckit_clone
 
 
 def lazy_names(face: str, where: dict[str, str], extra: str,
@@ -39,7 +40,7 @@ def lazy_names(face: str, where: dict[str, str], extra: str,
 def install_command(extra: str) -> str:
     """How to add ``extra``. hpckit is not on PyPI: it is installed from a clone, named by its
     path when this hpckit runs from one (an editable install)."""
-    clone = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    if os.path.isfile(os.path.join(clone, "setup.cfg")):
+    clone = hpckit_clone()
+    if clone:
         return f"pip install -e '{clone}[{extra}]'"
     return f"pip install -e '.[{extra}]' in the clone of hpckit that you installed it from"
