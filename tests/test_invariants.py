@@ -66,7 +66,8 @@ LOCAL_WRITERS = {
     "hpckit/run/startup/shm.py": "shared memory left by a killed incarnation",
     "hpckit/run/ending/exit.py": "a failed rank's error, for the process that launched it",
     "hpckit/run/job.py": "the payload of a process that re-runs the user's script",
-    "hpckit/run/validation/validator.py": "rank 0's validation payload and answer folders",
+    "hpckit/run/validation/child.py": "the validation payload and answer folders, on rank 0's "
+                                      "node or on a rank set aside",
 }
 
 

@@ -48,16 +48,15 @@ def _run(job: TrainingJob, settings: Settings, group: Any) -> Result:
                         settings if group is None else None)
         except LaunchError as exc:
             rank_exit.fail(launched, settings, exc, collective=True, training=False)
-        comm, validation = pool.split_off(launched, job.scaling_config.num_workers)
-        if comm is not None:
-            job, ranks = _agree(job, settings, comm, validation)
-    if comm is None:
-        assert validation is not None and job.validation_config is not None
-        returned: Result = pool.serve(validation, job.validation_config, settings.local_dir)
+        part = pool.split_off(launched, job.scaling_config.num_workers, job.validation_config)
+        if isinstance(part, pool.Training):
+            job, ranks = _agree(job, settings, part.comm, part.pool)
+    if isinstance(part, pool.Validating):
+        returned: Result = pool.serve(part, settings.local_dir)
         return returned
-    if validation is None or comm.rank != 0:
+    if part.pool is None or part.comm.rank != 0:
         return _attempts(job, settings, group, ranks)
-    with pool.ending(validation) as ended:
+    with pool.ending(part.pool) as ended:
         ended.result = result = _attempts(job, settings, group, ranks)
     return result
 

@@ -59,13 +59,22 @@ def poll(ready: Callable[[], bool], spin: float = SPIN, first: float = 0.0001,
         delay = min(delay * 2, longest)
 
 
-def wait_for_all(comm: Any, together: bool = False) -> None:
+def wait_for_all(comm: Any, together: bool = False,
+                 check: Callable[[], None] | None = None) -> None:
     """A barrier that sleeps while it waits, and that Ctrl-C interrupts. ``together``: every
     rank leaves it within microseconds, as from MPI's own barrier, by yielding the CPU instead
     of sleeping; for ranks that exit right after it without MPI_Finalize (status 75), since
-    mpiexec kills the ranks still running when one exits so (they would end with status 9)."""
+    mpiexec kills the ranks still running when one exits so (they would end with status 9).
+    ``check`` is called between tries, and gives the wait up by raising (a background thread
+    whose attempt ended)."""
     request = comm.Ibarrier()
-    poll(request.Test, spin=math.inf if together else SPIN)
+
+    def ready() -> bool:
+        if check is not None:
+            check()
+        return bool(request.Test())
+
+    poll(ready, spin=math.inf if together else SPIN)
 
 
 def gather_to_root(comm: Any, value: T) -> list[T] | None:
@@ -131,11 +140,24 @@ def send_to(comm: Any, value: Any, dest: int, tag: int) -> None:
     poll(lambda: bool(request.test()[0]))
 
 
-def receive_from(comm: Any, source: int, tag: int) -> Any:
+def receive_from(comm: Any, source: int, tag: int, longest: float = LONGEST) -> Any:
     """The next message from ``source`` (``MPI.ANY_SOURCE`` for any) with ``tag``, waited
-    for where Ctrl-C reaches the rank."""
-    poll(lambda: bool(comm.iprobe(source=source, tag=tag)))
+    for where Ctrl-C reaches the rank; a wait that may be long sleeps up to ``longest``
+    seconds between looks."""
+    poll(lambda: bool(comm.iprobe(source=source, tag=tag)), longest=longest)
     return comm.recv(source=source, tag=tag)
+
+
+def next_from(comm: Any, source: int, longest: float = LONGEST) -> tuple[int, Any]:
+    """The next message from ``source`` whatever its tag, and its tag; waited for as
+    :func:`receive_from` waits."""
+    from mpi4py import MPI
+
+    status = MPI.Status()
+    poll(lambda: bool(comm.iprobe(source=source, tag=MPI.ANY_TAG, status=status)),
+         longest=longest)
+    tag = status.Get_tag()
+    return tag, comm.recv(source=source, tag=tag)
 
 
 def meet_within(comm: Any, seconds: float) -> bool:

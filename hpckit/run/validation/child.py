@@ -3,6 +3,7 @@ ended (metrics, an error, or too long)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -25,6 +26,32 @@ FN, TASK, RESULT, ERROR = "validation_fn.pkl", "task.pkl", "result.json", "error
 # A rank's launcher and Slurm step: the validation process is neither a rank nor a task.
 NOT_INHERITED = ("PMI_", "PMIX_", "OMPI_", "MPI_LOCALRANK", "HYDRA_", "I_MPI_", "MPIR_",
                  "SLURM_STEP", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "HPCKIT_WORKER")
+
+
+def made_payload(payload_dir: str | None, config: ValidationConfig) -> str:
+    """A new folder in ``payload_dir`` (None: the temporary directory) that the validation
+    processes read the function from, and answer in."""
+    for _ in range(10):
+        try:
+            if payload_dir is not None:
+                os.makedirs(payload_dir, exist_ok=True)
+            payload = tempfile.mkdtemp(prefix="hpckit-validate-", dir=payload_dir)
+            break
+        except FileNotFoundError:  # a rank removed the empty staging folder in between
+            continue
+    else:
+        raise FileNotFoundError(f"could not make a folder in {payload_dir} for the validations")
+    write_function(payload, config)
+    return payload
+
+
+def remove_payload(payload: str, config: ValidationConfig) -> None:
+    """The payload, and for Slurm jobs the staging folders it was made in, where empty."""
+    shutil.rmtree(payload, ignore_errors=True)
+    if config.sbatch is not None:
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(payload))
+            os.rmdir(os.path.dirname(os.path.dirname(payload)))
 
 
 def write_function(payload: str, config: ValidationConfig) -> None:
@@ -62,22 +89,29 @@ def start(payload: str, checkpoint: Checkpoint, validation: Validation,
 
 
 class Local:
-    """One validation on rank 0's node, or in a Slurm job that rank 0 waits for."""
+    """One validation on this node, or in a Slurm job that this node waits for."""
 
     def __init__(self, payload: str, checkpoint: Checkpoint, validation: Validation,
                  config: ValidationConfig) -> None:
         self.validation = validation
         self.process, self.work = start(payload, checkpoint, validation, config)
 
+    @property
+    def running(self) -> bool:
+        return self.process.poll() is None
+
     def outcome(self) -> Validation:
-        try:
-            return outcome(self.process, self.work, self.validation)
-        finally:
-            shutil.rmtree(self.work, ignore_errors=True)
+        return outcome(self.process, self.work, self.validation)
 
     def kill(self) -> None:
-        if self.process.poll() is None:
+        if self.running:
             self.process.kill()
+
+    def close(self) -> None:
+        """After its outcome (or a kill): the process ended, its answer folder removed."""
+        self.kill()
+        self.process.wait()
+        shutil.rmtree(self.work, ignore_errors=True)
 
 
 def outcome(process: Running, work: str, validation: Validation) -> Validation:

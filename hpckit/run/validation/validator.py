@@ -4,10 +4,8 @@ time on rank 0's node or in Slurm jobs (Ray's one in flight), one on each rank s
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import tempfile
 import threading
 from collections import deque
 
@@ -36,10 +34,7 @@ class Validator:
         self.config = config
         self.retention = retention
         self.pool = pool
-        self.payload: str | None = None
-        if pool is None:  # the ranks set aside write their own
-            self.payload = _made_payload(payload_dir)
-            child.write_function(self.payload, config)
+        self.payload = child.made_payload(payload_dir, config)
         self._waiting: deque[str] = deque()
         self._running: dict[int | None, child.Local | Remote] = {}
         self._busy = 0  # validations taken from the queue and not yet ended
@@ -90,16 +85,7 @@ class Validator:
             validation.kill()
         for thread in self._threads:
             thread.join(timeout=10)
-        self._remove_payload()
-
-    def _remove_payload(self) -> None:
-        if self.payload is None:
-            return
-        shutil.rmtree(self.payload, ignore_errors=True)
-        if self.config.sbatch is not None:  # and the staging folders it made, when empty
-            with contextlib.suppress(OSError):
-                os.rmdir(os.path.dirname(self.payload))
-                os.rmdir(os.path.dirname(os.path.dirname(self.payload)))
+        child.remove_payload(self.payload, self.config)
 
     def _work(self, place: int | None) -> None:
         """One place's thread: rank 0's node (None) or a rank set aside."""
@@ -133,7 +119,10 @@ class Validator:
             running = self._start(place, checkpoint, record.validation)
             self._running[place] = running
         faults.reached("validating", 0)
-        ended = running.outcome()
+        try:
+            ended = running.outcome()
+        finally:
+            running.close()
         with self._changed:
             if self._cancelled or ended is None:
                 return  # stopped by cancel(): still pending, for the resumed run
@@ -145,22 +134,9 @@ class Validator:
 
     def _start(self, place: int | None, checkpoint: Checkpoint,
                validation: Validation) -> child.Local | Remote:
-        if place is None:
-            assert self.payload is not None
-            return child.Local(self.payload, checkpoint, validation, self.config)
-        assert self.pool is not None
-        return Remote(self.pool, place, checkpoint, validation)
-
-
-def _made_payload(payload_dir: str | None) -> str:
-    for _ in range(10):
-        try:
-            if payload_dir is not None:
-                os.makedirs(payload_dir, exist_ok=True)
-            return tempfile.mkdtemp(prefix="hpckit-validate-", dir=payload_dir)
-        except FileNotFoundError:  # a rank removed the empty staging folder in between
-            continue
-    raise FileNotFoundError(f"could not make a folder in {payload_dir} for the validations")
+        if self.pool is not None and place is not None:
+            return Remote(self.pool, place, checkpoint, validation)
+        return child.Local(self.payload, checkpoint, validation, self.config)
 
 
 def _awaiting(experiment: Experiment, directory: str) -> CheckpointRecord | None:
