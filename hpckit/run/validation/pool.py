@@ -1,0 +1,155 @@
+"""Validation on ranks set aside in the allocation (``ValidationConfig(ranks=N)``): the last
+N launched ranks never train; each waits for rank 0 to send it a checkpoint, validates it in
+a process of its own on its node, and answers with the outcome, until rank 0 says how the
+run ended. Their messages travel on a duplicate of the launched world (the link), where
+training rank 0 is rank 0 and the validation ranks come after the training ranks."""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from hpckit.checkpoint import Checkpoint
+from hpckit.config import ValidationConfig
+from hpckit.errors import TrainingFailedError
+from hpckit.experiment.validation import Validation
+from hpckit.run.mpi.waiting import next_from, receive_from, send_to
+from hpckit.run.validation import child
+
+TASK, CANCEL, OUTCOME, END = 0x4856, 0x4857, 0x4858, 0x4859
+POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class Pool:
+    """Training rank 0's view of the validation ranks."""
+
+    link: Any
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Training:
+    """A training rank: its communicator (the training ranks alone) and, on rank 0, the
+    ranks set aside to validate."""
+
+    comm: Any
+    pool: Pool | None
+
+
+@dataclass(frozen=True)
+class Validating:
+    """A rank set aside to validate with ``config``."""
+
+    pool: Pool
+    config: ValidationConfig
+
+
+def split_off(comm: Any, training: int, config: ValidationConfig | None) -> Training | Validating:
+    """Collective on ``comm``: this rank's part when the ranks after the first ``training``
+    are set aside to validate (none where ``comm`` has no more)."""
+    if config is None or comm.size == training:
+        return Training(comm, None)
+    link = comm.Dup()
+    part = comm.Split(0 if comm.rank < training else 1, comm.rank)
+    pool = Pool(link, tuple(range(training, comm.size)))
+    return Training(part, pool) if comm.rank < training else Validating(pool, config)
+
+
+@dataclass
+class Ending:
+    result: Any = None
+
+
+@contextlib.contextmanager
+def ending(pool: Pool) -> Iterator[Ending]:
+    """Training rank 0, around the run: at its end the validation ranks return its result
+    from ``fit()``, or raise what the training ranks raise."""
+    ended = Ending()
+    try:
+        yield ended
+    except BaseException as exc:
+        _end(pool, ("raise", _sendable(exc)))
+        raise
+    _end(pool, ("return", ended.result))
+
+
+def _end(pool: Pool, how: tuple[str, Any]) -> None:
+    for rank in pool.ranks:
+        send_to(pool.link, how, rank, END)
+
+
+def _sendable(error: BaseException) -> BaseException:
+    """``error``, or one that says the same where it cannot travel between ranks."""
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:  # noqa: BLE001  (any error's pickling may fail in its own way)
+        return TrainingFailedError(f"{type(error).__name__}: {error}")
+
+
+class Remote:
+    """One validation sent to a validation rank; it runs there until it ends or is
+    cancelled."""
+
+    def __init__(self, pool: Pool, rank: int, checkpoint: Checkpoint,
+                 validation: Validation) -> None:
+        self.pool, self.rank = pool, rank
+        send_to(pool.link, (checkpoint, validation), rank, TASK)
+
+    def outcome(self) -> Validation | None:
+        """How it ended; None when it was cancelled."""
+        ended: Validation | None = receive_from(self.pool.link, self.rank, OUTCOME,
+                                                longest=POLL_S)
+        return ended
+
+    def kill(self) -> None:
+        send_to(self.pool.link, None, self.rank, CANCEL)
+
+    def close(self) -> None:
+        """Nothing here: the validation rank cleans up after itself."""
+
+
+def serve(part: Validating, local_dir: str | None) -> Any:
+    """A validation rank's part of ``fit()``: validate what rank 0 sends until the run ends;
+    what the training ranks' ``fit()`` returns (or raises)."""
+    config = replace(part.config, ranks=0)
+    payload = child.made_payload(local_dir, config)
+    try:
+        while True:
+            tag, message = next_from(part.pool.link, 0, longest=POLL_S)
+            if tag == END:
+                kind, value = message
+                if kind == "raise":
+                    raise value
+                return value
+            if tag == TASK:
+                checkpoint, validation = message
+                send_to(part.pool.link, _validate(part.pool.link, payload, config, checkpoint,
+                                                  validation), 0, OUTCOME)
+            # CANCEL of a validation that had already ended: nothing to stop.
+    finally:
+        child.remove_payload(payload, config)
+
+
+def _validate(link: Any, payload: str, config: ValidationConfig, checkpoint: Checkpoint,
+              validation: Validation) -> Validation | None:
+    """Validate in a process on this node; None when rank 0 cancels it."""
+    local = child.Local(payload, checkpoint, validation, config)
+    try:
+        deadline = None if validation.timeout_s is None else \
+            time.monotonic() + validation.timeout_s
+        while local.running:
+            if link.iprobe(source=0, tag=CANCEL):
+                receive_from(link, 0, CANCEL)
+                return None
+            if deadline is not None and time.monotonic() > deadline:
+                return child.timed_out(local.process, validation)
+            time.sleep(POLL_S)
+        return local.outcome()
+    finally:
+        local.close()
