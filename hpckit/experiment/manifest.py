@@ -208,8 +208,7 @@ def _parse(body: Any, where: str) -> Manifest:
     if version > FORMAT_VERSION:
         raise ManifestError(
             f"manifest {where} has format_version {version}, written by a newer hpckit; this "
-            f"hpckit reads up to version {FORMAT_VERSION}. Upgrade hpckit: git pull in the clone "
-            "it is installed from (pip install -e '.[...]' there again if its extras changed).")
+            f"hpckit reads up to version {FORMAT_VERSION}. Upgrade hpckit (git pull in its clone).")
     checkpoints = [_parse_checkpoint(c, check, f"checkpoints[{i}]")
                    for i, c in enumerate(check.field(body, "checkpoints", list))]
     indexes = [c.index for c in checkpoints]
