@@ -189,7 +189,7 @@ def test_a_missing_extra_is_named_with_its_install_command(face, name, package):
 def test_an_extra_outside_a_clone_is_named_from_the_clone_it_came_from(monkeypatch):
     from hpckit.integrations import optional
 
-    monkeypatch.setattr(optional.os.path, "isfile", lambda path: False)
+    monkeypatch.setattr(optional, "hpckit_clone", lambda: None)
     assert optional.install_command("lightning") == (
         "pip install -e '.[lightning]' in the clone of hpckit that you installed it from")
 
