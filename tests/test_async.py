@@ -22,9 +22,9 @@ from hpckit.run.writing.plan import (
     merge,
     raise_background_failure,
     settled_everywhere,
-    share_hashing,
     unrecorded,
 )
+from hpckit.run.writing.shares import share_hashing
 from hpckit.storage import files
 from hpckit.storage.location import resolve
 

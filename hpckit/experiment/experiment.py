@@ -138,14 +138,15 @@ class Experiment:
         if not landed and self._metrics is not None:
             self._metrics.retract()
 
-    def reserve(self, directory: str, planned: tuple[str, ...]) -> None:
+    def reserve(self, directory: str, planned: tuple[str, ...], uploading: bool = False) -> None:
         """A checkpoint directory the user named (``report(checkpoint_dir_name=...)``):
-        refused if a committed or ``planned`` checkpoint has it or it holds files, else made
-        and marked pending, so that a run killed before its commit leaves a leftover that
-        resume recognises."""
+        refused if a committed or ``planned`` checkpoint has it or it holds files (unless
+        ``uploading``: the user's ``checkpoint_upload_fn`` may be writing there already),
+        else made and marked pending, so that a run killed before its commit leaves a
+        leftover that resume recognises."""
         target = self.location.join(directory)
         taken = {r.directory for r in self._manifest.checkpoints} | set(planned)
-        if directory in taken or not _free(target):
+        if directory in taken or not (uploading or _free(target)):
             raise CheckpointError(
                 f"report(checkpoint_dir_name={directory!r}): {target.display} already exists; "
                 "give each checkpoint its own name (e.g. with the epoch in it).")

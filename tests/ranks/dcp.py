@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import tempfile
+from concurrent import futures
 
 import torch
 import torch.distributed as dist
@@ -35,6 +36,9 @@ def train_loop(config: dict) -> None:
         state["epoch"] = torch.tensor(epoch)
         metrics = {"epoch": epoch, "sum": float(weights.full_tensor().sum())}
         mode = "async" if config["async"] else "sync"
+        if config["upload"] and config["async"]:
+            _report_uploaded_async(state, metrics, epoch)
+            continue
         if config["upload"]:
             with tempfile.TemporaryDirectory() as d:  # the local checkpoint Ray would upload
                 hpckit.report(metrics, checkpoint=Checkpoint.from_directory(d),
@@ -49,9 +53,9 @@ def train_loop(config: dict) -> None:
 
 
 def _uploading(state: dict, where: str):
-    """report(checkpoint_upload_fn=...): DCP's async_save straight into the experiment's
-    checkpoint directory (``where="outside"``: into a directory of its own, which hpckit
-    refuses)."""
+    """report(checkpoint_upload_fn=...), SYNC: DCP's save straight into the experiment's
+    checkpoint directory, inside report() (``where="outside"``: into a directory of its own,
+    which hpckit refuses)."""
     def upload(checkpoint: Checkpoint, checkpoint_dir_name: str) -> Checkpoint:
         directory = os.path.join(hpckit.get_context().get_experiment_path(), checkpoint_dir_name)
         if where == "outside":
@@ -59,6 +63,32 @@ def _uploading(state: dict, where: str):
         dcp.async_save(state, checkpoint_id=directory).result()
         return Checkpoint.from_directory(directory)
     return upload
+
+
+_group = None
+_saving = None
+
+
+def _report_uploaded_async(state: dict, metrics: dict, epoch: int) -> None:
+    """report(checkpoint_upload_fn=..., ASYNC), as Ray's guide has it: DCP's async_save
+    starts now, on a Gloo group of its own, into the directory named by checkpoint_dir_name;
+    the upload function, run on hpckit's background thread, waits for it."""
+    global _group, _saving
+    if _group is None:
+        _group = dist.new_group(backend="gloo")
+    if _saving is not None:  # one save at a time on the group (its upload's outcome is hpckit's)
+        futures.wait([_saving])
+    name = f"dcp-epoch-{epoch}"
+    directory = os.path.join(hpckit.get_context().get_experiment_path(), name)
+    saving = _saving = dcp.async_save(state, checkpoint_id=directory, process_group=_group)
+
+    def upload(checkpoint: Checkpoint, checkpoint_dir_name: str) -> Checkpoint:
+        assert checkpoint_dir_name == name, checkpoint_dir_name
+        saving.result()
+        return Checkpoint.from_directory(directory)
+
+    hpckit.report(metrics, checkpoint=Checkpoint(directory), checkpoint_dir_name=name,
+                  checkpoint_upload_mode="async", checkpoint_upload_fn=upload)
 
 
 def main() -> None:

@@ -95,8 +95,9 @@ def validate(checkpoint: Checkpoint) -> dict:
 def save_and_report(mode: str, rank: int, epoch: int, metrics: dict, state, momentum,
                     validation: bool = False) -> None:
     """One checkpoint: into a temporary directory handed to report() (sync or async), written
-    in place into get_checkpoint_dir() (in-place, in-place-async), or staged by save_state
-    and reported asynchronously (save-state)."""
+    in place into get_checkpoint_dir() (in-place, in-place-async), staged by save_state
+    and reported asynchronously (save-state), or uploaded by the rank's own
+    checkpoint_upload_fn in the background (upload-async)."""
     if mode == "save-state":
         import torch
 
@@ -106,6 +107,12 @@ def save_and_report(mode: str, rank: int, epoch: int, metrics: dict, state, mome
                                  "momentum": torch.from_numpy(momentum), "epoch": epoch},
                                 f"shard-rank{rank}.pt")
         hpckit.report(metrics, checkpoint=checkpoint, checkpoint_upload_mode="async")
+        return
+    if mode == "upload-async":
+        at = Checkpoint(hpckit.get_context().get_experiment_path(),
+                        hpckit.get_context().get_storage_filesystem())
+        hpckit.report(metrics, checkpoint=at, checkpoint_upload_mode="async",
+                      checkpoint_upload_fn=uploading(rank, epoch, state, momentum))
         return
     if mode.startswith("in-place"):
         d = hpckit.get_context().get_checkpoint_dir()
@@ -117,6 +124,24 @@ def save_and_report(mode: str, rank: int, epoch: int, metrics: dict, state, mome
         save(d, rank, epoch, state, momentum)
         hpckit.report(metrics, checkpoint=Checkpoint.from_directory(d),
                       checkpoint_upload_mode=mode, validation=validation)
+
+
+def uploading(rank: int, epoch: int, state, momentum):
+    """report(checkpoint_upload_fn=...): this rank's files written straight into the
+    checkpoint's directory on the experiment's storage (local or S3), on hpckit's thread."""
+    def upload(checkpoint: Checkpoint, checkpoint_dir_name: str) -> Checkpoint:
+        ctx = hpckit.get_context()
+        storage = ctx.get_storage_filesystem()
+        directory = f"{ctx.get_experiment_path()}/{checkpoint_dir_name}"
+        storage.create_dir(directory, recursive=True)
+        with tempfile.TemporaryDirectory() as d:
+            save(d, rank, epoch, state, momentum)
+            for name in sorted(os.listdir(d)):
+                with open(os.path.join(d, name), "rb") as f, \
+                        storage.open_output_stream(f"{directory}/{name}") as out:
+                    out.write(f.read())
+        return Checkpoint(directory, storage)
+    return upload
 
 
 def save(d: str, rank: int, epoch: int, state, momentum) -> None:
@@ -140,7 +165,8 @@ def main() -> None:
     p.add_argument("--mirror-command", default=None)
     p.add_argument("--sync-period", type=float, default=300.0)
     p.add_argument("--artifacts", choices=["off", "rank0", "all"], default="off")
-    p.add_argument("--mode", choices=["sync", "async", "in-place", "in-place-async", "save-state"], default="sync")
+    p.add_argument("--mode", choices=["sync", "async", "in-place", "in-place-async", "save-state",
+                                       "upload-async"], default="sync")
     p.add_argument("--every", type=int, default=1, help="checkpoint every N epochs")
     p.add_argument("--in-flight", type=int, default=1)
     p.add_argument("--topology", action="store_true", help="each rank prints PLACE {json} END")

@@ -42,7 +42,7 @@ from hpckit.run.writing.plan import (
     settled_everywhere,
     unrecorded,
 )
-from hpckit.storage.copy import checksum_file
+from hpckit.storage.copy import checksum_file, checksum_stored
 from hpckit.storage.location import Location
 
 
@@ -93,7 +93,7 @@ class Ledger:
         self.experiment.wait_for_purge()
         target = self.experiment.location.join(directory)
         if directory != checkpoint_dirname(next_index):
-            self.experiment.reserve(directory, self.pending)
+            self.experiment.reserve(directory, self.pending, plan.uploaded)
         elif not plan.in_place and target.is_local and os.path.isdir(target.path):
             self.experiment.clear(directory)
 
@@ -243,5 +243,8 @@ def _nothing() -> None:
 
 def _hash_late(target: Location, name: str) -> FileRecord:
     log.debug("hashing %s on rank 0: no rank's listing of %s held it", name, target.name)
-    size, digest = checksum_file(os.path.join(target.path, name), sync=True)
+    if target.is_local:
+        size, digest = checksum_file(os.path.join(target.path, name), sync=True)
+    else:  # uploaded by checkpoint_upload_fn: read back
+        size, digest = checksum_stored(target.join(name))
     return FileRecord(name, size, 0, digest)

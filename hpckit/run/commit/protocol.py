@@ -34,7 +34,7 @@ from hpckit.run.ending import stop
 from hpckit.run.levels.levels import Levels
 from hpckit.run.mpi.comm import RankFailure, all_reduce, captured
 from hpckit.run.validation.validator import Validator
-from hpckit.run.writing.handover import Handed, Staging, Upload, hand_in, release, uploaded
+from hpckit.run.writing.handover import Handed, Staging, Upload, hand_in, release
 from hpckit.run.writing.inflight import InFlight
 from hpckit.run.writing.plan import (
     DRAIN,
@@ -46,6 +46,7 @@ from hpckit.run.writing.plan import (
     make_plan,
     mixed_modes,
 )
+from hpckit.run.writing.uploads import Meeting
 from hpckit.run.writing.writer import ShareWriter
 from hpckit.storage.location import Location
 
@@ -81,7 +82,7 @@ class CommitProtocol:
         self.stop: str | None = None  # the stop every rank agreed on; stop.received() is a rank's
         self.staging = staging
         self.in_flight = InFlight(comm.rank)
-        self.writer = ShareWriter(comm.rank, comm.size, staging, self.in_flight)
+        self.writer = ShareWriter(comm.rank, comm.size, staging, self.in_flight, Meeting(comm))
         self.reports = 0
         self.last_metrics: dict[str, Any] = {}
         self.last_validation: dict[str, Any] | None = None  # rank 0's report(validation=...)
@@ -104,7 +105,7 @@ class CommitProtocol:
         plan = self._announce(Announcement(
             REPORT, self.reports, handed.files, failure, stop.received(), handed.in_place,
             self.in_flight.settled(), upload.mode is CheckpointUploadMode.ASYNC, upload.dir_name,
-            self._mine if self.callbacks else None, handed.later))
+            self._mine if self.callbacks else None, handed.later, handed.upload_fn is not None))
         if self.levels is not None:
             self.levels.tidy(plan)
         if plan.directory is None:
@@ -138,6 +139,7 @@ class CommitProtocol:
         if self.levels is not None:
             self.levels.persist_latest(self.experiment, "the last checkpoint of the run")
             self.levels.release()
+        self.writer.meeting.release()
         if self.ledger is not None:
             self.ledger.finish_validations()
 
@@ -153,6 +155,7 @@ class CommitProtocol:
         operation under way, and leaves the staged files to the next attempt."""
         if self.levels is not None:
             self.levels.abandon()
+        self.writer.meeting.abandon()
         if self.ledger is not None:
             self.ledger.close()
         self.in_flight.close(wait=not promptly)
@@ -167,7 +170,6 @@ class CommitProtocol:
         if checkpoint is None:
             return Handed()
         pending = self.staging.in_place_path(checkpoint_dirname(self.next_index))
-        checkpoint = uploaded(checkpoint, upload, self.comm.rank, pending, self.location)
         return hand_in(checkpoint, upload, self.comm.rank, pending, self.location)
 
     def _announce(self, announcement: Announcement) -> Plan:

@@ -18,9 +18,9 @@ from hpckit.experiment.experiment import Experiment
 from hpckit.experiment.manifest import CACHE, STORAGE, CheckpointRecord, is_checkpoint_dirname
 from hpckit.logs import log
 from hpckit.run.levels.cache import OWN, PARTNER, RESTORE, NodeCache, Nodes
-from hpckit.run.mpi.comm import all_reduce, captured, everywhere, on_root
+from hpckit.run.mpi.comm import all_reduce, captured, everywhere, for_background, on_root
 from hpckit.run.mpi.transfer import Receive, Received, Send, exchange
-from hpckit.run.writing.inflight import InFlight
+from hpckit.run.writing.inflight import InFlight, done_now
 from hpckit.run.writing.plan import Persisted, Plan, in_background
 from hpckit.run.writing.shares import write_share
 from hpckit.storage.checksum import algorithm_of
@@ -92,7 +92,7 @@ class Levels:
                                       f"{failure.error if failure else 'failed'}")
             return replace(mine, copies=tuple((r.name, r.checksum) for r in copies))
 
-        in_flight.start(directory, target, copy if self._copies is not None else _done(copy))
+        in_flight.start(directory, target, copy if self._copies is not None else done_now(copy))
         return None, mine is not None
 
     def _partner_copy(self, plan: Plan) -> list[Received]:
@@ -174,29 +174,12 @@ def _copies_comm(comm: Any) -> Any:
     """A duplicate of ``comm`` for partner copies on the background thread, made at start-up
     (collective); None when MPI cannot serve two threads at once, and the copies then run
     in ``report()``, said once."""
-    from mpi4py import MPI
-
-    if MPI.Query_thread() == MPI.THREAD_MULTIPLE:
-        return comm.Dup()
-    if comm.rank == 0:
+    copies = for_background(comm)
+    if copies is None and comm.rank == 0:
         log.warning("MPI runs without MPI_THREAD_MULTIPLE (mpi4py.rc.thread_level or "
                     "MPI4PY_RC_THREAD_LEVEL?), so partner copies run inside report() instead "
                     "of in the background")
-    return None
-
-
-def _done(work: Callable[[], Persisted]) -> Callable[[], Persisted]:
-    """``work`` done now, on this thread; its outcome handed to the background as if there."""
-    try:
-        result = work()
-    except Exception as exc:  # noqa: BLE001  (raised again where the background's would be)
-        failure = exc
-
-        def again() -> Persisted:
-            raise failure
-
-        return again
-    return lambda: result
+    return copies
 
 
 def _rank0(experiment: Experiment | None) -> Experiment:

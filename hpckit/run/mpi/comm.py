@@ -221,3 +221,11 @@ def everywhere(comm: Any, fn: Callable[[], T], what: str,
     outcomes = from_root(comm, gathered)
     raise_failures([f for _, f in outcomes if f], what, kind)
     return [v for v, _ in outcomes]
+
+
+def for_background(comm: Any) -> Any:
+    """A duplicate of ``comm`` for a background thread's messages (collective: every rank
+    calls it at the same point); None when MPI cannot serve two threads at once."""
+    from mpi4py import MPI
+
+    return comm.Dup() if MPI.Query_thread() == MPI.THREAD_MULTIPLE else None

@@ -60,13 +60,13 @@ def poll(ready: Callable[[], bool], spin: float = SPIN, first: float = 0.0001,
 
 
 def wait_for_all(comm: Any, together: bool = False,
-                 check: Callable[[], None] | None = None) -> None:
+                 check: Callable[[], None] | None = None, longest: float = LONGEST) -> None:
     """A barrier that sleeps while it waits, and that Ctrl-C interrupts. ``together``: every
     rank leaves it within microseconds, as from MPI's own barrier, by yielding the CPU instead
     of sleeping; for ranks that exit right after it without MPI_Finalize (status 75), since
     mpiexec kills the ranks still running when one exits so (they would end with status 9).
     ``check`` is called between tries, and gives the wait up by raising (a background thread
-    whose attempt ended)."""
+    whose attempt ended); a wait that may be long sleeps up to ``longest`` between them."""
     request = comm.Ibarrier()
 
     def ready() -> bool:
@@ -74,7 +74,7 @@ def wait_for_all(comm: Any, together: bool = False,
             check()
         return bool(request.Test())
 
-    poll(ready, spin=math.inf if together else SPIN)
+    poll(ready, spin=math.inf if together else SPIN, longest=longest)
 
 
 def gather_to_root(comm: Any, value: T) -> list[T] | None:

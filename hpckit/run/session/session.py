@@ -130,10 +130,12 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None, *,
     the trainer's) has the trainer's ``ValidationConfig.fn`` validate this checkpoint once it
     is committed, in a process of its own on rank 0's node, while training goes on; rank 0's
     report decides. ``checkpoint_upload_fn(checkpoint, checkpoint_dir_name) -> Checkpoint``
-    uploads this rank's files itself, straight into the pending checkpoint directory
-    ``<experiment>/<checkpoint_dir_name>`` on a POSIX storage_path, and returns a checkpoint
-    of that directory (anything else is refused); hpckit then hashes, records and commits
-    what it finds there, as for a checkpoint written in place.
+    uploads this rank's files itself, straight into the checkpoint's directory
+    ``<experiment>/<checkpoint_dir_name>`` (on POSIX or S3 storage), and returns a checkpoint
+    of that directory (anything else is refused); once every rank's has returned, hpckit
+    hashes (reading back), records and commits what it finds there, as for a checkpoint
+    written in place. With ``ASYNC`` it runs on the background thread, and must not run
+    collectives on the training's process group; it is not called with ``NO_UPLOAD``.
     """
     if checkpoint_upload_fn is not None and not callable(checkpoint_upload_fn):
         raise ConfigError(f"report(checkpoint_upload_fn={checkpoint_upload_fn!r}) must be a "

@@ -26,6 +26,7 @@ from hpckit.config import CheckpointUploadMode
 from hpckit.errors import CheckpointError
 from hpckit.experiment.manifest import STAGING_NAME
 from hpckit.run.writing.shares import list_source, local_source
+from hpckit.run.writing.uploads import check_returned
 from hpckit.storage.location import Location
 
 
@@ -52,12 +53,17 @@ class Handed:
     """Whether hpckit may move the files and remove the directory."""
     later: tuple[str, ...] = ()
     """Files of an in-place checkpoint that this rank's saves are still writing."""
+    upload_fn: Callable[[Checkpoint, str], Checkpoint] | None = None
+    """``checkpoint_upload_fn``: it uploads the files straight into the checkpoint's directory."""
 
 
 def hand_in(checkpoint: Checkpoint, upload: Upload, rank: int, pending: str,
             experiment: Location) -> Handed:
-    """What this rank hands in: its directory written in place (``pending``), or a directory
-    of its own, listed. Refuses what ``report()`` must not take."""
+    """What this rank hands in: its directory written in place (``pending``), a directory of
+    its own, listed, or a checkpoint its ``checkpoint_upload_fn`` will upload. Refuses what
+    ``report()`` must not take."""
+    if upload.upload_fn is not None and upload.mode is not CheckpointUploadMode.NO_UPLOAD:
+        return _for_upload(checkpoint, upload, rank, experiment)
     source = local_source(checkpoint, rank)
     in_place = os.path.realpath(source) == os.path.realpath(pending)
     if not in_place and inside(source, pending):
@@ -81,31 +87,36 @@ def hand_in(checkpoint: Checkpoint, upload: Upload, rank: int, pending: str,
     return Handed(checkpoint, source, list_source(source, rank), owned=owned)
 
 
-def uploaded(checkpoint: Checkpoint, upload: Upload, rank: int, pending: str,
-             experiment: Location) -> Checkpoint:
-    """``report(checkpoint_upload_fn=fn)``: ``fn(checkpoint, name)`` uploads this rank's
-    files itself, in place of hpckit's copy, straight into the pending checkpoint; what it
-    returns is then committed as a checkpoint written in place (hashed and recorded). Not
-    called for ``NO_UPLOAD``, as in Ray."""
-    if upload.upload_fn is None or upload.mode is CheckpointUploadMode.NO_UPLOAD:
-        return checkpoint
-    if not experiment.is_local or upload.dir_name is not None:
+def _for_upload(checkpoint: Checkpoint, upload: Upload, rank: int, experiment: Location
+                ) -> Handed:
+    """A checkpoint for ``checkpoint_upload_fn`` (not called for ``NO_UPLOAD``, as in Ray):
+    hpckit reads none of its files; ``delete_local`` removes its local directory once the
+    upload returned, unless it lies in the experiment."""
+    if not isinstance(checkpoint, Checkpoint):
+        raise CheckpointError(f"rank {rank}: report(checkpoint={checkpoint!r}) must be an "
+                              "hpckit.Checkpoint, which checkpoint_upload_fn is then given.")
+    local = checkpoint._location.is_local
+    owned = upload.delete_local and local and not (
+        experiment.is_local and inside(checkpoint.path, experiment.path))
+    return Handed(checkpoint, in_place=True, owned=owned, upload_fn=upload.upload_fn)
+
+
+def upload(handed: Handed, target: Location, rank: int) -> None:
+    """Run this rank's ``checkpoint_upload_fn`` into ``target`` (made first on POSIX
+    storage) and check what it returns."""
+    if handed.upload_fn is None or handed.checkpoint is None:
+        return
+    if target.is_local:
+        os.makedirs(target.path, exist_ok=True)
+    try:
+        returned = handed.upload_fn(handed.checkpoint, target.name)
+    except Exception as exc:
         raise CheckpointError(
-            f"rank {rank}: report(checkpoint_upload_fn=...) uploads into the pending checkpoint "
-            "directory, which hpckit names, on a POSIX storage_path; leave checkpoint_dir_name "
-            "out, and use SYNC or ASYNC without it on S3.")
-    returned = upload.upload_fn(checkpoint, os.path.basename(pending))
-    if not isinstance(returned, Checkpoint):
-        raise CheckpointError(f"rank {rank}: checkpoint_upload_fn returned {returned!r}; it must "
-                              "return a Checkpoint, as in Ray.")
-    if returned.filesystem.type_name != "local" or \
-            os.path.realpath(returned.path) != os.path.realpath(pending):
-        raise CheckpointError(
-            f"rank {rank}: checkpoint_upload_fn returned a checkpoint at {returned.path}, "
-            f"outside this checkpoint's directory in the experiment; upload into {pending} "
-            "(the checkpoint_dir_name it is given, under get_context().get_experiment_path()) "
-            "and return Checkpoint.from_directory() of it.")
-    return returned
+            f"rank {rank}: checkpoint_upload_fn({handed.checkpoint!r}, {target.name!r}) raised "
+            f"{type(exc).__name__}: {exc}") from exc
+    check_returned(returned, target, rank)
+    if handed.owned:
+        shutil.rmtree(handed.checkpoint.path, ignore_errors=True)
 
 
 def release(handed: Handed, shared_in_place: bool) -> None:

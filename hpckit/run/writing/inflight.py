@@ -88,3 +88,17 @@ class InFlight:
         if self._pool is not None:
             self._pool.shutdown(wait=wait, cancel_futures=True)
             self._pool = None
+
+
+def done_now(work: Callable[[], Persisted]) -> Callable[[], Persisted]:
+    """``work`` done now, on this thread; its outcome handed to the background as if there."""
+    try:
+        result = work()
+    except Exception as exc:  # noqa: BLE001  (raised again where the background's would be)
+        failure = exc
+
+        def again() -> Persisted:
+            raise failure
+
+        return again
+    return lambda: result

@@ -59,6 +59,7 @@ class Announcement:
     dir_name: str | None = None
     metrics: dict[str, Any] | None = None  # this rank's, sent only for UserCallbacks
     later: tuple[str, ...] = ()  # in place: files this rank's saves are still writing
+    uploading: bool = False  # in place, by this rank's checkpoint_upload_fn
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class Plan:
     criterion_met: bool = False  # RunConfig(stop=...) was met: the run ends after this report
     level: str = STORAGE  # or CACHE: the node-local caches only (CheckpointConfig(cache_dir))
     kept: tuple[str, ...] | None = None  # with caches: every checkpoint they keep
+    uploaded: bool = False  # by checkpoint_upload_fn: every rank meets before it lists the files
 
     def checkpoint(self) -> tuple[str, int]:
         """The directory and index of the checkpoint this plan writes."""
@@ -101,6 +103,7 @@ def make_plan(announcements: list[Announcement], step: int, next_index: int) -> 
     in_place = [rank for rank, a in enumerate(announcements) if a.in_place]
     if announcements[0].kind != REPORT or not (handed or in_place):
         return Plan(step, stop)
+    uploaded = _uploaded(announcements)
     if in_place and handed:
         raise CheckpointError(
             f"rank {in_place[0]} wrote its checkpoint in place (get_checkpoint_dir()) while rank "
@@ -110,10 +113,24 @@ def make_plan(announcements: list[Announcement], step: int, next_index: int) -> 
     writes, hashes = assign_writers(handed)
     asked = [a.asynchronous for a in announcements if a.files is not None or a.in_place]
     asynchronous = in_background(stop, all(asked))
-    directory = _directory_name(announcements, bool(in_place)) or checkpoint_dirname(next_index)
+    named = _directory_name(announcements, bool(in_place) and not uploaded)
+    directory = named or checkpoint_dirname(next_index)
     later = {rank: a.later for rank, a in enumerate(announcements) if a.later}
     return Plan(step, stop, directory, writes, hashes, bool(in_place), asynchronous, next_index,
-                later=later)
+                later=later, uploaded=uploaded)
+
+
+def _uploaded(announcements: list[Announcement]) -> bool:
+    """Whether checkpoint_upload_fn uploads this checkpoint: then on every rank handing one."""
+    uploading = [rank for rank, a in enumerate(announcements) if a.uploading]
+    other = [rank for rank, a in enumerate(announcements)
+             if (a.files is not None or a.in_place) and not a.uploading]
+    if uploading and other:
+        raise CheckpointError(
+            f"rank(s) {_ranks(uploading)} passed checkpoint_upload_fn and rank(s) {_ranks(other)} "
+            "handed a checkpoint without one; in one report pass it on every rank that hands a "
+            "checkpoint (checkpoint=None on a rank with nothing to upload).")
+    return bool(uploading)
 
 
 def in_background(stop: str | None, asked: bool) -> bool:
@@ -273,16 +290,3 @@ def unrecorded(per_rank: list[Persisted]) -> list[str]:
     of a shared directory lagged): rank 0 hashes them before the commit."""
     recorded = {r.path for p in per_rank for r in p.records}
     return sorted({name for p in per_rank for name in p.listed} - recorded)
-
-
-def share_hashing(listing: list[tuple[str, int]], ranks: int, rank: int) -> list[str]:
-    """This rank's share of an in-place checkpoint's files: largest first to the least
-    loaded rank, so every rank reading the same listing makes the same split."""
-    loads = [0] * ranks
-    mine = []
-    for name, size in sorted(listing, key=lambda f: (-f[1], f[0])):
-        least = loads.index(min(loads))
-        loads[least] += size
-        if least == rank:
-            mine.append(name)
-    return mine

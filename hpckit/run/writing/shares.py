@@ -1,6 +1,7 @@
 """One rank's part of a checkpoint: the files it hands in, and persisting those the plan
 assigns to it (hashing the others it holds, so that duplicates can be compared); or, for a
-checkpoint written in place, hashing and syncing its share of what is already there."""
+checkpoint written in place or uploaded by ``checkpoint_upload_fn``, hashing and syncing its
+share of what is already there."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from typing import Any
 from hpckit import faults
 from hpckit.checkpoint import Checkpoint
 from hpckit.errors import CheckpointError, ProtocolError
-from hpckit.experiment.manifest import FileRecord, is_safe_relpath
-from hpckit.run.writing.plan import Persisted, Plan, share_hashing
-from hpckit.storage.copy import checksum_file, fsync_tree, persist_file, progress
+from hpckit.experiment.manifest import PENDING_MARKER, FileRecord, is_safe_relpath
+from hpckit.run.writing.plan import Persisted, Plan
+from hpckit.storage import files
+from hpckit.storage.copy import checksum_file, checksum_stored, fsync_tree, persist_file, progress
 from hpckit.storage.location import Location
 
 PARALLEL_FILES = 8
@@ -115,6 +117,30 @@ def sync_in_place(directory: str, target: Location, rank: int, ranks: int,
     return Persisted(records, tuple(name for name, _ in listing) if shared else ())
 
 
+def hash_uploaded(target: Location, rank: int, ranks: int, phase: str) -> Persisted:
+    """This rank's share of what the uploads left in ``target``, hashed (and synced) where it
+    lies: on object storage each object is read back."""
+    listing = [(name, size) for name, size in files.list_files(target)
+               if name != PENDING_MARKER]
+    for name, _ in listing:
+        if not is_safe_relpath(name):
+            raise CheckpointError(f"rank {rank}: checkpoint_upload_fn left {name!r} in "
+                                  f"{target.display}, not a plain relative path; rename it.")
+    def one(name: str) -> FileRecord:
+        if target.is_local:
+            size, digest = checksum_file(target.join(name).path, sync=True)
+        else:
+            size, digest = checksum_stored(target.join(name))
+        faults.reached(phase, rank)
+        return FileRecord(name, size, rank, digest)
+
+    records = _each(one, share_hashing(listing, ranks, rank), dict(listing),
+                    f"rank {rank}: hashing {target.name}")
+    if target.is_local:
+        fsync_tree(target.path, [name for name, _ in listing])
+    return Persisted(records, tuple(name for name, _ in listing))
+
+
 def _move(source: str, target: str) -> tuple[int, str]:
     os.makedirs(os.path.dirname(target), exist_ok=True)
     os.replace(source, target)
@@ -133,3 +159,16 @@ def _each(one: Callable[[str], FileRecord], names: list[str], sizes: dict[str, i
             records.append(record)
             bar.update(sizes.get(record.path, 0))
     return records
+
+
+def share_hashing(listing: list[tuple[str, int]], ranks: int, rank: int) -> list[str]:
+    """This rank's share of an in-place checkpoint's files: largest first to the least
+    loaded rank, so every rank reading the same listing makes the same split."""
+    loads = [0] * ranks
+    mine = []
+    for name, size in sorted(listing, key=lambda f: (-f[1], f[0])):
+        least = loads.index(min(loads))
+        loads[least] += size
+        if least == rank:
+            mine.append(name)
+    return mine

@@ -1,8 +1,9 @@
 """This rank writing its share of a planned checkpoint: now, inside ``report()`` (files
-written in place hashed and synced where they are; handed files persisted), or in the
-background, where ``report()`` only hands the files over into staging and the in-flight
-thread persists them. The room where a new way to write a share goes (a staging snapshot
-of GPU state, a user's upload function)."""
+written in place hashed and synced where they are; handed files persisted; the user's
+``checkpoint_upload_fn`` run, then what it uploaded hashed), or in the background, where
+``report()`` only hands the files over into staging (or hands the upload function over) and
+the in-flight thread does the rest. The room where a new way to write a share goes (a
+staging snapshot of GPU state)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ from dataclasses import dataclass
 from hpckit import faults
 from hpckit.errors import CheckpointError
 from hpckit.run.mpi.comm import captured
-from hpckit.run.writing.handover import Handed, Staging, hand_over, same_filesystem
-from hpckit.run.writing.inflight import InFlight
+from hpckit.run.writing.handover import Handed, Staging, hand_over, same_filesystem, upload
+from hpckit.run.writing.inflight import InFlight, done_now
 from hpckit.run.writing.plan import Persisted, Plan
-from hpckit.run.writing.shares import sync_in_place, write_share
+from hpckit.run.writing.shares import hash_uploaded, sync_in_place, write_share
+from hpckit.run.writing.uploads import Meeting
 from hpckit.storage.location import Location
 
 
@@ -26,10 +28,13 @@ class ShareWriter:
     size: int
     staging: Staging
     in_flight: InFlight
+    meeting: Meeting
 
     def now(self, plan: Plan, handed: Handed, target: Location) -> Persisted:
         """Persist this rank's share into ``target`` before ``report()`` returns."""
-        if plan.in_place:
+        if plan.uploaded:
+            persisted = self._uploaded(handed, target, background=False)
+        elif plan.in_place:
             if handed.checkpoint is not None:  # an asynchronous save made synchronous
                 handed.checkpoint._wait_until_written()
             persisted = sync_in_place(self._in_place_source(plan, handed), target, self.rank,
@@ -43,6 +48,15 @@ class ShareWriter:
         """Start persisting this rank's share on the in-flight thread; a failed hand-over is
         raised there, so that every rank learns of it at the next collective step."""
         directory = plan.checkpoint()[0]
+        if plan.uploaded:
+            background = self.meeting.in_background()
+
+            def uploaded() -> Persisted:
+                return self._uploaded(handed, target, background)
+
+            self.in_flight.start(directory, target,
+                                 uploaded if background else done_now(uploaded))
+            return
         if plan.in_place:
             self.in_flight.start(directory, target, lambda: self._in_place(plan, handed, target))
             return
@@ -69,6 +83,23 @@ class ShareWriter:
         if not target.is_local:
             self.staging.release(source)
         faults.reached("persisted", self.rank)
+        return persisted
+
+    def _uploaded(self, handed: Handed, target: Location, background: bool) -> Persisted:
+        """This rank's upload function run, the ranks met, and this rank's share hashed. A
+        rank whose function failed still meets the others, then raises."""
+        failure: Exception | None = None
+        try:
+            upload(handed, target, self.rank)
+        except Exception as exc:  # noqa: BLE001  (raised once the ranks met)
+            failure = exc
+        self.meeting.meet(background)
+        if failure is not None:
+            raise failure
+        persisted = hash_uploaded(target, self.rank, self.size,
+                                  "background" if background else "writing")
+        if background:
+            faults.reached("persisted", self.rank)
         return persisted
 
     def _hand_over(self, plan: Plan, handed: Handed) -> str | None:
