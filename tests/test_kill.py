@@ -50,6 +50,10 @@ OCCURRENCES = {"writing": (1, 3), "written": (1, 2), "gathered": (1, 2), "commit
                "evicting": (1, 4, 9), "handed": (1, 3), "background": (1, 4), "persisted": (1, 2),
                "staging": (1, 3), "serialising": (1, 4), "committing": (1, 2),
                "validating": (1, 2)}
+# report(checkpoint_upload_fn=..., ASYNC): each rank's upload, then its share hashed, on the
+# background thread. Two kills a phase: the commit after it is the in-place one, killed above.
+UPLOADS = ("background", "persisted", "committing")
+UPLOAD_TRIALS = 6
 # Rank 0 commits off the collective only when the ranks train between reports long enough
 # for the background checkpoint to finish (else the next report drains it, synchronously).
 TRAINING = {"committing": ("--epoch-seconds", "0.25"),
@@ -121,10 +125,10 @@ def fault_for(phase: str, trial: int) -> tuple[str, str]:
 
 
 def kill_trial(storage: str, experiment: str, phase: str, trial: int, state: reliability.State,
-               suite: str) -> reliability.State:
+               suite: str, mode: str | None = None) -> reliability.State:
     """One run killed at ``phase``; checks what it left and that it resumed right."""
     spec, victim = fault_for(phase, trial)
-    mode = mode_for(phase, trial)
+    mode = mode or mode_for(phase, trial)
     run = mpiexec(RANKS, *args(storage, PHASE_EPOCHS, mode), *TRAINING.get(phase, ()),
                   script=SHARDED, expect=None,
                   env={**QUICK, "HPCKIT_FAULT": spec}, timeout=90)
@@ -201,6 +205,16 @@ def test_sigkill_in_asynchronous_checkpoints_on_s3_loses_nothing(phase, s3, tmp_
         state = kill_trial(storage, experiment, phase, trial, state,
                            "SIGKILL at a hook, asynchronous, on S3")
     finish_chain(storage, experiment, state, reference, "in-place-async")
+
+
+def test_sigkill_in_uploaded_checkpoints_loses_nothing(tmp_path, reference):
+    """Kills while the ranks' own checkpoint_upload_fn uploads run, meet and are hashed in the
+    background, and while rank 0 commits them."""
+    state = reliability.State(None, [])
+    for trial in range(UPLOAD_TRIALS):
+        state = kill_trial(str(tmp_path), str(tmp_path / "exp"), UPLOADS[trial % len(UPLOADS)],
+                           trial, state, "SIGKILL at a hook, checkpoint_upload_fn", "upload-async")
+    finish_chain(str(tmp_path), str(tmp_path / "exp"), state, reference, "upload-async")
 
 
 def test_sigkill_at_random_times_loses_nothing(tmp_path, reference):
