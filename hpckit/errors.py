@@ -78,6 +78,9 @@ class ProtocolError(CommitError):
     of the program): the message names what diverged. Raised where ``assert`` would vanish
     under ``python -O``."""
 
+    def __str__(self) -> str:
+        return f"{super().__str__()}; this is a defect of hpckit: {how_to_report()}"
+
 
 class ReportMismatchError(CommitError):
     """Ranks disagree on how many times they called ``report()``."""

@@ -314,3 +314,15 @@ def test_waiting_for_a_purge_never_joins_a_thread_not_yet_started(tmp_path, monk
     starter.join()
     purge.wait()
     assert not (tmp_path / "checkpoint_000000").exists()
+
+
+def test_an_internal_error_says_where_to_report_it_and_survives_pickling():
+    """A ProtocolError travels between ranks pickled; its message says once where to go."""
+    import pickle
+
+    from hpckit.errors import ProtocolError
+
+    error = pickle.loads(pickle.dumps(ProtocolError("the plan of step 3 writes no checkpoint")))
+    text = str(error)
+    assert text.startswith("the plan of step 3 writes no checkpoint; this is a defect of hpckit")
+    assert text.count("issue tracker") == 1 and "hpckit doctor" in text, text

@@ -32,8 +32,7 @@ from hpckit.storage.uris import redact
 class Mirror:
     def __init__(self, experiment: Location, name: str, config: SyncConfig) -> None:
         if config.mirror is None:
-            raise ProtocolError("a mirror was set up without SyncConfig(mirror=...); please "
-                                "report this to hpckit's authors")
+            raise ProtocolError("a mirror was set up without SyncConfig(mirror=...)")
         self.source = experiment
         self.config = config
         self.target_text = uris.join(config.mirror, name)

@@ -101,8 +101,7 @@ class TrainingJob:
     @property
     def name(self) -> str:
         if self.run_config.name is None:
-            raise ProtocolError("a training job was run before it was named (TrainingJob.named); "
-                                "please report this to hpckit's authors")
+            raise ProtocolError("a training job was run before it was named (TrainingJob.named)")
         return self.run_config.name
 
     def resume_hint(self, settings: Settings) -> str:

@@ -280,5 +280,5 @@ class CommitProtocol:
     def _ledger(self) -> Ledger:
         if self.ledger is None:
             raise ProtocolError(f"rank {self.comm.rank} asked for rank 0's experiment in the "
-                                "commit protocol; please report this to hpckit's authors")
+                                "commit protocol")
         return self.ledger

@@ -37,7 +37,7 @@ class Levels:
                  nodes: Nodes) -> None:
         if config.cache_dir is None:
             raise ProtocolError("checkpoint levels were set up without "
-                                "CheckpointConfig(cache_dir); please report this to hpckit's authors")
+                                "CheckpointConfig(cache_dir)")
         self.comm, self.config, self.location, self.nodes = comm, config, location, nodes
         self.cache = NodeCache(config.cache_dir, location)
         self.host = nodes.hosts[comm.rank]
@@ -186,7 +186,7 @@ def _rank0(experiment: Experiment | None) -> Experiment:
     """Rank 0's experiment, where only rank 0 may act."""
     if experiment is None:
         raise ProtocolError("a rank other than 0 asked for rank 0's experiment in the checkpoint "
-                            "levels; please report this to hpckit's authors")
+                            "levels")
     return experiment
 
 

@@ -74,8 +74,7 @@ class InFlight:
             if oldest is None or oldest.directory != directory:
                 raise ProtocolError(
                     f"rank {self.rank}: rank 0 committed {directory} while this rank's oldest "
-                    f"checkpoint in flight is {oldest.directory if oldest else 'none'}; please "
-                    "report this to hpckit's authors")
+                    f"checkpoint in flight is {oldest.directory if oldest else 'none'}")
             landed = oldest.committed_at
         return landed
 

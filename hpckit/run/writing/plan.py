@@ -87,7 +87,7 @@ class Plan:
         """The directory and index of the checkpoint this plan writes."""
         if self.directory is None or self.index is None:
             raise ProtocolError(f"the plan of step {self.step} writes no checkpoint, yet a rank "
-                                "went on to write one; please report this to hpckit's authors")
+                                "went on to write one")
         return self.directory, self.index
 
 

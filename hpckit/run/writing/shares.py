@@ -63,8 +63,7 @@ def write_share(plan: Plan, target: Location, source: str | None, rank: int, *, 
         return []
     if source is None:
         raise ProtocolError(f"rank {rank}: the plan of {target.name} assigns it files "
-                            f"({(writes + hashes)[0]}, ...) but it handed none; please report "
-                            "this to hpckit's authors")
+                            f"({(writes + hashes)[0]}, ...) but it handed none")
 
     def one(rel: str) -> FileRecord:
         src = os.path.join(source, rel)
