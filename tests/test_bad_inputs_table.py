@@ -71,8 +71,8 @@ CASES = [
     (lambda e: RunConfig(storage_path=b"/tmp"), "storage_path=b'/tmp'"),
     (lambda e: RunConfig(checkpoint_config={"num_to_keep": 1}), "checkpoint_config={'num_to_keep': 1}"),
     # world sizes
-    (lambda e: _check_world(2, 3, Settings()), "num_workers=3) but 2 rank(s)"),
-    (lambda e: _check_world(2, 2, Settings(pmi_size="4")), "started 4 tasks but MPI sees a world of 2"),
+    (lambda e: _check_world(2, 3, 0, Settings()), "num_workers=3) but 2 rank(s)"),
+    (lambda e: _check_world(2, 2, 0, Settings(pmi_size="4")), "started 4 tasks but MPI sees a world of 2"),
     # paths and URIs
     (lambda e: Checkpoint(""), "path=''"),
     (lambda e: Checkpoint.from_directory(e.parent / "absent"), "absent"),
