@@ -121,7 +121,8 @@ def cli_problems(words: list[str], group: click.Group) -> list[str]:
 ENV_NAME = re.compile(r"\bHPCKIT_[A-Z0-9_]*[A-Z0-9]\b")
 # Read by the installer and the fault-injection suite, not by the package.
 READ_OUTSIDE_THE_PACKAGE = {"HPCKIT_TORCH_INDEX": ".ci/install",
-                            "HPCKIT_RELIABILITY_LOG": "tests/reliability.py"}
+                            "HPCKIT_RELIABILITY_LOG": "tests/reliability.py",
+                            "HPCKIT_KILL_TRIALS": "tests/test_kill.py"}
 
 
 def package_text() -> str:

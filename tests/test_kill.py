@@ -29,12 +29,16 @@ from hpckit.storage.location import resolve
 
 SHARDED = HERE / "ranks" / "sharded.py"
 RANKS = 3
-TRIALS = 20
+# Kills a chain: 12 in CI (every rank killed alone, and the whole job every fourth trial, at
+# each occurrence the phase cycles through); HPCKIT_KILL_TRIALS=20 for the longer chains
+# that docs/reliability.md's table counts.
+TRIALS = int(os.environ.get("HPCKIT_KILL_TRIALS", "12"))
 # On S3 each asynchronous phase is killed half as often: the same code paths as on local
-# storage (20 kills a phase there), and S3 makes every trial slower.
-S3_ASYNC_TRIALS = 10
+# storage, and S3 makes every trial slower; the synchronous phases share one chain there.
+S3_ASYNC_TRIALS = TRIALS // 2
+S3_TRIALS_A_PHASE = max(2, TRIALS // 5)
 PHASE_EPOCHS = 48
-RANDOM_EPOCHS = 400  # 20 trials, each a few to 15 epochs further on: the last still has work to kill
+RANDOM_EPOCHS = 400  # 20 trials at most, each a few to 15 epochs further on: the last still has work to kill
 SHARD = "65536"  # floats per file: 512 KiB, seven files per checkpoint
 QUICK = {"HPCKIT_TENSORBOARD": "0"}  # saves rank 0 half a second per launch, 130 launches
 ASYNC = ("handed", "background", "persisted", "committing")
@@ -184,12 +188,12 @@ def test_sigkill_at_each_commit_phase_loses_nothing(phase, tmp_path, reference):
 
 
 def test_sigkill_at_every_phase_on_s3_loses_nothing(s3, tmp_path, reference):
-    """The same checks with the experiment on the S3 server: four trials per phase."""
+    """The same checks with the experiment on the S3 server, each synchronous phase in turn."""
     storage = s3.uri(f"kill-{tmp_path.name}")
     experiment = storage.replace("?", "/exp?", 1)
     synchronous = [p for p in STORAGE_PHASES if p not in ASYNC + SAVE_STATE + VALIDATING]
     state = reliability.State(None, [])
-    for trial in range(TRIALS):
+    for trial in range(S3_TRIALS_A_PHASE * len(synchronous)):
         state = kill_trial(storage, experiment, synchronous[trial % len(synchronous)],
                            trial // len(synchronous), state, "SIGKILL at a hook, on S3")
     finish_chain(storage, experiment, state, reference)
@@ -197,7 +201,7 @@ def test_sigkill_at_every_phase_on_s3_loses_nothing(s3, tmp_path, reference):
 
 @pytest.mark.parametrize("phase", ASYNC)
 def test_sigkill_in_asynchronous_checkpoints_on_s3_loses_nothing(phase, s3, tmp_path, reference):
-    """Ten kills at each phase of an asynchronous checkpoint, with the experiment on S3."""
+    """Kills at each phase of an asynchronous checkpoint, with the experiment on S3."""
     storage = s3.uri(f"kill-{phase}-{tmp_path.name}")
     experiment = storage.replace("?", "/exp?", 1)
     state = reliability.State(None, [])
