@@ -326,3 +326,21 @@ def test_an_internal_error_says_where_to_report_it_and_survives_pickling():
     text = str(error)
     assert text.startswith("the plan of step 3 writes no checkpoint; this is a defect of hpckit")
     assert text.count("issue tracker") == 1 and "hpckit doctor" in text, text
+
+
+def test_a_rank_set_aside_answers_even_when_it_cannot_validate(tmp_path):
+    """Rank 0 waits for an outcome from each validation it sends: one that cannot even start
+    on the validation rank (its folder is gone) is answered as failed, naming the rank."""
+    from types import SimpleNamespace
+
+    from hpckit import Checkpoint, ValidationConfig
+    from hpckit.experiment.validation import FAILED, PENDING, Validation
+    from hpckit.run.validation.pool import _answer
+
+    pending = Validation(PENDING, {})
+    link = SimpleNamespace(rank=3)  # never asked: the validation fails before any message
+    for payload in (str(tmp_path / "gone"), OSError(28, "No space left on device")):
+        ended = _answer(link, payload, ValidationConfig(len), Checkpoint.from_directory(tmp_path),
+                        pending)
+        assert ended is not None and ended.status == FAILED, ended
+        assert ended.error.startswith("on validation rank 3: "), ended.error

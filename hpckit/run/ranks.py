@@ -3,6 +3,7 @@ agreed, and attempts run until one succeeds or the retry policy gives up."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from hpckit import logs
@@ -39,26 +40,27 @@ def _run(job: TrainingJob, settings: Settings, group: Any) -> Result:
     logs.configure(int(rank) if rank.isdigit() else 0)
     rank_exit.register_pid(settings)
     shm.clear_stale_segments(settings)
-    with StartupWatchdog(settings):
-        launched = (group or world()).Dup()
-        rank_exit.prepare_interrupts(launched)
-        configure_logs(launched.rank, job, settings)
-        try:
-            check_world(launched.size, job.scaling_config.num_workers, job.validation_ranks,
-                        settings if group is None else None)
-        except LaunchError as exc:
-            rank_exit.fail(launched, settings, exc, collective=True, training=False)
-        part = pool.split_off(launched, job.scaling_config.num_workers, job.validation_config)
-        if isinstance(part, pool.Training):
-            job, ranks = _agree(job, settings, part.comm, part.pool)
-    if isinstance(part, pool.Validating):
-        returned: Result = pool.serve(part, settings.local_dir)
-        return returned
-    if part.pool is None or part.comm.rank != 0:
-        return _attempts(job, settings, group, ranks)
-    with pool.ending(part.pool) as ended:
-        ended.result = result = _attempts(job, settings, group, ranks)
-    return result
+    with contextlib.ExitStack() as stack:
+        with StartupWatchdog(settings):
+            launched = (group or world()).Dup()
+            rank_exit.prepare_interrupts(launched)
+            configure_logs(launched.rank, job, settings)
+            try:
+                check_world(launched.size, job.scaling_config.num_workers, job.validation_ranks,
+                            settings if group is None else None)
+                pool.check_threads(job.validation_ranks)
+            except LaunchError as exc:
+                rank_exit.fail(launched, settings, exc, collective=True, training=False)
+            part = pool.split_off(launched, job.scaling_config.num_workers, job.validation_config)
+            if isinstance(part, pool.Training):  # from here, how the run ends reaches the others
+                ended = stack.enter_context(pool.ending(part.pool, part.comm.rank))
+                job, ranks = _agree(job, settings, part.comm, part.pool)
+        if isinstance(part, pool.Validating):
+            with stop.terminations(settings.stop_signal):  # a stop comes from rank 0, not SIGTERM
+                returned: Result = pool.serve(part, settings.local_dir)
+            return returned
+        ended.result = result = _attempts(job, settings, group, ranks, ended)
+        return result
 
 
 def _agree(job: TrainingJob, settings: Settings, comm: Any,
@@ -72,7 +74,8 @@ def _agree(job: TrainingJob, settings: Settings, comm: Any,
     return job.named(settings, name), Ranks(comm, local_comm, topology, validation)
 
 
-def _attempts(job: TrainingJob, settings: Settings, group: Any, ranks: Ranks) -> Result:
+def _attempts(job: TrainingJob, settings: Settings, group: Any, ranks: Ranks,
+              ended: pool.Ending) -> Result:
     """Attempts until one succeeds or the retry policy gives up."""
     comm = ranks.comm
     policy = RetryPolicy(job.run_config.failure_config.max_failures)
@@ -87,6 +90,7 @@ def _attempts(job: TrainingJob, settings: Settings, group: Any, ranks: Ranks) ->
             if settings.worker and comm.rank == 0:  # for fit() in the process that started us
                 rank_exit.write_error(settings.worker, rank_exit.ErrorReport(
                     RankFailure.capture(0, stopped), training=False))
+            ended.end(stopped)  # the ranks set aside exit 75 with the others
             wait_for_all(comm, together=True)  # then each exits 75 at once (uncaught)
             raise
         except AttemptFailed as failure:

@@ -15,8 +15,8 @@ from typing import Any
 
 from hpckit.checkpoint import Checkpoint
 from hpckit.config import ValidationConfig
-from hpckit.errors import TrainingFailedError
-from hpckit.experiment.validation import Validation
+from hpckit.errors import LaunchError, TrainingFailedError
+from hpckit.experiment.validation import FAILED, Validation
 from hpckit.run.mpi.waiting import next_from, receive_from, send_to
 from hpckit.run.validation import child
 
@@ -62,25 +62,48 @@ def split_off(comm: Any, training: int, config: ValidationConfig | None) -> Trai
 
 @dataclass
 class Ending:
+    """How the run ended, for the ranks set aside (rank 0 of the training ranks tells them,
+    once)."""
+
+    pool: Pool | None
     result: Any = None
+    told: bool = False
+
+    def end(self, error: BaseException | None = None) -> None:
+        """The validation ranks return ``result`` from ``fit()``, or raise ``error``."""
+        if self.pool is None or self.told:
+            return
+        self.told = True
+        how = ("raise", _sendable(error)) if error is not None else ("return", self.result)
+        for rank in self.pool.ranks:
+            send_to(self.pool.link, how, rank, END)
 
 
 @contextlib.contextmanager
-def ending(pool: Pool) -> Iterator[Ending]:
-    """Training rank 0, around the run: at its end the validation ranks return its result
-    from ``fit()``, or raise what the training ranks raise."""
-    ended = Ending()
+def ending(pool: Pool | None, rank: int) -> Iterator[Ending]:
+    """Around a training rank's run: on rank 0, its end (a result, or what it raises)
+    reaches the validation ranks; nothing on the others."""
+    ended = Ending(pool if rank == 0 else None)
     try:
         yield ended
     except BaseException as exc:
-        _end(pool, ("raise", _sendable(exc)))
+        ended.end(exc)
         raise
-    _end(pool, ("return", ended.result))
+    ended.end()
 
 
-def _end(pool: Pool, how: tuple[str, Any]) -> None:
-    for rank in pool.ranks:
-        send_to(pool.link, how, rank, END)
+def check_threads(ranks: int) -> None:
+    """Ranks set aside talk to rank 0's validation threads while rank 0 trains: MPI must
+    serve several threads at once."""
+    if not ranks:
+        return
+    from mpi4py import MPI
+
+    if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+        raise LaunchError(f"ValidationConfig(ranks={ranks}) needs MPI_THREAD_MULTIPLE, which "
+                          "this MPI was not started with (mpi4py.rc.thread_level or "
+                          "MPI4PY_RC_THREAD_LEVEL); start it with 'multiple', or leave ranks "
+                          "out to validate on rank 0's node.")
 
 
 def _sendable(error: BaseException) -> BaseException:
@@ -118,7 +141,11 @@ def serve(part: Validating, local_dir: str | None) -> Any:
     """A validation rank's part of ``fit()``: validate what rank 0 sends until the run ends;
     what the training ranks' ``fit()`` returns (or raises)."""
     config = replace(part.config, ranks=0)
-    payload = child.made_payload(local_dir, config)
+    payload: str | OSError
+    try:
+        payload = child.made_payload(local_dir, config)
+    except OSError as exc:  # every validation sent here fails, saying why
+        payload = exc
     try:
         while True:
             tag, message = next_from(part.pool.link, 0, longest=POLL_S)
@@ -129,11 +156,24 @@ def serve(part: Validating, local_dir: str | None) -> Any:
                 return value
             if tag == TASK:
                 checkpoint, validation = message
-                send_to(part.pool.link, _validate(part.pool.link, payload, config, checkpoint,
-                                                  validation), 0, OUTCOME)
+                send_to(part.pool.link, _answer(part.pool.link, payload, config, checkpoint,
+                                                validation), 0, OUTCOME)
             # CANCEL of a validation that had already ended: nothing to stop.
     finally:
-        child.remove_payload(payload, config)
+        if isinstance(payload, str):
+            child.remove_payload(payload, config)
+
+
+def _answer(link: Any, payload: str | OSError, config: ValidationConfig,
+            checkpoint: Checkpoint, validation: Validation) -> Validation | None:
+    """The outcome for rank 0, whatever happens here: rank 0 waits for one."""
+    try:
+        if isinstance(payload, OSError):
+            raise payload
+        return _validate(link, payload, config, checkpoint, validation)
+    except Exception as exc:  # noqa: BLE001  (an error here is this validation's outcome)
+        return validation.ended(FAILED, error=f"on validation rank {link.rank}: "
+                                f"{type(exc).__name__}: {exc}")
 
 
 def _validate(link: Any, payload: str, config: ValidationConfig, checkpoint: Checkpoint,
