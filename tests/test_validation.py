@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import reliability
-from conftest import HERE, HPCKIT, manifest, mpiexec, run
+from conftest import HERE, HPCKIT, MPIEXEC, manifest, mpiexec, run, stopped_after_first_checkpoint
 
 VALIDATED = HERE / "ranks" / "validated.py"
 
@@ -93,11 +94,14 @@ def test_a_rank_killed_while_validating_leaves_it_pending_and_the_rerun_validate
 
 def test_each_validation_as_a_slurm_job_of_its_own_is_recorded_and_cancelled_at_its_timeout(
         tmp_path, slurm):
-    run = _run(tmp_path, "--validate-seconds", "0.3", "--faulty", "--sbatch", "partition=test",
-               "--sbatch", "job-name=val", env=slurm.env)
+    # timeout_s counts from the job's start, its Python's start-up included: 5 s, against the
+    # slow validation's 10 s.
+    run = _run(tmp_path, "--validate-seconds", "0.5", "--faulty", "--timeout", "5",
+               "--sbatch", "partition=test", "--sbatch", "job-name=val", env=slurm.env)
     assert "checkpoint_000001: VALIDATION_FAILED (RuntimeError: validation of epoch 1 failed " \
            "on purpose)" in run.output, run.output
-    assert "checkpoint_000002: VALIDATION_TIMEOUT" in run.output, run.output
+    assert "checkpoint_000002: VALIDATION_TIMEOUT (took longer than timeout_s=5; stopped)" \
+        in run.output, run.output
     assert all(c["validation"]["status"] == "VALIDATED" for c in _kept(tmp_path).values())
     jobs = {line.split()[0]: line.split()[2]
             for line in (tmp_path / "val-validations.log").read_text().splitlines()}
@@ -127,3 +131,22 @@ def test_ranks_set_aside_validate_in_parallel_and_return_the_runs_result(tmp_pat
         ["checkpoint_000001", "VALIDATED", 11.0], ["checkpoint_000003", "VALIDATED", 13.0]]
     assert "SERVED 2 2" in run.output and "SERVED 3 2" in run.output, run.output
 
+
+
+def test_a_stop_reaches_the_rank_set_aside_and_the_rerun_validates_what_was_pending(tmp_path):
+    """The stop signal to every rank: the training ranks stop at their next report, and the
+    rank set aside leaves with them (exit 75, not killed by the launcher); the rerun
+    validates what the stop left pending."""
+    command = [MPIEXEC, "-prepend-rank", "-n", "3", sys.executable, str(VALIDATED),
+               "--storage", str(tmp_path), "--validate-seconds", "1", "--validation-ranks", "1",
+               "--epochs", "6", "--epoch-seconds", "0.3"]
+    (tmp_path / "pids").mkdir()
+    stopped = stopped_after_first_checkpoint(command, tmp_path / "pids", {})
+    assert "stop requested by SIGUSR2" in stopped, stopped
+    assert manifest(tmp_path / "val")["attempts"][-1]["status"] == "stopped"
+    rerun = mpiexec(3, "--storage", str(tmp_path), "--validate-seconds", "0.2",
+                    "--validation-ranks", "1", "--epochs", "6", "--epoch-seconds", "0.05",
+                    script=VALIDATED, timeout=180)
+    assert rerun.line("FINAL") is not None, rerun.output
+    kept = _kept(tmp_path)
+    assert kept and all(c["validation"]["status"] == "VALIDATED" for c in kept.values()), kept

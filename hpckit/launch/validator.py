@@ -27,14 +27,19 @@ def main(payload: str, work: str) -> int:
         if not isinstance(metrics, dict):
             raise TypeError(f"the validation function returned {type(metrics).__name__}; it "
                             "must return a dict of metrics")
-        with open(os.path.join(work, RESULT), "w") as f:
-            json.dump(to_json_metrics(metrics), f)
+        _answer(work, RESULT, json.dumps(to_json_metrics(metrics)))
         return 0
     except BaseException as exc:  # noqa: BLE001  (every failure is answered, then exits 1)
         traceback.print_exc()
-        with open(os.path.join(work, ERROR), "w") as f:
-            f.write(f"{type(exc).__name__}: {exc}")
+        _answer(work, ERROR, f"{type(exc).__name__}: {exc}")
         return 1
+
+
+def _answer(work: str, name: str, text: str) -> None:
+    """Whole or not at all: rank 0 may read it the moment it appears."""
+    with open(os.path.join(work, f".{name}.tmp"), "w") as f:
+        f.write(text)
+    os.replace(os.path.join(work, f".{name}.tmp"), os.path.join(work, name))
 
 
 if __name__ == "__main__":

@@ -75,7 +75,7 @@ def _validation(config: dict, epoch: int) -> bool | ValidationTaskConfig:
         return False
     if config["faulty"] and epoch in (1, 2):
         mode = "raise" if epoch == 1 else "slow"
-        return ValidationTaskConfig(fn_kwargs={"mode": mode}, timeout_s=2.0)
+        return ValidationTaskConfig(fn_kwargs={"mode": mode}, timeout_s=config["timeout"])
     return True
 
 
@@ -91,6 +91,7 @@ def main() -> None:
     p.add_argument("--epoch-seconds", type=float, default=0.5)
     p.add_argument("--validate-seconds", type=float, default=None)
     p.add_argument("--faulty", action="store_true")
+    p.add_argument("--timeout", type=float, default=2.0, help="timeout_s of --faulty's two")
     p.add_argument("--wait", action="store_true", help="rank 1 waits for the validations")
     p.add_argument("--validation-ranks", type=int, default=0,
                    help="the last N launched ranks validate instead of training")
@@ -110,7 +111,7 @@ def main() -> None:
     result = DataParallelTrainer(
         train_loop, train_loop_config={"epochs": args.epochs, "epoch_seconds": args.epoch_seconds,
                                        "validate": validation is not None, "faulty": args.faulty,
-                                       "wait": args.wait},
+                                       "wait": args.wait, "timeout": args.timeout},
         scaling_config=ScalingConfig(num_workers=MPI.COMM_WORLD.size - args.validation_ranks),
         run_config=RunConfig(name=args.name, storage_path=args.storage,
                              checkpoint_config=CheckpointConfig(

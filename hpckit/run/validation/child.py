@@ -81,7 +81,7 @@ def start(payload: str, checkpoint: Checkpoint, validation: Validation,
     env = environment(config.threads)
     if config.sbatch is not None:
         return slurm.submit(payload, work, env, config.threads, config.sbatch,
-                            validation.timeout_s), work
+                            validation.timeout_s, (RESULT, ERROR)), work
     process = subprocess.Popen(
         [sys.executable, "-m", "hpckit.launch.validator", payload, work],
         env=env, stdin=subprocess.DEVNULL, preexec_fn=ended_with(os.getpid(), signal.SIGKILL))
@@ -110,7 +110,8 @@ class Local:
     def close(self) -> None:
         """After its outcome (or a kill): the process ended, its answer folder removed."""
         self.kill()
-        self.process.wait()
+        if isinstance(self.process, subprocess.Popen):
+            self.process.wait()
         shutil.rmtree(self.work, ignore_errors=True)
 
 

@@ -25,38 +25,52 @@ KEPT = ("SLURM_CONF",)
 
 class SlurmJob:
     """``sbatch --wait``, seen as the validation process: ``wait``, ``poll``, and ``kill``,
-    which cancels the job, not only the waiting ``sbatch``."""
+    which cancels the job, not only the waiting ``sbatch``. The job has ended for us once it
+    answered (``answers``: success's file, then failure's): ``sbatch --wait`` learns of a
+    job's end only at its next look, seconds later."""
 
-    def __init__(self, submitter: subprocess.Popen[bytes], job_id: str | None,
-                 work: str) -> None:
+    def __init__(self, submitter: subprocess.Popen[bytes], job_id: str | None, work: str,
+                 answers: tuple[str, str]) -> None:
         self.submitter = submitter
         self.job_id = job_id
         self.work = work
+        self.answers = answers
 
     def wait(self, timeout: float | None = None) -> int:
-        """The job's exit status; ``timeout`` counts from the job's start, not its time in
-        the queue, which on a busy cluster says nothing about the validation."""
-        while timeout is not None and self.submitter.poll() is None and not self.started:
+        """The job's status; ``timeout`` counts from the job's start, not its time in the
+        queue, which on a busy cluster says nothing about the validation."""
+        began: float | None = None
+        while (code := self.poll()) is None:
+            if began is None and self.started:
+                began = time.monotonic()
+            if timeout is not None and began is not None and time.monotonic() - began > timeout:
+                raise subprocess.TimeoutExpired(f"Slurm job {self.job_id}", timeout)
             time.sleep(QUEUE_POLL_S)
-        return self.submitter.wait(timeout)
+        return code
+
+    def poll(self) -> int | None:
+        for code, name in enumerate(self.answers):
+            if os.path.exists(os.path.join(self.work, name)):
+                return code
+        return self.submitter.poll()
 
     @property
     def started(self) -> bool:
         """Slurm makes the job's output file as the job starts."""
         return os.path.exists(os.path.join(self.work, OUTPUT))
 
-    def poll(self) -> int | None:
-        return self.submitter.poll()
-
     def kill(self) -> None:
-        if self.job_id is not None:
+        """Cancel the job, unless it has answered (it then ends by itself), and stop waiting."""
+        if self.poll() is None and self.job_id is not None:
             subprocess.run(["scancel", self.job_id], stdin=subprocess.DEVNULL,
                            capture_output=True, timeout=60, check=False)
         self.submitter.kill()
+        self.submitter.wait()
 
 
 def submit(payload: str, work: str, env: dict[str, str], threads: int,
-           options: dict[str, str | int], timeout_s: float | None) -> SlurmJob:
+           options: dict[str, str | int], timeout_s: float | None,
+           answers: tuple[str, str]) -> SlurmJob:
     """Submit the validation that waits in ``work`` and return once Slurm has taken it."""
     command = [sys.executable, "-m", "hpckit.launch.validator", payload, work]
     arguments: dict[str, str | int] = {
@@ -71,7 +85,7 @@ def submit(payload: str, work: str, env: dict[str, str], threads: int,
             preexec_fn=ended_with(os.getpid(), signal.SIGKILL))
     with submitter.stdout or open(os.devnull, "rb") as said:
         answer = said.readline().decode().strip()  # the job id, once submitted
-    return SlurmJob(submitter, answer.split(";")[0] or None, work)
+    return SlurmJob(submitter, answer.split(";")[0] or None, work, answers)
 
 
 def _time_limit(timeout_s: float | None) -> dict[str, str]:
