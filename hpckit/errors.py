@@ -73,13 +73,17 @@ class CommitError(HpckitError):
     """A report's checkpoint could not be committed; raised identically on every rank."""
 
 
+DEFECT = "this is a defect of hpckit"
+
+
 class ProtocolError(CommitError):
     """hpckit's own state diverged from what its protocol guarantees (a defect of hpckit, not
     of the program): the message names what diverged. Raised where ``assert`` would vanish
     under ``python -O``."""
 
-    def __str__(self) -> str:
-        return f"{super().__str__()}; this is a defect of hpckit: {how_to_report()}"
+    def __init__(self, what: str) -> None:
+        # Said once, however often the message is wrapped, re-raised or pickled.
+        super().__init__(what if DEFECT in what else f"{what}; {DEFECT}: {how_to_report()}")
 
 
 class ReportMismatchError(CommitError):

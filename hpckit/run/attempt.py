@@ -127,8 +127,8 @@ def _open(job: TrainingJob, root: Location, world_size: int, settings: Settings,
                       retention.record(config), config.verify_on_resume, attempt,
                       previous_failure(settings), restored)
     experiment = Experiment.open(root, opening, settings, job.run_config.sync_config)
-    job.warn_if_meant_to_resume(root, experiment.manifest)
     try:
+        job.warn_if_meant_to_resume(root, experiment.manifest)
         marker = experiment.leave_marker()
     except BaseException:
         experiment.close()

@@ -19,7 +19,7 @@ import pyarrow.fs
 
 from hpckit.checkpoint import Checkpoint
 from hpckit.config import RunConfig, ScalingConfig, ValidationConfig
-from hpckit.errors import HpckitError, LaunchError, ProtocolError
+from hpckit.errors import LaunchError, ProtocolError
 from hpckit.experiment.attempts import AttemptStatus
 from hpckit.experiment.manifest import Manifest
 from hpckit.experiment.reading import read_manifest
@@ -115,7 +115,7 @@ class TrainingJob:
             return
         try:
             warning = meant_to_resume(root, self.name)
-        except HpckitError as exc:  # a hint: never a reason for the run to fail
+        except Exception as exc:  # noqa: BLE001  (a hint: never a reason for the run to fail)
             log.debug("could not look for an earlier experiment to resume: %s", exc)
             return
         if warning:
