@@ -1,4 +1,4 @@
-"""Under load: 4 ranks, 200 reports with checkpoints and top-K retention. The experiment never
+"""Under load: 4 ranks, 400 reports with checkpoints and top-K retention. The experiment never
 holds more than K+1 checkpoint directories, no descriptors or temp directories leak, and
 memory does not grow with the number of reports."""
 
@@ -16,13 +16,16 @@ import reliability
 from conftest import HERE, MPIEXEC, Run, manifest
 
 SOAK = HERE / "ranks" / "soak.py"
-RANKS, REPORTS, KEEP, WARMUP = 4, 200, 3, 20
+# Growth is measured over the last 300 reports: what the first hundred import and allocate
+# once (about 180 KiB more since the validation and upload code) is not growth per report.
+# Measured 2026-11-26: rank 0 grows 2.2 KiB a report in the long run, as before that code.
+RANKS, REPORTS, KEEP, WARMUP = 4, 400, 3, 100
 GROWTH_PER_REPORT_KIB = 4.0  # allows the one metrics line per report that rank 0 keeps
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_four_ranks_two_hundred_reports_stay_bounded(tmp_path):
+def test_four_ranks_four_hundred_reports_stay_bounded(tmp_path):
     storage, scratch = tmp_path / "storage", tmp_path / "tmp"
     scratch.mkdir()
     experiment = storage / "soak"
