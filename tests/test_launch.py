@@ -11,8 +11,9 @@ from conftest import manifest, mpiexec, python, run
 
 @pytest.mark.parametrize("workers", [2, 3])
 def test_python_script_starts_its_own_ranks(tmp_path, workers):
+    """TorchTrainer on ranks hpckit started: DDP, and prepare_data_loader's disjoint shares."""
     result = python("--workers", str(workers), "--storage", str(tmp_path), "--epochs", "2",
-                    "--checkpoint", "shards").result
+                    "--checkpoint", "shards", "--torch").result
     m = manifest(tmp_path / "exp")
     assert m["world_size"] == workers and m["command"]["launcher"] == "hpckit"
     files = {f["path"] for f in m["checkpoints"][-1]["files"]}

@@ -8,8 +8,9 @@ from conftest import JOB, manifest, run
 
 
 def test_srun_launch_trains_with_every_task_as_a_rank(tmp_path, slurm):
+    """TorchTrainer's Gloo rendezvous and DDP under srun's PMI-2."""
     run(["srun", "-n", "3", "--mpi=pmi2", "-t", "2", sys.executable, str(JOB), "--storage",
-         str(tmp_path), "--workers", "3", "--checkpoint", "shards", "--epochs", "2"],
+         str(tmp_path), "--workers", "3", "--checkpoint", "shards", "--epochs", "2", "--torch"],
         timeout=120, env=slurm.env)
     m = manifest(tmp_path / "exp")
     assert m["world_size"] == 3 and m["attempts"][0]["launcher"] == "srun"

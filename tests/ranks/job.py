@@ -1,6 +1,9 @@
 """A training job whose behaviour the tests choose: shards, collisions, failures, hangs.
 
-Run under mpiexec (or by hpckit itself with --spawn); rank 0 prints one ``RESULT {json}`` line.
+Run under mpiexec (or by hpckit itself with --workers); rank 0 prints one ``RESULT {json}``
+line. The commit protocol it exercises does not involve torch, so by default it trains a NumPy
+model under ``DataParallelTrainer`` (a rank starts in a fraction of a second); ``--torch``
+trains with ``TorchTrainer``, DDP and ``prepare_data_loader`` where torch is what is tested.
 """
 
 from __future__ import annotations
@@ -12,11 +15,17 @@ import sys
 import tempfile
 import time
 
-import torch
+import numpy as np
 
 import hpckit
-from hpckit import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-from hpckit.torch import TorchTrainer, prepare_data_loader, prepare_model
+from hpckit import (
+    Checkpoint,
+    CheckpointConfig,
+    DataParallelTrainer,
+    FailureConfig,
+    RunConfig,
+    ScalingConfig,
+)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -41,12 +50,70 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-failures", type=int, default=0)
     p.add_argument("--resume-from", default=None)
     p.add_argument("--metrics", default="loss", help="'bad' reports a non-JSON metric")
+    p.add_argument("--torch", action="store_true", help="TorchTrainer, DDP, prepare_data_loader")
     return p.parse_args(argv)
 
 
 def write(path: str, size: int, fill: int) -> None:
     with open(path, "wb") as f:
         f.write(bytes([fill % 256]) * size)
+
+
+def numpy_model(rank: int, size: int):
+    """Linear regression by data-parallel SGD on NumPy: each rank its share of every epoch's
+    shuffled batches, gradients averaged over the ranks. Returns one epoch's training."""
+    from mpi4py import MPI
+
+    data = np.random.default_rng(0)
+    x, y = data.standard_normal((64, 4)), data.standard_normal(64)
+    weights = np.zeros(4)
+
+    def epoch_loss(epoch: int) -> float:
+        nonlocal weights
+        order = np.random.default_rng(epoch).permutation(64)
+        total = 0.0
+        for batch in np.array_split(order, 8):
+            mine = batch[rank::size]
+            error = x[mine] @ weights - y[mine]
+            gradient = MPI.COMM_WORLD.allreduce(2 * x[mine].T @ error) / len(batch)
+            weights = weights - 0.1 * gradient
+            total += MPI.COMM_WORLD.allreduce(float(error @ error)) / len(batch)
+        return total
+    return epoch_loss
+
+
+def torch_model(size: int):
+    """DDP on torch: prepare_data_loader gives the ranks disjoint shares covering the data,
+    reshuffled every epoch (checked here); prepare_model wraps a linear model. Returns one
+    epoch's training."""
+    import torch
+    from mpi4py import MPI
+
+    from hpckit.torch import prepare_data_loader, prepare_model
+
+    ids = prepare_data_loader(torch.utils.data.DataLoader(range(40), batch_size=4, shuffle=True))
+    epochs = [[int(i) for batch in ids for i in batch] for _ in range(2)]
+    shares = MPI.COMM_WORLD.allgather(epochs)
+    for e in range(2):
+        seen = sorted(i for share in shares for i in share[e])
+        assert set(seen) == set(range(40)) and len(seen) == 40 + (-40 % size), seen
+    assert size == 1 or any(s[0] != s[1] for s in shares), "epochs were not reshuffled"
+    torch.manual_seed(0)
+    model = prepare_model(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    loader = prepare_data_loader(torch.utils.data.DataLoader(data, batch_size=8, shuffle=True))
+
+    def epoch_loss(epoch: int) -> float:
+        total = 0.0
+        for x, y in loader:
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            total += loss.item()
+        return total
+    return epoch_loss
 
 
 def train_loop(config: dict) -> None:
@@ -68,19 +135,7 @@ def train_loop(config: dict) -> None:
         assert ctx.get_experiment_path() == f"{ctx.get_storage_path()}/{args.name}"
     if os.environ.get("SLURM_JOB_ID"):
         assert ctx.get_slurm_info()["job_id"] == os.environ["SLURM_JOB_ID"]
-    # prepare_data_loader: disjoint shares covering the data, reshuffled every epoch.
-    ids = prepare_data_loader(torch.utils.data.DataLoader(range(40), batch_size=4, shuffle=True))
-    epochs = [[int(i) for batch in ids for i in batch] for _ in range(2)]
-    shares = MPI.COMM_WORLD.allgather(epochs)
-    for e in range(2):
-        seen = sorted(i for share in shares for i in share[e])
-        assert set(seen) == set(range(40)) and len(seen) == 40 + (-40 % size), seen
-    assert size == 1 or any(s[0] != s[1] for s in shares), "epochs were not reshuffled"
-    torch.manual_seed(0)
-    model = prepare_model(torch.nn.Linear(4, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
-    loader = prepare_data_loader(torch.utils.data.DataLoader(data, batch_size=8, shuffle=True))
+    epoch_loss = torch_model(size) if args.torch else numpy_model(rank, size)
     start = 0
     ckpt = hpckit.get_checkpoint()
     if ckpt:
@@ -88,13 +143,7 @@ def train_loop(config: dict) -> None:
             start = json.load(open(os.path.join(d, "state.json")))["epoch"] + 1
     seen = []
     for epoch in range(start, args.epochs):
-        total = 0.0
-        for x, y in loader:
-            opt.zero_grad()
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-            total += loss.item()
+        total = epoch_loss(epoch)
         seen.append(epoch)
         if args.fail_rank == rank and args.fail_epoch == epoch and ctx.get_attempt() < args.fail_attempts:
             raise ValueError(f"injected failure on rank {rank} at epoch {epoch}")
@@ -130,7 +179,11 @@ def train_loop(config: dict) -> None:
 def main() -> None:
     args = parse(sys.argv[1:])
     workers = args.workers or int(os.environ.get("PMI_SIZE", "1"))
-    trainer = TorchTrainer(
+    if args.torch:
+        from hpckit.torch import TorchTrainer as Trainer
+    else:
+        Trainer = DataParallelTrainer
+    trainer = Trainer(
         train_loop, train_loop_config=vars(args),
         scaling_config=ScalingConfig(num_workers=workers),
         run_config=RunConfig(
