@@ -129,6 +129,20 @@ def no_leftovers(tmp_path_factory: pytest.TempPathFactory):
     remove_unmapped(segments)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def tensorboard_off():
+    """No TensorBoard events in the tests' runs (rank 0 saves about half a second a launch,
+    hundreds of launches): the product's default stays on, and tests/test_tensorboard.py
+    tests it there. Set here, so that every rank, sbatch job and in-process run inherits it."""
+    previous = os.environ.get("HPCKIT_TENSORBOARD")
+    os.environ["HPCKIT_TENSORBOARD"] = "0"
+    yield
+    if previous is None:
+        del os.environ["HPCKIT_TENSORBOARD"]
+    else:
+        os.environ["HPCKIT_TENSORBOARD"] = previous
+
+
 @pytest.fixture(params=[1, 2, 3], ids=lambda n: f"np{n}")
 def world(request: pytest.FixtureRequest) -> int:
     """Each multi-rank test runs on one rank, an even and an odd number of ranks (odd sizes

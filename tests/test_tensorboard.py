@@ -18,7 +18,13 @@ def loop():
         hpckit.report({"loss": loss, "val": {"acc": 1 - loss}, "note": "text is skipped"})
 
 
-def test_every_report_writes_scalars_that_tensorboard_reads(tmp_path):
+@pytest.fixture
+def default_events(monkeypatch):
+    """The product's default (events on), which the rest of the suite turns off."""
+    monkeypatch.delenv("HPCKIT_TENSORBOARD", raising=False)
+
+
+def test_every_report_writes_scalars_that_tensorboard_reads(tmp_path, default_events):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -29,7 +35,7 @@ def test_every_report_writes_scalars_that_tensorboard_reads(tmp_path):
     assert [(e.step, round(e.value, 3)) for e in events.Scalars("loss")] == [(0, 0.9), (1, 0.5), (2, 0.25)]
 
 
-def test_without_tensorboard_training_still_works(tmp_path):
+def test_without_tensorboard_training_still_works(tmp_path, default_events):
     script = textwrap.dedent(f"""
         import sys
         sys.modules["tensorboard"] = None  # as if the package were not installed
@@ -49,7 +55,7 @@ def test_without_tensorboard_training_still_works(tmp_path):
     assert not (tmp_path / "plain" / "tensorboard").exists()
 
 
-def test_events_of_an_s3_experiment_land_in_its_directory(s3, tmp_path):
+def test_events_of_an_s3_experiment_land_in_its_directory(s3, tmp_path, default_events):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
