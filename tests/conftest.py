@@ -229,19 +229,3 @@ def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untype
         terminalreporter.write_line("suite | case | trials | outcomes | committed checkpoints lost")
         for line in lines:
             terminalreporter.write_line(line)
-
-
-# The quick tier (`pytest -m quick`, a few minutes): pure parts, the invariants and the layer
-# contracts, lint and types, and the commit protocol on real ranks. The whole suite is the
-# README's test command.
-QUICK_MODULES = frozenset({
-    "test_units", "test_plan", "test_invariants", "test_architecture", "test_lint",
-    "test_manifest", "test_retention", "test_cli_reference", "test_ray_compatibility",
-    "test_commit_protocol", "test_interval", "test_lock", "test_naming",
-})
-
-
-def pytest_collection_modifyitems(config, items) -> None:  # type: ignore[no-untyped-def]
-    for item in items:
-        if item.module is not None and item.module.__name__ in QUICK_MODULES:
-            item.add_marker(pytest.mark.quick)

@@ -1,6 +1,6 @@
 """The structure stays as docs/architecture.md draws it: the import-linter contracts hold, no
 module imports itself through others, modules and functions stay small, and importing hpckit
-never fails whatever the environment holds."""
+never fails whatever the environment holds. No test module imports another."""
 
 from __future__ import annotations
 
@@ -15,8 +15,11 @@ import pytest
 
 from hpckit.settings import TABLE
 
+pytestmark = pytest.mark.quick
+
 ROOT = Path(__file__).parent.parent
 PACKAGE = ROOT / "hpckit"
+TESTS = ROOT / "tests"
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 300, 50
 
 
@@ -83,6 +86,25 @@ def test_functions_are_small():
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
     assert long == [], f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_no_test_module_imports_another():
+    """What two test modules share lives in a helper module (conftest.py, slurm_jobs.py,
+    scenarios.py, ...), never in a test module that another imports."""
+    found = []
+    modules = sorted(TESTS.glob("test_*.py"))
+    for path in modules:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            found += [f"{path.name}:{node.lineno} imports {name}" for name in names
+                      if name.split(".")[0].startswith("test_")]
+    assert len(modules) > 50, f"only {len(modules)} test modules found in {TESTS}"
+    assert found == [], found
 
 
 def test_importing_hpckit_never_fails_whatever_the_environment():

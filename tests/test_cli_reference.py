@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from hpckit.cli import main
+
+pytestmark = pytest.mark.quick
 
 PAGE = Path(__file__).parent.parent / "docs" / "cli.md"
 

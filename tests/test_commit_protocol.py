@@ -9,6 +9,8 @@ from conftest import checkpoint_dirs, manifest, metrics_lines, mpiexec
 
 from hpckit.storage.checksum import checksum_of
 
+pytestmark = pytest.mark.quick
+
 
 def test_every_rank_shard_is_committed_with_size_rank_and_checksum(tmp_path, world):
     run = mpiexec(world, "--storage", str(tmp_path), "--checkpoint", "shards", "--epochs", "2",

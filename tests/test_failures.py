@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import glob
-import os
 import re
-import signal
-import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
-from conftest import JOB, checkpoint_dirs, manifest, mpiexec, python
+from conftest import checkpoint_dirs, manifest, mpiexec, python
+from scenarios import killed_once_and_restarted
 
 
 def test_exception_in_one_rank_stops_all_ranks_and_names_it(tmp_path):
@@ -92,26 +88,3 @@ def test_a_killed_rank_is_restarted_and_the_run_resumes(tmp_path):
     assert m["latest"] == "checkpoint_000003"
     left = set(glob.glob("/dev/shm/mpich_*")) - segments_before
     assert not left, f"the killed attempt's shared memory is still in RAM: {left}"
-
-
-def killed_once_and_restarted(python: str, tmp_path: Path,
-                              env: dict[str, str]) -> tuple[int, str]:
-    """``python job.py --workers 3 --max-failures 1`` whose rank 1 hangs at epoch 2 and is
-    SIGKILLed there; the exit status and output once the restarted attempt has ended."""
-    marker = tmp_path / "hanging"
-    process = subprocess.Popen(
-        [python, str(JOB), "--workers", "3", "--storage", str(tmp_path), "--epochs", "4",
-         "--hang-rank", "1", "--hang-epoch", "2", "--hang-file", str(marker), "--max-failures", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        env={**os.environ, **env})
-    try:
-        deadline = time.monotonic() + 90
-        while not marker.exists():
-            assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0]
-            time.sleep(0.1)
-        os.kill(int(marker.read_text()), signal.SIGKILL)
-        output, _ = process.communicate(timeout=120)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-    return process.returncode, output

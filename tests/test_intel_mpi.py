@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 import reliability
 from conftest import HERE, manifest, run
-from test_openmpi import require_mpi_venv, srun_requeues_after_the_stop_signal
-from test_stop_and_resume_cli import driver_killed_then_rerun
+from scenarios import driver_killed_then_rerun, require_mpi_venv, srun_requeues_after_the_stop_signal
 
 VENV = Path(os.environ.get("HPCKIT_TEST_IMPI_VENV", HERE.parent / ".venv-impi"))
 PYTHON, MPIEXEC = VENV / "bin" / "python", VENV / "bin" / "mpiexec"

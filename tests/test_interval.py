@@ -14,6 +14,8 @@ from hpckit import CheckpointConfig
 from hpckit.errors import ConfigError
 from hpckit.run.session.interval import CheckpointClock, optimal_interval
 
+pytestmark = pytest.mark.quick
+
 ASKS_EACH_STEP = """
 import os, signal, sys, tempfile, time
 import hpckit

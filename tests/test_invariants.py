@@ -18,6 +18,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.quick
+
 ROOT = Path(__file__).parent.parent
 PACKAGE = ROOT / "hpckit"
 

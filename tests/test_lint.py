@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.quick
+
 ROOT = Path(__file__).parent.parent
 
 

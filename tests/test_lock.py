@@ -19,6 +19,8 @@ from hpckit.experiment.lock import LOCK_NAME, Lock
 from hpckit.settings import Settings
 from hpckit.storage.location import resolve
 
+pytestmark = pytest.mark.quick
+
 SHARDED = HERE / "ranks" / "sharded.py"
 
 

@@ -11,6 +11,8 @@ from hpckit.errors import ManifestError
 from hpckit.experiment.attempts import Attempt, AttemptStatus
 from hpckit.experiment.manifest import CheckpointRecord, FileRecord, Manifest, is_safe_relpath
 
+pytestmark = pytest.mark.quick
+
 
 def sample() -> Manifest:
     rec = CheckpointRecord(3, "checkpoint_000003", 7, 1.5, {"loss": 0.25},

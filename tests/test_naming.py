@@ -14,6 +14,8 @@ from hpckit.run.job import Backend, TrainingJob, meant_to_resume
 from hpckit.settings import Settings
 from hpckit.storage.location import local
 
+pytestmark = pytest.mark.quick
+
 
 def _loop() -> None:
     pass

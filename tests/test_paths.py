@@ -60,7 +60,6 @@ def _one_big_checkpoint(experiment_root: str, size: int) -> None:
     DataParallelTrainer(loop, run_config=RunConfig(name="big", storage_path=experiment_root)).fit()
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_export_of_a_one_gib_file_to_s3_keeps_memory_bounded(s3, tmp_path):
     size = 1 << 30

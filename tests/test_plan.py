@@ -23,6 +23,8 @@ from hpckit.run.writing.plan import (
     mixed_modes,
 )
 
+pytestmark = pytest.mark.quick
+
 
 def test_a_report_with_files_gets_a_directory_and_one_writer_per_name():
     plan = make_plan([Announcement(REPORT, 3, [("a.pt", 4), ("shared.json", 2)]),

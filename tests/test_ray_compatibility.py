@@ -6,10 +6,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 import hpckit
 import hpckit.lightning
 import hpckit.torch
 import hpckit.transformers
+
+pytestmark = pytest.mark.quick
 
 PAGE = Path(__file__).parent.parent / "docs" / "ray-compatibility.md"
 

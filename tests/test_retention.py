@@ -8,6 +8,8 @@ from hpckit.config import CheckpointConfig
 from hpckit.experiment.manifest import CheckpointRecord, checkpoint_dirname
 from hpckit.experiment.retention import rank_best_first, score_of, select_evictions
 
+pytestmark = pytest.mark.quick
+
 
 def records(*scores):
     return [CheckpointRecord(i, checkpoint_dirname(i), i, 0.0,

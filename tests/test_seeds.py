@@ -11,8 +11,7 @@ import sys
 
 import pytest
 from conftest import HERE, MPIEXEC, manifest, metrics_lines, run
-from test_slurm_jobs import output_of, wait
-from test_slurm_requeue import minimal_script, sbatch
+from slurm_jobs import minimal_script, output_of, sbatch, wait
 
 SEEDS = HERE / "seeds"
 

@@ -13,12 +13,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import pytest
 from conftest import HPCKIT, STEADY, final_params, manifest, metrics_lines, run
+from slurm_jobs import output_of, wait, wait_for_reports
 
 TEMPLATES = Path(__file__).parent.parent / "slurm"
-TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-            "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
 
 
 def submit(slurm, tmp_path: Path, template: str, *options: str, args: str, **env: str) -> str:
@@ -29,43 +27,6 @@ def submit(slurm, tmp_path: Path, template: str, *options: str, args: str, **env
                          env=environ, capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip().split(";")[0]
-
-
-def states(slurm, job: str) -> dict[str, str]:
-    """Job (or array task) id -> JobState."""
-    out = slurm.run("scontrol", "show", "job", "-o", job, check=False)
-    found = {}
-    for line in out.stdout.splitlines():
-        ident = re.search(r"JobId=(\d+)", line).group(1)
-        task = re.search(r"ArrayTaskId=(\S+)", line)
-        found[f"{ident}_{task.group(1)}" if task else ident] = re.search(r"JobState=(\S+)", line).group(1)
-    return found
-
-
-def wait(slurm, tmp_path: Path, job: str, timeout: float) -> dict[str, str]:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = states(slurm, job)
-        if found and all(s in TERMINAL for s in found.values()):
-            return found
-        slurm.hurry(job)
-        if time.monotonic() > deadline:
-            logs = "\n".join(f"--- {p.name} ---\n{p.read_text()}" for p in tmp_path.glob("*.out"))
-            slurm.run("scancel", job, check=False)
-            pytest.fail(f"job {job} still {found} after {timeout:.0f} s\n{logs}\n{slurm.logs()}")
-        time.sleep(1)
-
-
-def wait_for_reports(slurm, tmp_path: Path, experiment: Path, count: int, timeout: float) -> None:
-    """Until the running job has logged ``count`` reports (then it is mid-run)."""
-    deadline = time.monotonic() + timeout
-    while not (experiment / "metrics.jsonl").exists() or len(metrics_lines(experiment)) < count:
-        assert time.monotonic() < deadline, output_of(tmp_path) + slurm.logs()
-        time.sleep(0.5)
-
-
-def output_of(tmp_path: Path) -> str:
-    return "\n".join(p.read_text() for p in sorted(tmp_path.glob("*.out")))
 
 
 def test_one_node_template_finishes_with_its_checkpoints(tmp_path, slurm):

@@ -15,26 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import HERE, HPCKIT, STEADY, final_params, manifest, metrics_lines, mpiexec
-from test_slurm_jobs import output_of, wait, wait_for_reports
-
-SLOW_START = HERE / "ranks" / "slow_start.py"
-
-
-def minimal_script(tmp_path: Path, ntasks: int, command: str) -> Path:
-    """The sbatch script a user writes: no hpckit template, no step-id tricks."""
-    script = tmp_path / "train.sbatch"
-    script.write_text(f"#!/bin/bash\n#SBATCH --ntasks={ntasks}\n#SBATCH --requeue\n"
-                      f"srun {command}\n")
-    return script
-
-
-def sbatch(slurm, tmp_path: Path, script: Path, *options: str, **env: str) -> str:
-    out = subprocess.run(["sbatch", "--parsable", f"--chdir={tmp_path}",
-                          f"--output={tmp_path}/job-%j.out", "--open-mode=append",
-                          "--cpus-per-task=1", *options, str(script)],
-                         env={**slurm.env, **env}, capture_output=True, text=True, timeout=30)
-    assert out.returncode == 0, out.stderr
-    return out.stdout.strip()
+from slurm_jobs import SLOW_START, minimal_script, output_of, sbatch, wait, wait_for_reports
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import MPIEXEC, STEADY, final_params, manifest, run
-from test_slurm_jobs import output_of, wait
-from test_slurm_requeue import minimal_script, sbatch
+from slurm_jobs import minimal_script, output_of, sbatch, wait
 
 HOOK = Path(sysconfig.get_paths()["purelib"]) / "hpckit-early.pth"
 SIGNAL_THEN_IMPORT = """

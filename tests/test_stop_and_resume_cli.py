@@ -7,28 +7,18 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from conftest import HERE, HPCKIT, JOB, STEADY, final_params, manifest, metrics_lines, run
+from scenarios import driver_killed_then_rerun, wait_for_epochs
 
 import hpckit
 from hpckit import Checkpoint, RunConfig
 from hpckit.errors import ConfigError
-from hpckit.experiment.lock import LOCK_NAME
 from hpckit.launch.slurm import render_sbatch
-from hpckit.processes import alive, children
 from hpckit.run.ending.stop import EXIT_STOPPED
 from hpckit.settings import Settings
 from hpckit.torch import TorchTrainer
-
-
-def _wait_for_epochs(experiment: Path, count: int, process: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 90
-    while not (experiment / "metrics.jsonl").exists() or len(metrics_lines(experiment)) < count:
-        assert process.poll() is None, process.communicate()[0]
-        assert time.monotonic() < deadline, "training never reached the epoch"
-        time.sleep(0.2)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGUSR2, signal.SIGTERM])
@@ -41,7 +31,7 @@ def test_stop_signal_without_slurm_stops_cleanly_and_resume_finishes_the_same(
          "--epoch-seconds", "0.5", "--loader-workers", str(int(signum == signal.SIGTERM))],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        _wait_for_epochs(tmp_path / "s", 2, process)
+        wait_for_epochs(tmp_path / "s", 2, process)
         if signum == signal.SIGTERM:
             os.killpg(process.pid, signum)  # as Slurm signals every process of a job step
         else:
@@ -64,54 +54,11 @@ def test_stop_signal_without_slurm_stops_cleanly_and_resume_finishes_the_same(
     assert [l["metrics"]["epoch"] for l in metrics_lines(tmp_path / "s")] == list(range(8))
 
 
-def _descendants(pid: int) -> list[int]:
-    found = []
-    for child in children(pid):
-        found += [child.pid, *_descendants(child.pid)]
-    return found
-
-
 def test_ranks_stop_when_their_driver_is_killed_and_the_rerun_resumes(tmp_path, steady_reference):
     """SIGKILL of `python train.py` (the out-of-memory killer, `kill -9`): mpiexec and every
     rank end within 15 s, after committing a checkpoint and releasing the experiment; the
     same command then resumes, and every epoch runs once."""
     driver_killed_then_rerun(tmp_path, steady_reference, sys.executable, {}, "SIGTERM")
-
-
-def driver_killed_then_rerun(tmp_path: Path, reference: list[float], python: str,
-                             env: dict[str, str], stop_signal: str) -> None:
-    """Kill the driver of a 2-rank run after 2 epochs of 4 s (without the stop, the ranks
-    would train on for 20 s more); check that nothing it started outlives it by 15 s, that
-    the ranks stopped at a committed checkpoint, and that a rerun finishes as ``reference``."""
-    command = [python, str(STEADY), "--workers", "2", "--storage", str(tmp_path),
-               "--name", "k", "--epoch-seconds"]
-    process = subprocess.Popen([*command, "4"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, start_new_session=True, env={**os.environ, **env})
-    launched: list[int] = []
-    try:
-        _wait_for_epochs(tmp_path / "k", 2, process)
-        launched = _descendants(process.pid)  # mpiexec, its proxy and the two ranks
-        process.kill()
-        deadline = time.monotonic() + 15
-        try:
-            output, _ = process.communicate(timeout=15)  # closed as the last rank exits
-        except subprocess.TimeoutExpired:
-            output = "(a rank or mpiexec still held the output 15 s after the driver died)"
-        while [p for p in launched if alive(p)] and time.monotonic() < deadline:
-            time.sleep(0.2)
-        left = [p for p in launched if alive(p)]
-    finally:
-        for pid in launched:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
-    assert len(launched) >= 3 and left == [], f"still running: {left}\n{output}"
-    assert f"stop requested ({stop_signal})" in output, output
-    m = manifest(tmp_path / "k")
-    assert m["attempts"][-1]["status"] == "stopped" and m["latest"] is not None, output
-    assert not (tmp_path / "k" / LOCK_NAME).exists(), "the ranks kept the experiment locked"
-    out = run([*command, "0"], timeout=120, env=env)
-    assert final_params(out.output) == reference
-    assert [line["metrics"]["epoch"] for line in metrics_lines(tmp_path / "k")] == list(range(8))
 
 
 STUCK = """

@@ -22,6 +22,8 @@ from hpckit.settings import Settings
 from hpckit.storage.location import resolve
 from hpckit.storage.uris import parent, redact, restore_credentials
 
+pytestmark = pytest.mark.quick
+
 
 def test_metrics_conversion():
     out = to_json_metrics({"t": torch.tensor(1.5), "n": np.float32(2.0), "i": np.int64(3),
