@@ -187,13 +187,23 @@ def final_params(output: str) -> list[float]:
     return json.loads(found.group(1))["params"]
 
 
+def _steady_reference(tmp_path_factory: pytest.TempPathFactory, *extra: str) -> list[float]:
+    storage = tmp_path_factory.mktemp("reference")
+    out = run([HPCKIT, "run", "-n", "2", str(STEADY), "--storage", str(storage), "--name", "ref",
+               *extra], timeout=120)
+    return final_params(out.output)
+
+
 @pytest.fixture(scope="session")
 def steady_reference(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
-    """The parameters of an uninterrupted 2-rank, 8-epoch run of steady.py."""
-    storage = tmp_path_factory.mktemp("reference")
-    out = run([HPCKIT, "run", "-n", "2", str(STEADY), "--storage", str(storage), "--name", "ref"],
-              timeout=120)
-    return final_params(out.output)
+    """The parameters of an uninterrupted 2-rank, 8-epoch run of steady.py (NumPy)."""
+    return _steady_reference(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def steady_torch_reference(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
+    """The same with ``steady.py --torch`` (TorchTrainer, DDP, a DataLoader)."""
+    return _steady_reference(tmp_path_factory, "--torch")
 
 
 @pytest.fixture(scope="session")

@@ -93,8 +93,8 @@ def ranks_started(script: Path, name: str, count: int, timeout: float = 120) -> 
 
 
 def test_a_plain_sbatch_job_warned_as_its_ranks_start_completes_exactly(
-        tmp_path, slurm, steady_reference):
-    command = f"{sys.executable} {STEADY} --storage {tmp_path} --name starting"
+        tmp_path, slurm, steady_torch_reference):
+    command = f"{sys.executable} {STEADY} --storage {tmp_path} --name starting --torch"
     job = sbatch(slurm, tmp_path, minimal_script(tmp_path, 2, f"--mpi=pmi2 {command}"),
                  "--time=10")
     ranks_started(STEADY, "starting", 2)
@@ -103,4 +103,4 @@ def test_a_plain_sbatch_job_warned_as_its_ranks_start_completes_exactly(
     assert wait(slurm, tmp_path, job, 300) == {job: "COMPLETED"}, output_of(tmp_path)
     statuses = [a["status"] for a in manifest(tmp_path / "starting")["attempts"]]
     assert statuses == ["requeued", "finished"], output_of(tmp_path)
-    assert final_params(output_of(tmp_path)) == steady_reference
+    assert final_params(output_of(tmp_path)) == steady_torch_reference

@@ -23,12 +23,14 @@ from hpckit.torch import TorchTrainer
 
 @pytest.mark.parametrize("signum", [signal.SIGUSR2, signal.SIGTERM])
 def test_stop_signal_without_slurm_stops_cleanly_and_resume_finishes_the_same(
-        tmp_path, steady_reference, signum):
+        tmp_path, steady_reference, steady_torch_reference, signum):
     # SIGUSR2 goes from the launching process to the ranks; SIGTERM through mpiexec, and to
-    # the whole process group: the data loader's worker must not die of it.
+    # the whole process group: torch's data loader worker must not die of it.
+    loader = ["--torch", "--loader-workers", "1"] if signum == signal.SIGTERM else []
+    reference = steady_torch_reference if loader else steady_reference
     process = subprocess.Popen(
         [sys.executable, str(STEADY), "--workers", "2", "--storage", str(tmp_path), "--name", "s",
-         "--epoch-seconds", "0.5", "--loader-workers", str(int(signum == signal.SIGTERM))],
+         "--epoch-seconds", "0.5", *loader],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         wait_for_epochs(tmp_path / "s", 2, process)
@@ -48,7 +50,7 @@ def test_stop_signal_without_slurm_stops_cleanly_and_resume_finishes_the_same(
     assert lines[-1]["checkpoint"] == m["latest"] and len(lines) < 8
 
     out = run([HPCKIT, "resume", str(tmp_path / "s")], timeout=120)
-    assert final_params(out.output) == steady_reference
+    assert final_params(out.output) == reference
     m = manifest(tmp_path / "s")
     assert [a["status"] for a in m["attempts"]] == ["stopped", "finished"]
     assert [l["metrics"]["epoch"] for l in metrics_lines(tmp_path / "s")] == list(range(8))

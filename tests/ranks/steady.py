@@ -1,7 +1,18 @@
 """Deterministic training: the same epochs give the same parameters, however often the run
-is stopped and resumed. Rank 0 prints ``FINAL {json}`` when training finishes."""
+is stopped and resumed. Rank 0 prints ``FINAL {json}`` when training finishes.
+
+By default a NumPy linear model under ``DataParallelTrainer`` (a rank starts in a fraction of a
+second: what the stop, requeue and resume tests exercise is torch-free). ``--torch`` trains
+the same kind of model with ``TorchTrainer``, DDP and a DataLoader, and imports torch before
+hpckit as many scripts do (the start-up hook must keep a stop signal meanwhile); its
+parameters differ from NumPy's, so compare a run with a reference of the same kind."""
 
 from __future__ import annotations
+
+import sys
+
+if "--torch" in sys.argv:
+    import torch  # noqa: F401  (first, as in many training scripts)
 
 import argparse
 import json
@@ -9,22 +20,58 @@ import os
 import tempfile
 import time
 
-import torch
+import numpy as np
 
 import hpckit
-from hpckit import Checkpoint, RunConfig, ScalingConfig
-from hpckit.torch import TorchTrainer, prepare_data_loader, prepare_model
+from hpckit import Checkpoint, DataParallelTrainer, RunConfig, ScalingConfig
+
+SAMPLES, FEATURES, BATCH = 256, 8, 16
 
 
-def train_loop(config: dict) -> None:
+def numpy_loop(config: dict) -> None:
+    """Data-parallel SGD with momentum: every epoch's shuffle depends only on the epoch, each
+    rank takes its share of every batch, and the gradients are averaged over the ranks."""
+    from mpi4py import MPI
+
+    data = np.random.default_rng(0)
+    x = data.standard_normal((SAMPLES, FEATURES))
+    y = x @ np.arange(1.0, FEATURES + 1)
+    ctx = hpckit.get_context()
+    rank, size = ctx.get_world_rank(), ctx.get_world_size()
+    weights, velocity, start = np.zeros(FEATURES), np.zeros(FEATURES), 0
+    if checkpoint := hpckit.get_checkpoint():
+        with checkpoint.as_directory() as d:
+            state = np.load(os.path.join(d, "state.npz"))
+            weights, velocity, start = state["weights"], state["velocity"], int(state["epoch"]) + 1
+    for epoch in range(start, config["epochs"]):
+        total = 0.0
+        order = np.random.default_rng(epoch).permutation(SAMPLES)
+        for batch in np.split(order, SAMPLES // BATCH):
+            mine = batch[rank::size]
+            error = x[mine] @ weights - y[mine]
+            gradient = MPI.COMM_WORLD.allreduce(2 * x[mine].T @ error) / len(batch)
+            velocity = 0.9 * velocity + gradient
+            weights = weights - config["lr"] * velocity
+            total += MPI.COMM_WORLD.allreduce(float(error @ error)) / len(batch)
+        end_epoch(config, ctx, epoch, total, lambda d: np.savez(
+            os.path.join(d, "state.npz"), weights=weights, velocity=velocity, epoch=epoch))
+    if rank == 0:
+        print("FINAL " + json.dumps({"params": [round(float(w), 12) for w in weights]}), flush=True)
+
+
+def torch_loop(config: dict) -> None:
+    import torch
+
+    from hpckit.torch import prepare_data_loader, prepare_model
+
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(256, 8, generator=g)
-    data = torch.utils.data.TensorDataset(x, x @ torch.arange(1.0, 9.0))
+    x = torch.randn(SAMPLES, FEATURES, generator=g)
+    data = torch.utils.data.TensorDataset(x, x @ torch.arange(1.0, FEATURES + 1))
     torch.manual_seed(0)
-    model = prepare_model(torch.nn.Linear(8, 1))
+    model = prepare_model(torch.nn.Linear(FEATURES, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)
     loader = prepare_data_loader(torch.utils.data.DataLoader(
-        data, batch_size=16, shuffle=True, num_workers=config["loader_workers"],
+        data, batch_size=BATCH, shuffle=True, num_workers=config["loader_workers"],
         persistent_workers=config["loader_workers"] > 0))
     start = 0
     if checkpoint := hpckit.get_checkpoint():
@@ -43,20 +90,27 @@ def train_loop(config: dict) -> None:
             loss.backward()
             optimizer.step()
             total += loss.item()
-        time.sleep(config["epoch_seconds"])
-        if config["preemption_info"] and (info := hpckit.get_preemption_info()):
-            print(f"PREEMPTION {json.dumps({'deadline_ms': info.deadline_ms, 'seen': time.time()})}"
-                  f" rank {ctx.get_world_rank()} END", flush=True)
-        with tempfile.TemporaryDirectory() as d:
-            checkpoint = None
-            if ctx.get_world_rank() == 0:
-                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                            "epoch": epoch}, os.path.join(d, "state.pt"))
-                checkpoint = Checkpoint.from_directory(d)
-            hpckit.report({"epoch": epoch, "loss": total}, checkpoint=checkpoint)
+        end_epoch(config, ctx, epoch, total, lambda d: torch.save(
+            {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch},
+            os.path.join(d, "state.pt")))
     if ctx.get_world_rank() == 0:
         params = [round(p.item(), 12) for p in model.parameters() for p in p.flatten()]
         print("FINAL " + json.dumps({"params": params}), flush=True)
+
+
+def end_epoch(config: dict, ctx, epoch: int, total: float, save) -> None:
+    """The epoch's pause, its preemption notice if asked, and its report with rank 0's
+    checkpoint (``save(directory)`` writes the state)."""
+    time.sleep(config["epoch_seconds"])
+    if config["preemption_info"] and (info := hpckit.get_preemption_info()):
+        print(f"PREEMPTION {json.dumps({'deadline_ms': info.deadline_ms, 'seen': time.time()})}"
+              f" rank {ctx.get_world_rank()} END", flush=True)
+    with tempfile.TemporaryDirectory() as d:
+        checkpoint = None
+        if ctx.get_world_rank() == 0:
+            save(d)
+            checkpoint = Checkpoint.from_directory(d)
+        hpckit.report({"epoch": epoch, "loss": total}, checkpoint=checkpoint)
 
 
 def main() -> None:
@@ -67,16 +121,21 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--epoch-seconds", type=float, default=0.0)
     p.add_argument("--lr", type=float, default=0.01)
-    p.add_argument("--loader-workers", type=int, default=0)
+    p.add_argument("--torch", action="store_true", help="TorchTrainer, DDP and a DataLoader")
+    p.add_argument("--loader-workers", type=int, default=0, help="with --torch")
     p.add_argument("--preemption-info", action="store_true",
                    help="ask get_preemption_info() every epoch; print it once the job is told")
     args = p.parse_args()
-    TorchTrainer(train_loop,
-                 train_loop_config={"epochs": args.epochs, "epoch_seconds": args.epoch_seconds,
-                                    "lr": args.lr, "preemption_info": args.preemption_info,
-                                    "loader_workers": args.loader_workers},
-                 scaling_config=ScalingConfig(num_workers=args.workers),
-                 run_config=RunConfig(name=args.name, storage_path=args.storage)).fit()
+    if args.torch:
+        from hpckit.torch import TorchTrainer as Trainer
+    else:
+        Trainer = DataParallelTrainer
+    Trainer(torch_loop if args.torch else numpy_loop,
+            train_loop_config={"epochs": args.epochs, "epoch_seconds": args.epoch_seconds,
+                               "lr": args.lr, "preemption_info": args.preemption_info,
+                               "loader_workers": args.loader_workers},
+            scaling_config=ScalingConfig(num_workers=args.workers),
+            run_config=RunConfig(name=args.name, storage_path=args.storage)).fit()
 
 
 if __name__ == "__main__":
