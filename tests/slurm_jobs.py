@@ -45,7 +45,11 @@ def states(slurm, job: str) -> dict[str, str]:
     return found
 
 
+POLL_S = 0.2  # scontrol answers in milliseconds; a job's end is seen within this
+
+
 def wait(slurm, tmp_path: Path, job: str, timeout: float) -> dict[str, str]:
+    """Until every task of ``job`` has ended; their states."""
     deadline = time.monotonic() + timeout
     while True:
         found = states(slurm, job)
@@ -56,7 +60,7 @@ def wait(slurm, tmp_path: Path, job: str, timeout: float) -> dict[str, str]:
             logs = "\n".join(f"--- {p.name} ---\n{p.read_text()}" for p in tmp_path.glob("*.out"))
             slurm.run("scancel", job, check=False)
             pytest.fail(f"job {job} still {found} after {timeout:.0f} s\n{logs}\n{slurm.logs()}")
-        time.sleep(1)
+        time.sleep(POLL_S)
 
 
 def wait_for_reports(slurm, tmp_path: Path, experiment: Path, count: int, timeout: float) -> None:
@@ -64,7 +68,7 @@ def wait_for_reports(slurm, tmp_path: Path, experiment: Path, count: int, timeou
     deadline = time.monotonic() + timeout
     while not (experiment / "metrics.jsonl").exists() or len(metrics_lines(experiment)) < count:
         assert time.monotonic() < deadline, output_of(tmp_path) + slurm.logs()
-        time.sleep(0.5)
+        time.sleep(POLL_S)
 
 
 def output_of(tmp_path: Path) -> str:
