@@ -13,9 +13,16 @@ import pyarrow.fs
 
 from hpckit import Result
 from hpckit.experiment import verify as _verify
-from hpckit.experiment.manifest import MANIFEST_NAME, METRICS_NAME, Manifest, is_checkpoint_dirname
+from hpckit.experiment.manifest import (
+    MANIFEST_NAME,
+    METRICS_NAME,
+    CheckpointRecord,
+    Manifest,
+    is_checkpoint_dirname,
+)
+from hpckit.experiment.retention import rank_best_first
 from hpckit.storage import files as _storage
-from hpckit.storage.location import resolve
+from hpckit.storage.location import Location, resolve
 
 TRIALS: list[dict] = []
 
@@ -28,16 +35,29 @@ class State:
     committed: list[str]
     leftovers: list[str] = field(default_factory=list)
     temp_files: list[str] = field(default_factory=list)
+    opened: bool = False  # a run wrote the manifest: the next one resumes the experiment
+    attempts: int = 0  # the runs that opened the experiment, as the manifest records them
+    next_index: int = 0  # the index of the next checkpoint a run starts
+    # Checkpoints committed before a trial that retention keeps, missing after one: the chain's
+    # losses so far (check_experiment counts them; a chain asserts at its end that none was).
+    lost: list[str] = field(default_factory=list)
+    records: tuple[CheckpointRecord, ...] = field(default=(), repr=False)
+
+    def lost_since(self, before: State) -> int:
+        """How many committed checkpoints the trial that went from ``before`` to this lost."""
+        return len(self.lost) - len(before.lost)
 
 
 def check_experiment(experiment: Path | str, before: State | None) -> State:
-    """The manifest parses; every checkpoint it names is complete (sizes and checksums); nothing
-    committed before was lost (the latest only moves forward). ``experiment`` is a local
-    directory or a URI."""
+    """The manifest parses; every checkpoint it names is complete (sizes and checksums); the
+    latest only moves forward. Every checkpoint ``before`` names that retention keeps must
+    still be named: each one that is not is counted lost. ``experiment`` is a local directory
+    or a URI."""
     location = resolve(str(experiment))
+    earlier_losses = list(before.lost) if before is not None else []
     if _storage.file_type(location.join(MANIFEST_NAME)) == pyarrow.fs.FileType.NotFound:
         assert before is None or before.latest is None, f"the manifest vanished after {before}"
-        return State(None, [])
+        return State(None, [], lost=earlier_losses)
     manifest = Manifest.from_json(_storage.read_bytes(location.join(MANIFEST_NAME)), str(experiment))
     for record in manifest.checkpoints:
         problems = _verify.verify(location, record)
@@ -51,7 +71,60 @@ def check_experiment(experiment: Path | str, before: State | None) -> State:
     entries = sorted(i.base_name for i in _storage.list_dir(location))
     return State(latest, sorted(named),
                  [n for n in entries if is_checkpoint_dirname(n) and n not in named],
-                 [n for n in entries if n.startswith(f".{MANIFEST_NAME}.tmp-")])
+                 [n for n in entries if n.startswith(f".{MANIFEST_NAME}.tmp-")],
+                 opened=True, attempts=len(manifest.attempts),
+                 next_index=manifest.next_checkpoint_index,
+                 lost=earlier_losses + (lost(before, manifest) if before is not None else []),
+                 records=manifest.checkpoints)
+
+
+def lost(before: State, manifest: Manifest) -> list[str]:
+    """The checkpoints ``before`` names that ``manifest`` no longer does, though its retention
+    keeps them. (A checkpoint named but incomplete fails check_experiment outright.)"""
+    named = {r.directory for r in manifest.checkpoints}
+    return [r.directory for r in before.records
+            if r.directory not in named and not outranked(r, manifest)]
+
+
+def outranked(record: CheckpointRecord, manifest: Manifest) -> bool:
+    """Whether retention may have evicted ``record``: ``num_to_keep`` of the checkpoints that
+    ``manifest`` keeps rank ahead of it (those awaiting validation have no rank yet, and are
+    kept besides)."""
+    keep = manifest.retention.get("num_to_keep")
+    if keep is None:
+        return False
+    ranked = [r for r in manifest.checkpoints if not (r.validation and r.validation.pending)]
+    order = rank_best_first([*ranked, record], manifest.retention.get("checkpoint_score_attribute"),
+                            manifest.retention.get("checkpoint_score_order", "max"))
+    return [r.directory for r in order].index(record.directory) >= keep
+
+
+def seen(manifest: Manifest) -> State:
+    """A manifest read while its run went on, as the State to compare what it left with."""
+    latest = manifest.latest.directory if manifest.latest else None
+    return State(latest, sorted(r.directory for r in manifest.checkpoints), opened=True,
+                 attempts=len(manifest.attempts), next_index=manifest.next_checkpoint_index,
+                 records=manifest.checkpoints)
+
+
+def reported(experiment: Path | str) -> State:
+    """Every checkpoint that metrics.jsonl has a line of, as the State to compare the end of a
+    run with: what a run committed, when nothing killed it (after a kill, a line may be of a
+    commit that never landed)."""
+    records = tuple(CheckpointRecord(int(e["checkpoint"].rsplit("_", 1)[1]), e["checkpoint"],
+                                     e["step"], e["time"], e["metrics"], ())
+                    for e in metrics_lines(resolve(str(experiment))) if e["checkpoint"])
+    latest = max(records, key=lambda r: r.index, default=None)
+    return State(latest.directory if latest else None, sorted(r.directory for r in records),
+                 opened=True, records=records)
+
+
+def metrics_lines(location: Location) -> list[dict]:
+    path = location.join(METRICS_NAME)
+    if _storage.file_type(path) == pyarrow.fs.FileType.NotFound:
+        return []
+    return [json.loads(line) for line in _storage.read_bytes(path).decode().splitlines()
+            if line.strip()]
 
 
 def check_metrics(location, manifest: Manifest) -> None:
@@ -60,10 +133,7 @@ def check_metrics(location, manifest: Manifest) -> None:
     latest = manifest.latest
     if latest is None:
         return
-    path = location.join(METRICS_NAME)
-    lines = ([json.loads(line) for line in _storage.read_bytes(path).decode().splitlines()
-              if line.strip()]
-             if _storage.file_type(path) != pyarrow.fs.FileType.NotFound else [])
+    lines = metrics_lines(location)
     own = [e for e in lines if e["step"] == latest.step]
     validated = (latest.validation.metrics if latest.validation else None) or {}
     assert own and {**own[-1]["metrics"], **validated} == latest.metrics, \

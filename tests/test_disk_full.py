@@ -45,14 +45,16 @@ def test_a_full_disk_fails_the_report_everywhere_and_loses_nothing(small_disk, t
     raised = re.findall(r"RAISED .*?CommitError: persisting checkpoint_000002 failed", out.output)
     assert len(raised) >= 3, f"not every one of the 3 ranks raised the error:\n{out.output}"
     exp = small_disk / "exp"
-    state = reliability.check_experiment(exp, None)
+    state = reliability.check_experiment(exp, reliability.reported(exp))
     assert state.latest == "checkpoint_000001" and state.committed == ["checkpoint_000000",
                                                                        "checkpoint_000001"]
     assert checkpoint_dirs(exp) == state.committed, "the failed checkpoint was not cleaned up"
-    reliability.record("disk full", "tmpfs of 8 MiB", "report failed on every rank", lost=0)
 
     subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
     resumed = sharded(small_disk, 5)
     assert re.search(r"resuming experiment \S+ from checkpoint_000001", resumed.output)
     assert json.loads(resumed.line("FINAL")) == reference
-    reliability.check_experiment(exp, state)
+    end = reliability.check_experiment(exp, state)
+    reliability.record("disk full", "tmpfs of 8 MiB", "report failed on every rank",
+                       lost=len(end.lost))
+    assert not end.lost, f"committed checkpoints that retention keeps were lost: {end.lost}"

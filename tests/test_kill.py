@@ -23,6 +23,7 @@ import reliability
 from conftest import HERE, MPIEXEC, Run, mpiexec
 
 from hpckit.faults import PHASES
+from hpckit.experiment.manifest import checkpoint_dirname
 from hpckit.experiment.reading import read_manifest
 from hpckit.storage import files as _storage
 from hpckit.storage.location import resolve
@@ -104,28 +105,85 @@ def reference(tmp_path_factory: pytest.TempPathFactory):
     return of
 
 
+RESUMING = r"resuming experiment \S+ from (\S+)"
+READY = r"rank\(s\) on \d+ node\(s\) ready in [\d.]+ s .*; experiment \S+"
+
+
+def log_of(run: Run) -> str:
+    return re.sub(r"\[\d+\] ", "", run.output)
+
+
 def check_resumed(run: Run, before: reliability.State) -> None:
-    """The run resumed from the newest complete checkpoint and removed the leftovers."""
-    text = re.sub(r"\[\d+\] ", "", run.output)
-    found = re.search(r"resuming experiment \S+ from (\S+)", text)
-    if found is None:
-        return  # killed before it opened the experiment
+    """A run that got to train: it opened the experiment as ``before`` left it, its ranks were
+    ready, and it removed the leftovers."""
+    check_opened(run, before)
+    check_ready(run, before)
+
+
+def check_opened(run: Run, before: reliability.State) -> None:
+    """The run resumed the experiment from the newest complete checkpoint (from its start when
+    none was committed) once a run had written its manifest, and started it afresh before."""
+    found = re.search(RESUMING, log_of(run))
+    if not before.opened:
+        assert found is None, f"a new experiment was resumed from {found.group(1)}:\n{run.output}"
+        return
+    assert found is not None, f"the run did not log that it resumed the experiment:\n{run.output}"
     assert found.group(1) == (before.latest or "its"), \
         f"resumed from {found.group(1)}, but the newest complete checkpoint is {before.latest}"
-    if not re.search(r"rank\(s\) on \d+ node\(s\) ready in", text):
-        return  # killed while opening it: the leftovers are still there, checked next trial
+
+
+def check_ready(run: Run, before: reliability.State) -> None:
+    """The ranks were ready to train, the leftovers ``before`` lists removed on the way."""
+    text = log_of(run)
+    assert re.search(READY, text), f"the run did not log that its ranks were ready:\n{run.output}"
     for leftover in before.leftovers:
         assert re.search(rf"removed leftovers .*{leftover}", text), \
             f"leftover {leftover} was not removed on resume:\n{run.output}"
+
+
+def check_started_before_a_random_kill(run: Run, before: reliability.State,
+                                       after: reliability.State, whole_job: bool) -> None:
+    """A kill at a random time may land before the run opened the experiment, or before its
+    ranks were ready; what the experiment shows the run did, its log must say. Opening it
+    records the run's attempt in the manifest, just after logging how it opened it; a
+    checkpoint it committed came after its ranks were ready. Only a kill of the whole job,
+    the launcher with it, can lose lines on their way out, and none that came before a commit."""
+    opened = after.attempts > before.attempts
+    committed = after.latest != before.latest
+    if committed or (opened and not whole_job):
+        check_opened(run, before)
+    if committed:
+        check_ready(run, before)
+    else:
+        assert opened or not re.search(READY, log_of(run)), \
+            f"the ranks were ready, yet the manifest records no attempt of the run: {after}"
+
+
+def occurrence(phase: str, trial: int) -> int:
+    """The time the victim reaches ``phase`` in the run that it dies there."""
+    occurrences = OCCURRENCES[phase]
+    return occurrences[trial % len(occurrences)]
 
 
 def fault_for(phase: str, trial: int) -> tuple[str, str]:
     """Which rank dies, at which occurrence; every fourth trial takes the whole job down."""
     whole = trial % 4 == 3
     rank = 0 if whole or phase in ROOT_ONLY else trial % RANKS
-    occurrences = OCCURRENCES[phase]
-    spec = f"{phase}:{rank}:{occurrences[trial % len(occurrences)]}" + (":all" if whole else "")
+    spec = f"{phase}:{rank}:{occurrence(phase, trial)}" + (":all" if whole else "")
     return spec, "whole job" if whole else f"rank {rank}"
+
+
+def in_flight_at(phase: str, trial: int, before: reliability.State,
+                 after: reliability.State) -> str:
+    """The checkpoint that an asynchronous or save_state kill at the N-th occurrence caught in
+    flight: the run's N-th, where each checkpoint meets the phase once (on each rank). A
+    checkpoint meets ``background`` once a file, so there the N-th is the newest it can be;
+    only commits made off the collective meet ``committing``, so there it is the oldest, and
+    rank 0 commits in order: the caught one is the oldest leftover from the N-th on."""
+    nth = checkpoint_dirname(before.next_index + occurrence(phase, trial) - 1)
+    if phase == "committing":
+        return min((name for name in after.leftovers if name >= nth), default=nth)
+    return nth
 
 
 def kill_trial(storage: str, experiment: str, phase: str, trial: int, state: reliability.State,
@@ -138,7 +196,7 @@ def kill_trial(storage: str, experiment: str, phase: str, trial: int, state: rel
                   env={**QUICK, "HPCKIT_FAULT": spec}, timeout=90)
     assert run.returncode != 0 and run.line("FINAL") is None, \
         f"trial {trial}: fault {spec} never fired:\n{run.output}"
-    check_resumed(run, state)
+    check_resumed(run, state)  # every hook is reached in training, after both lines
     after = reliability.check_experiment(experiment, state)
     in_flight = max(after.leftovers + after.committed, default=None)
     if phase in VALIDATING:
@@ -146,9 +204,13 @@ def kill_trial(storage: str, experiment: str, phase: str, trial: int, state: rel
         assert after.latest is not None and after.latest >= (state.latest or ""), after
         outcome = "validation left pending, committed checkpoint kept"
     elif phase in ASYNC + SAVE_STATE:
-        # The checkpoint in flight may have reached only staging, not its directory; what
-        # check_experiment and the resume checks say is what matters here.
-        outcome = f"in-flight checkpoint discarded ({mode})"
+        # The checkpoint in flight may have reached only staging, not its directory: which
+        # one it is follows from the occurrence.
+        caught = in_flight_at(phase, trial, state, after)
+        kept = after.latest is not None and after.latest >= caught
+        outcome = f"in-flight checkpoint {'kept' if kept else 'discarded'} ({mode})"
+        assert not kept, \
+            f"trial {trial} ({spec}): {caught}, killed before its commit, is visible: {after}"
     elif phase in BEFORE_COMMIT:
         assert in_flight is not None and in_flight not in after.committed, \
             f"trial {trial} ({spec}): a checkpoint killed before its commit is visible: {after}"
@@ -157,7 +219,7 @@ def kill_trial(storage: str, experiment: str, phase: str, trial: int, state: rel
         assert in_flight == after.latest and after.latest != state.latest, \
             f"trial {trial} ({spec}): the manifest was replaced but {after} lacks it"
         outcome = "in-flight checkpoint kept"
-    reliability.record(suite, phase, outcome, victim=victim, lost=0)
+    reliability.record(suite, phase, outcome, victim=victim, lost=after.lost_since(state))
     return after
 
 
@@ -170,6 +232,7 @@ def finish_chain(storage: str, experiment: str, state: reliability.State, refere
     assert finished(experiment, PHASE_EPOCHS, run) == reference(PHASE_EPOCHS)
     end = reliability.check_experiment(experiment, state)
     assert not end.leftovers and not end.temp_files and len(end.committed) == 2, end
+    assert not end.lost, f"committed checkpoints that retention keeps were lost: {end.lost}"
     assert ".staging" not in [i.base_name for i in _storage.list_dir(resolve(experiment))]
 
 
@@ -254,14 +317,17 @@ def test_sigkill_at_random_times_loses_nothing(tmp_path, reference):
         assert run.line("FINAL") is None, f"trial {trial} finished before the kill; lower the delay"
         if victim.startswith("none"):
             assert "exited before MPI start-up completed" not in output, output
-        check_resumed(run, state)
         after = reliability.check_experiment(experiment, state)
-        outcome = ("killed mid-commit" if after.leftovers or after.temp_files
+        check_started_before_a_random_kill(run, state, after, victim == "whole job")
+        outcome = ("killed before it opened the experiment" if after.attempts == state.attempts
+                   else "killed mid-commit" if after.leftovers or after.temp_files
                    else "killed between commits")
-        reliability.record("SIGKILL at a random time", "random", outcome, victim=victim, lost=0)
+        reliability.record("SIGKILL at a random time", "random", outcome, victim=victim,
+                           lost=after.lost_since(state))
         state = after
     run = mpiexec(RANKS, *args(tmp_path, RANDOM_EPOCHS), script=SHARDED, env=QUICK, timeout=120)
     check_resumed(run, state)
     assert finished(str(experiment), RANDOM_EPOCHS, run) == reference(RANDOM_EPOCHS)
     end = reliability.check_experiment(experiment, state)
     assert not end.leftovers and not end.temp_files, end
+    assert not end.lost, f"committed checkpoints that retention keeps were lost: {end.lost}"

@@ -47,11 +47,12 @@ def read_manifest(server, name: str) -> Manifest | None:
     return reading.read_manifest(resolve(server.uri(name)))
 
 
-def wait_for_a_commit(server, name: str, process: subprocess.Popen) -> None:
+def wait_for_a_commit(server, name: str, process: subprocess.Popen) -> Manifest:
     deadline = time.monotonic() + 120
     while (m := read_manifest(server, name)) is None or m.latest is None:
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0]
         time.sleep(0.05)
+    return m
 
 
 def test_a_server_killed_mid_upload_fails_every_rank_and_the_run_resumes(server, tmp_path):
@@ -62,7 +63,7 @@ def test_a_server_killed_mid_upload_fails_every_rank_and_the_run_resumes(server,
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)
     try:
-        wait_for_a_commit(server[0], "runs/exp", process)
+        before_the_kill = reliability.seen(wait_for_a_commit(server[0], "runs/exp", process))
         time.sleep(0.1)  # the next checkpoint's 48 MiB are on their way
         server[0].kill()
         killed = time.monotonic()
@@ -86,6 +87,7 @@ def test_a_server_killed_mid_upload_fails_every_rank_and_the_run_resumes(server,
     experiment = resolve(server[-1].uri("runs/exp"))
     for record in committed.checkpoints:
         assert _verify.verify(experiment, record) == [], record.directory
+    after_the_kill = reliability.check_experiment(server[-1].uri("runs/exp"), before_the_kill)
     resumed = mpiexec(3, "--storage", server[-1].uri("runs") + FAST_FAILING, *args,
                       script=SHARDED, timeout=180)
     text = re.sub(r"\[\d+\] ", "", resumed.output)
@@ -96,8 +98,11 @@ def test_a_server_killed_mid_upload_fails_every_rank_and_the_run_resumes(server,
     final = read_manifest(server[-1], "runs/exp")
     assert final is not None and stored == sorted(r.directory for r in final.checkpoints), \
         f"orphans of the failed upload were not cleaned: {stored}"
+    end = reliability.check_experiment(server[-1].uri("runs/exp"), after_the_kill)
     reliability.record("S3 server SIGKILLed mid-upload", "3 ranks, 48 MiB checkpoints",
-                       f"every rank failed {took:.0f} s after the kill; resumed after restart", lost=0)
+                       f"every rank failed {took:.0f} s after the kill; resumed after restart",
+                       lost=len(end.lost))
+    assert not end.lost, f"committed checkpoints that retention keeps were lost: {end.lost}"
 
 
 def test_a_server_that_stalls_briefly_is_waited_for(server, tmp_path):
