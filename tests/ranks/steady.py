@@ -19,6 +19,7 @@ import json
 import os
 import tempfile
 import time
+from functools import partial
 
 import numpy as np
 
@@ -53,8 +54,8 @@ def numpy_loop(config: dict) -> None:
             velocity = 0.9 * velocity + gradient
             weights = weights - config["lr"] * velocity
             total += MPI.COMM_WORLD.allreduce(float(error @ error)) / len(batch)
-        end_epoch(config, ctx, epoch, total, lambda d: np.savez(
-            os.path.join(d, "state.npz"), weights=weights, velocity=velocity, epoch=epoch))
+        state = {"weights": weights, "velocity": velocity, "epoch": epoch}
+        end_epoch(config, ctx, epoch, total, partial(np.savez, **state), "state.npz")
     if rank == 0:
         print("FINAL " + json.dumps({"params": [round(float(w), 12) for w in weights]}), flush=True)
 
@@ -90,17 +91,16 @@ def torch_loop(config: dict) -> None:
             loss.backward()
             optimizer.step()
             total += loss.item()
-        end_epoch(config, ctx, epoch, total, lambda d: torch.save(
-            {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch},
-            os.path.join(d, "state.pt")))
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}
+        end_epoch(config, ctx, epoch, total, partial(torch.save, state), "state.pt")
     if ctx.get_world_rank() == 0:
         params = [round(p.item(), 12) for p in model.parameters() for p in p.flatten()]
         print("FINAL " + json.dumps({"params": params}), flush=True)
 
 
-def end_epoch(config: dict, ctx, epoch: int, total: float, save) -> None:
+def end_epoch(config: dict, ctx, epoch: int, total: float, save, name: str) -> None:
     """The epoch's pause, its preemption notice if asked, and its report with rank 0's
-    checkpoint (``save(directory)`` writes the state)."""
+    checkpoint (``save(path)`` writes the state to the file ``name``)."""
     time.sleep(config["epoch_seconds"])
     if config["preemption_info"] and (info := hpckit.get_preemption_info()):
         print(f"PREEMPTION {json.dumps({'deadline_ms': info.deadline_ms, 'seen': time.time()})}"
@@ -108,7 +108,7 @@ def end_epoch(config: dict, ctx, epoch: int, total: float, save) -> None:
     with tempfile.TemporaryDirectory() as d:
         checkpoint = None
         if ctx.get_world_rank() == 0:
-            save(d)
+            save(os.path.join(d, name))
             checkpoint = Checkpoint.from_directory(d)
         hpckit.report({"epoch": epoch, "loss": total}, checkpoint=checkpoint)
 
