@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from turns import pytest_runtest_protocol, pytest_sessionfinish, pytest_testnodedown  # noqa: F401
 
 HERE = Path(__file__).parent
 JOB = HERE / "ranks" / "job.py"

@@ -78,6 +78,7 @@ def test_single_rank_retries_in_process(tmp_path):
     assert [a["status"] for a in manifest(tmp_path / "exp")["attempts"]] == ["failed", "finished"]
 
 
+@pytest.mark.alone  # compares /dev/shm before and after
 def test_a_killed_rank_is_restarted_and_the_run_resumes(tmp_path):
     segments_before = set(glob.glob("/dev/shm/mpich_*"))
     returncode, output = killed_once_and_restarted(sys.executable, tmp_path, {})

@@ -43,6 +43,7 @@ def wait_for_lock(path, process: subprocess.Popen) -> dict:
     pytest.fail(f"no lock after 30 s:\n{process.communicate()[0]}")
 
 
+@pytest.mark.alone  # it times the failure
 def test_a_second_run_fails_fast_naming_the_holder(tmp_path):
     first = start_slow_run(tmp_path, {"SLURM_JOB_ID": "4242"})
     try:

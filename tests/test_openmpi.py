@@ -124,6 +124,7 @@ def test_srun_with_pmix_trains_and_requeues_after_the_stop_signal(tmp_path, slur
     srun_requeues_after_the_stop_signal(tmp_path, slurm, PYTHON, "pmix", ROOT, steady_reference)
 
 
+@pytest.mark.alone  # compares /dev/shm before and after
 def test_ranks_stop_when_their_driver_is_killed_and_the_rerun_resumes(tmp_path, steady_reference):
     # Open MPI's launcher aborts the job on SIGTERM; it passes the stop signal on instead.
     driver_killed_then_rerun(tmp_path, steady_reference, str(PYTHON), ROOT, "SIGUSR2")
@@ -153,6 +154,7 @@ def _segments() -> set[str]:
     return {name for name in os.listdir("/dev/shm") if name.startswith("sm_segment.")}
 
 
+@pytest.mark.alone  # it times the ending
 def test_a_rank_that_dies_during_start_up_under_pmix_ends_the_others_within_a_minute(
         tmp_path, slurm):
     started = time.monotonic()
@@ -174,6 +176,7 @@ def test_srun_without_pmix_is_refused_naming_pmix(tmp_path, slurm):
     assert "With srun use --mpi=pmix" in out.output, out.output
 
 
+@pytest.mark.alone  # compares /dev/shm before and after
 def test_a_killed_rank_is_restarted_and_its_shared_memory_removed(tmp_path):
     """python train.py under Open MPI: a rank SIGKILLed mid-run is restarted with the others
     (FailureConfig(max_failures=1)), and the segments the killed attempt's ranks left in

@@ -24,6 +24,9 @@ from hpckit.experiment import verify as _verify
 from hpckit.experiment.manifest import Manifest
 from hpckit.storage.location import resolve
 
+# The server is stalled and killed against request timeouts, and the ending is timed.
+pytestmark = pytest.mark.alone
+
 SHARDED = HERE / "ranks" / "sharded.py"
 SHARD = str(1 << 20)  # floats per file: 8 MiB, so an upload takes a while
 FAST_FAILING = "&connect_timeout=2&request_timeout=10&retries=3"

@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from conftest import HPCKIT, STEADY, final_params, manifest, metrics_lines, run
 from slurm_jobs import output_of, wait, wait_for_reports
 
@@ -76,6 +77,7 @@ def test_a_warning_as_the_job_starts_is_held_by_the_script_until_the_ranks_run(
     assert final_params(output_of(tmp_path)) == steady_reference
 
 
+@pytest.mark.alone  # loads both cores itself
 def test_time_limit_warning_checkpoints_requeues_and_finishes(tmp_path, slurm, steady_reference,
                                                               cpu_burner):
     # Slurm checks time limits every 30 s and sends the warning up to that much early: @30 of

@@ -17,6 +17,9 @@ import pytest
 from conftest import HERE, HPCKIT, STEADY, final_params, manifest, metrics_lines, mpiexec
 from slurm_jobs import SLOW_START, minimal_script, output_of, sbatch, wait, wait_for_reports
 
+# Its tests load both cores themselves (cpu_burner) or time an ending: nothing runs beside them.
+pytestmark = pytest.mark.alone
+
 
 @pytest.fixture(scope="module")
 def three_rank_reference(tmp_path_factory) -> list[float]:

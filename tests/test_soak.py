@@ -15,6 +15,9 @@ import pytest
 import reliability
 from conftest import HERE, MPIEXEC, Run, manifest
 
+# It measures memory growth and descriptors of four ranks over 400 reports.
+pytestmark = pytest.mark.alone
+
 SOAK = HERE / "ranks" / "soak.py"
 # Growth is measured over the last 300 reports: what the first hundred import and allocate
 # once (about 180 KiB more since the validation and upload code) is not growth per report.

@@ -15,6 +15,9 @@ from pathlib import Path
 import pytest
 from conftest import HERE, HPCKIT, MPIEXEC, manifest, metrics_lines, run
 
+# Ctrl-C's ending is timed against the grace period: nothing runs beside these tests.
+pytestmark = pytest.mark.alone
+
 NEWCOMER = HERE / "ranks" / "newcomer.py"
 # What a shell reports for a process ended by Ctrl-C: 130 from an exit status, or death by
 # SIGINT (Python re-raises the signal after an uncaught KeyboardInterrupt).

@@ -34,6 +34,7 @@ def _kept(tmp_path: Path, name: str = "val") -> dict[str, dict]:
     return {c["directory"]: c for c in manifest(tmp_path / name)["checkpoints"]}
 
 
+@pytest.mark.alone  # it times the training loop
 def test_a_slow_validation_does_not_delay_training_and_retention_keeps_the_best_validated(
         tmp_path):
     plain = _run(tmp_path / "plain", "--name", "plain")
