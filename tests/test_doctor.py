@@ -11,6 +11,7 @@ import stat
 import pytest
 from cluster_nodes import nodes  # noqa: F401  (the fixture)
 from conftest import HERE, HPCKIT, MPIEXEC, run
+from slurm_jobs import output_of, sbatch, wait
 
 DOCTOR = HERE / "ranks" / "doctor.py"
 
@@ -104,9 +105,9 @@ def test_in_a_batch_job_it_reads_the_signal_from_the_script(tmp_path, slurm, scr
     batch = tmp_path / "job.sbatch"
     batch.write_text(f"#!/bin/bash\n#SBATCH --requeue\n{script}\n"
                      f"srun -n 1 --mpi=pmi2 {HPCKIT} doctor --storage {tmp_path} --json\n")
-    out = run(["sbatch", "--wait", f"--output={tmp_path}/out.txt", str(batch)], timeout=180,
-              env=slurm.env, expect=None)
-    text = (tmp_path / "out.txt").read_text()
+    job = sbatch(slurm, tmp_path, batch)  # not sbatch --wait, which looks every 10 s
+    ended = wait(slurm, tmp_path, job, 180)
+    text = output_of(tmp_path)
     found = findings(text)
     assert found["Slurm requeue"]["status"] == "ok", text
     signal = found["Slurm signal"]
@@ -114,4 +115,4 @@ def test_in_a_batch_job_it_reads_the_signal_from_the_script(tmp_path, slurm, scr
         assert signal["status"] == "ok" and signal["found"] == "--signal=B:USR2@120"
     else:
         assert signal["status"] == "warn" and "#SBATCH --signal=B:USR2@120" in signal["fix"]
-    assert out.returncode == 0, text
+    assert ended == {job: "COMPLETED"}, text
