@@ -14,6 +14,10 @@ from conftest import mpiexec, run
 from hpckit import FailureConfig
 from hpckit.errors import ConfigError
 
+# The hang watchdog's short timeouts would fire on a loaded machine: nothing runs beside these
+# tests.
+pytestmark = pytest.mark.alone
+
 STUCK_IN_A_COLLECTIVE = """
 import os, sys, tempfile
 import hpckit
@@ -72,9 +76,6 @@ FINISHES_THEN_WAITS = """
 import sys, time
 import hpckit
 from hpckit import DataParallelTrainer, FailureConfig, RunConfig
-
-# The hang watchdog's short timeouts would fire on a loaded machine: nothing runs beside these tests.
-pytestmark = pytest.mark.alone
 
 def loop(config):
     hpckit.report({"step": 0})

@@ -25,6 +25,8 @@ import pytest
 import reliability
 
 TRIALS_KEY = "hpckit_reliability_trials"
+# Read now, as conftest is imported: a session fixture gives each worker a TMPDIR of its own.
+SHARED_DIR = tempfile.gettempdir()
 
 
 def _lock_path(config: pytest.Config) -> str | None:
@@ -32,7 +34,7 @@ def _lock_path(config: pytest.Config) -> str | None:
     worker = getattr(config, "workerinput", None)
     if worker is None:
         return None
-    return os.path.join(tempfile.gettempdir(), f"hpckit-tests-{worker['testrunuid']}.lock")
+    return os.path.join(SHARED_DIR, f"hpckit-tests-{worker['testrunuid']}.lock")
 
 
 @contextlib.contextmanager
