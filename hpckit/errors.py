@@ -25,6 +25,8 @@ __all__ = [
     "WorkerGroupError",
     "ControllerError",
     "PreemptionError",
+    "ExperimentLockedError",
+    "ExperimentTakenError",
 ]
 
 
@@ -140,3 +142,16 @@ class PreemptionError(TrainingFailedError):
 
 class ExperimentLockedError(HpckitError):
     """Another live run holds the experiment: two writers would corrupt its history."""
+
+
+class ExperimentTakenError(ExperimentLockedError, TrainingFailedError):
+    """This run lost the experiment's lock (it was frozen, or its storage unreachable, past
+    ``HPCKIT_LOCK_STALE_SECONDS``, and another run took the experiment over): it wrote nothing
+    more. Raised on every rank at the next ``report()``; the message names the run that took
+    the experiment. An ``ExperimentLockedError`` (another run holds it) and a
+    ``TrainingFailedError`` (what ``fit()`` raises when training failed, as in Ray). Never
+    restarted by ``FailureConfig(max_failures)`` or ``hpckit run --max-failures``, since a
+    restart would contend with the run that owns the experiment now; uncaught, it ends the
+    program with status 77 (``EX_NOPERM``: this run may no longer write the experiment)."""
+
+    exit_status = 77

@@ -85,7 +85,9 @@ def main(ctx: click.Context, debug: bool) -> None:
     Exit status: 0 success; 1 the command failed (a check failed, training failed); 2 a bad
     argument, not an experiment, or an experiment in use; 3 storage could not be read or
     written; 75 a run stopped on request (it was requeued, or hpckit resume EXPERIMENT
-    continues it); 130 a run interrupted by Ctrl-C (hpckit resume EXPERIMENT continues it).
+    continues it); 77 a run stopped because another run took its experiment over (never
+    restarted; hpckit verify EXPERIMENT once that run ends); 130 a run interrupted by
+    Ctrl-C (hpckit resume EXPERIMENT continues it).
     The last log line names EXPERIMENT.
     """
     ctx.meta["hpckit.debug"] = debug

@@ -5,9 +5,11 @@ metrics log, the background purge and the mirror. Its methods are the only way t
 changes the directory's own files: open (prepare, lock, verify, remove leftovers, begin an
 attempt), commit a checkpoint record, reserve, clear or discard a checkpoint directory, the
 markers, log a report without one, end an attempt, collect garbage, close. Every change
-writes a new manifest atomically before anything is deleted. The files inside a pending
-checkpoint are written by each rank (``run.writing``, ``run.levels``) before rank 0 commits
-them here; ``tests/test_invariants.py`` names every such writer.
+writes a new manifest atomically before anything is deleted, and each write of a run is
+fenced: it is made only while the lock still holds the run's token (``Lock.confirm``). The
+files inside a pending checkpoint are written by each rank (``run.writing``,
+``run.levels``) before rank 0 commits them here; ``tests/test_invariants.py`` names every
+such writer.
 """
 
 from __future__ import annotations
@@ -17,14 +19,12 @@ import time
 import uuid
 from typing import Any
 
-import pyarrow.fs
-
 from hpckit import faults, interrupts
 from hpckit.config import CheckpointConfig, SyncConfig
-from hpckit.errors import CheckpointError, HpckitError, StorageError
+from hpckit.errors import CheckpointError, ExperimentTakenError, HpckitError, StorageError
 from hpckit.experiment.attempts import AttemptStatus
 from hpckit.experiment.hangs import hung_unrecorded
-from hpckit.experiment.leftovers import leftovers, remove_leftovers, size_of
+from hpckit.experiment.leftovers import free, leftovers, remove_leftovers, size_of
 from hpckit.experiment.lock import Lock
 from hpckit.experiment.maintenance import Garbage, refuse_if_running
 from hpckit.experiment.manifest import (
@@ -58,7 +58,7 @@ class Experiment:
         self._lock = lock
         self._metrics = metrics
         self._mirror = mirror
-        self._purge = Purge(location)
+        self._purge = Purge(location, self._fence)
         # Rank 0's validation thread records results while the training thread commits.
         self._changing = threading.RLock()
 
@@ -111,11 +111,15 @@ class Experiment:
             updated = self._manifest.with_checkpoint(record, evicted)
             faults.reached("gathered", 0)
             if self._metrics is not None:
+                self._fence()
                 self._metrics.append(record.step, record.metrics, record.directory)
             try:
                 self._replace(updated)
+            except ExperimentTakenError:
+                raise  # this run writes nothing more, not even a retraction
             except HpckitError:
-                self._retract_unless_committed(record)
+                if self._metrics is not None:
+                    self._metrics.retract_unless_committed(self.location, record.directory)
                 raise
         faults.reached("committed", 0)
         if not is_checkpoint_dirname(record.directory):
@@ -123,20 +127,6 @@ class Experiment:
         self._purge.start(evicted)
         if self._mirror is not None:
             self._mirror.after_commit(self._manifest)
-
-    def _retract_unless_committed(self, record: CheckpointRecord) -> None:
-        """The manifest write failed: take back the metrics line, unless the new manifest
-        landed all the same (a failure after its rename), where the line must stay."""
-        try:
-            found = read_manifest(self.location)
-        except HpckitError as exc:
-            log.warning("could not tell whether %s was committed (%s); its metrics line stays, "
-                        "and a resume drops it if it was not", record.directory, exc)
-            return
-        landed = found is not None and any(r.directory == record.directory
-                                           for r in found.checkpoints)
-        if not landed and self._metrics is not None:
-            self._metrics.retract()
 
     def reserve(self, directory: str, planned: tuple[str, ...], uploading: bool = False) -> None:
         """A checkpoint directory the user named (``report(checkpoint_dir_name=...)``):
@@ -146,16 +136,18 @@ class Experiment:
         leftover that resume recognises."""
         target = self.location.join(directory)
         taken = {r.directory for r in self._manifest.checkpoints} | set(planned)
-        if directory in taken or not (uploading or _free(target)):
+        if directory in taken or not (uploading or free(target)):
             raise CheckpointError(
                 f"report(checkpoint_dir_name={directory!r}): {target.display} already exists; "
                 "give each checkpoint its own name (e.g. with the epoch in it).")
+        self._fence()
         files.make_dir(target)
         files.write_bytes(target.join(PENDING_MARKER), b"")
 
     def clear(self, directory: str) -> None:
         """A checkpoint directory about to be written, emptied of what an earlier report left
         there (files written in place, then another directory handed)."""
+        self._fence()
         files.delete_dir(self.location.join(directory))
 
     def _unmark_pending(self, directory: str) -> None:
@@ -176,9 +168,13 @@ class Experiment:
 
     def discard(self, directory: str) -> None:
         """A checkpoint that failed before its commit: its directory is removed, best-effort
-        (the manifest never named it, and a resume removes what is left)."""
+        (the manifest never named it, and a resume removes what is left). Never once another
+        run took the experiment over: the directory may be that run's now."""
         try:
+            self._fence()
             files.delete_dir(self.location.join(directory))
+        except ExperimentTakenError:
+            log.debug("not removing %s: the experiment is another run's", directory)
         except HpckitError as exc:
             log.warning("could not remove failed checkpoint %s (resume removes it): %s",
                         self.location.join(directory).display, exc)
@@ -205,8 +201,21 @@ class Experiment:
 
     def _replace(self, updated: Manifest) -> None:
         with interrupts.deferred():
+            self._fence()
             _write(self.location, updated)
             self._manifest = updated
+
+    def _fence(self) -> None:
+        """Right before each write of the run's: the lock still holds this run's token, else
+        :class:`ExperimentTakenError` (a maintenance command holds no lock)."""
+        if self._lock is not None:
+            self._lock.confirm()
+
+    def check_lock(self) -> None:
+        """At each collective step: an :class:`ExperimentTakenError` at once where another run
+        took the experiment over, so every rank fails together at that step."""
+        if self._lock is not None:
+            self._lock.check()
 
     def wait_for_purge(self) -> None:
         """Before a new checkpoint is written: the previous eviction has finished."""
@@ -215,6 +224,7 @@ class Experiment:
     def log_report(self, step: int, metrics: dict[str, Any]) -> None:
         """A report without a checkpoint: its metrics line only."""
         if self._metrics is not None:
+            self._fence()
             self._metrics.append(step, metrics, None)
 
     def history(self) -> list[dict[str, Any]]:
@@ -222,14 +232,18 @@ class Experiment:
 
     def end_attempt(self, status: AttemptStatus, error: str | None = None,
                     reports: int | None = None) -> None:
-        """Record how the newest attempt ended; best-effort, since the run is ending anyway."""
+        """Record how the newest attempt ended; best-effort, since the run is ending anyway.
+        Not once another run took the experiment over: its manifest is that run's now."""
         with self._changing:
             last = self._manifest.last_attempt
             if last is None:
                 return
-            self._manifest = self._manifest.with_last_attempt(last.ended(status, error, reports))
             try:
+                self._fence()
+                self._manifest = self._manifest.with_last_attempt(last.ended(status, error, reports))
                 _write(self.location, self._manifest)
+            except ExperimentTakenError:
+                log.debug("the attempt's end is not recorded: the experiment is another run's")
             except StorageError as exc:
                 log.warning("could not record the attempt's end in the manifest: %s", exc)
 
@@ -251,13 +265,15 @@ class Experiment:
 
     def close(self, promptly: bool = False) -> None:
         """Finish the purge and the mirror, close the metrics log, release the lock.
-        ``promptly`` (after Ctrl-C) leaves the purge and the mirror to the next run."""
+        ``promptly`` (after Ctrl-C) leaves the purge and the mirror to the next run; a run that
+        lost the lock mirrors nothing more, and leaves the lock to the run that holds it."""
+        taken = self._lock is not None and self._lock.lost is not None
         try:
             if not promptly:
                 self._purge.wait()
             if self._metrics is not None:
                 self._metrics.close()
-            if self._mirror is not None and not promptly:
+            if self._mirror is not None and not (promptly or taken):
                 self._mirror.close(self._manifest)
         finally:
             if self._lock is not None:
@@ -276,15 +292,6 @@ def end_abandoned_attempt(location: Location, error: str,
     last = manifest.last_attempt if manifest else None
     if manifest is not None and last is not None and last.status is AttemptStatus.RUNNING:
         Experiment(location, manifest).end_attempt(status, error)
-
-
-def _free(target: Location) -> bool:
-    """Nothing is there, or an empty directory: what a run killed between making a reserved
-    directory and marking it pending leaves (on S3 a directory marker), which no leftover
-    check can tell from a user's directory, and which holds nothing to lose."""
-    kind = files.file_type(target)
-    return kind == pyarrow.fs.FileType.NotFound or (
-        kind == pyarrow.fs.FileType.Directory and not files.list_files(target))
 
 
 def _write(location: Location, manifest: Manifest) -> None:

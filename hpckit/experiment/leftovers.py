@@ -53,3 +53,12 @@ def remove_leftovers(location: Location, manifest: Manifest) -> list[str]:
         log.warning("removed leftovers of an interrupted run that no manifest names: %s",
                     ", ".join(sorted(removed)))
     return removed
+
+
+def free(target: Location) -> bool:
+    """Nothing is there, or an empty directory: what a run killed between making a reserved
+    directory and marking it pending leaves (on S3 a directory marker), which no leftover
+    check can tell from a user's directory, and which holds nothing to lose."""
+    kind = files.file_type(target)
+    return kind == pyarrow.fs.FileType.NotFound or (
+        kind == pyarrow.fs.FileType.Directory and not files.list_files(target))

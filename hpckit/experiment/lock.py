@@ -1,4 +1,4 @@
-"""One run writes an experiment at a time: a lock file naming its holder, kept fresh.
+"""One run writes an experiment at a time: a lock file naming its holder, kept fresh, and a fence.
 
 ``{experiment}/.hpckit-lock.json`` holds the host, pid, Slurm job and run of rank 0, and the
 time it last refreshed the file. A second run fails fast naming the holder. A lock is stale
@@ -10,6 +10,14 @@ restarting failed ranks, or a requeued Slurm job) takes its own lock over silent
 On a local or shared filesystem the lock is created with O_EXCL, so two runs starting at the
 same moment cannot both win. Object stores have no create-if-absent in pyarrow: there the run
 writes the lock, reads it back, and yields if another run's token is found.
+
+The lock is a fence, not a log line: a run frozen past the stale time (a hung node, SIGSTOP)
+may wake to find its experiment taken over. Its owner calls :meth:`Lock.confirm` right before
+each write, which reads the file and raises :class:`ExperimentTakenError` unless it still
+holds this run's token; pyarrow has no conditional write, so one write may still land between
+the check and the write. A refresh that fails in any way is retried at the next interval; only
+once none succeeded for the stale time (when another run may have judged the lock stale) is
+the lock lost. A lock file that holds another run's token, or is gone, is lost at once.
 """
 
 from __future__ import annotations
@@ -25,7 +33,8 @@ from typing import NoReturn
 
 import pyarrow.fs
 
-from hpckit.errors import ExperimentLockedError, HpckitError
+from hpckit.errors import ExperimentLockedError, ExperimentTakenError, HpckitError
+from hpckit.experiment.taken import lapsed, taken_over
 from hpckit.logs import log
 from hpckit.processes import alive
 from hpckit.settings import Settings
@@ -47,8 +56,9 @@ class Holder:
 
     def describe(self) -> str:
         job = f", Slurm job {self.job_id}" if self.job_id else ""
+        run = f", run {self.run_id}" if self.run_id and self.run_id != f"slurm-{self.job_id}" else ""
         return (f"host {self.host}, pid {self.pid}{job}, started "
-                f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(self.started_at))}")
+                f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(self.started_at))}{run}")
 
     def stale(self, now: float, stale_after: float) -> str | None:
         """Why this holder is surely gone, or None while it may be alive."""
@@ -60,14 +70,22 @@ class Holder:
 
 
 class Lock:
-    """The experiment's lock, held by this process (rank 0) until :meth:`release`."""
+    """The experiment's lock, held by this process (rank 0) until :meth:`release` or until
+    another run takes it over (:attr:`lost`)."""
 
-    def __init__(self, location: Location, holder: Holder, every: float) -> None:
+    def __init__(self, location: Location, holder: Holder, every: float,
+                 stale_after: float) -> None:
         self.location = location
         self.holder = holder
+        self.every = every
+        self.stale_after = stale_after
+        # The lease: from the moment of our last refresh, no other run may judge it stale
+        # for ``stale_after`` seconds. Monotonic, so a frozen process sees the time it lost.
+        self._renewed = time.monotonic()
+        self._lost: ExperimentTakenError | None = None
+        self._losing = threading.Lock()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._refresh, args=(every,), daemon=True,
-                                        name="hpckit-lock")
+        self._thread = threading.Thread(target=self._keep, daemon=True, name="hpckit-lock")
         self._thread.start()
 
     @classmethod
@@ -95,25 +113,97 @@ class Lock:
             _take(location, me)
         else:
             _create(location, me)
-        return cls(location, me, max(1.0, limit / 5))
+        return cls(location, me, max(1.0, limit / 5), limit)
 
-    def _refresh(self, every: float) -> None:
-        while not self._stop.wait(every):
-            fresh = Holder(**{**asdict(self.holder), "refreshed_at": time.time()})
+    @property
+    def lost(self) -> ExperimentTakenError | None:
+        """Why this run no longer holds the lock (the error its next write raises), or None."""
+        return self._lost
+
+    def confirm(self) -> None:
+        """Right before a write to the experiment: one read of the lock file; raises
+        :class:`ExperimentTakenError` unless it still holds this run's token (a storage error
+        as it comes: the write would have failed the same)."""
+        if self._lost is not None:
+            raise self._lost
+        current = _current(self.location)
+        if current is None or current.token != self.holder.token:
+            raise self._lose(self._taken(current))
+
+    def check(self) -> None:
+        """At a collective step, cheaply: raises if the lock is known lost. It reads the file
+        only where the refresh is late (this process was frozen, or storage stalled), when
+        another run may have taken it over; a read that fails is left to the writes, which
+        confirm for themselves."""
+        if self._lost is not None:
+            raise self._lost
+        if time.monotonic() - self._renewed <= 2 * self.every:
+            return
+        try:
+            self.confirm()
+        except ExperimentTakenError:
+            raise
+        except Exception as exc:  # noqa: BLE001  (any storage failure: the writes confirm)
+            log.debug("could not read the experiment's lock %s: %r", self.location.display, exc)
+
+    def _keep(self) -> None:
+        """The refresh thread. It ends only once the lock is lost or released: a failure of
+        any kind is retried at the next interval while the lease may still hold."""
+        while not self._stop.wait(self.every):
             try:
-                current = read(self.location)
-                if current is not None and current.token != self.holder.token:
-                    log.error("the experiment's lock was taken by %s; this run no longer holds "
-                              "it", current.describe())
+                self._renew()
+            except ExperimentTakenError:
+                return
+            except Exception as exc:  # noqa: BLE001  (retried; only the lease decides)
+                if self._lapsed(exc):
                     return
-                files.write_atomic(self.location, _encode(fresh))
-                self.holder = fresh
-            except HpckitError as exc:
-                log.warning("could not refresh the experiment's lock (retrying): %s", exc)
+
+    def _renew(self) -> None:
+        current = _current(self.location)
+        if current is None or current.token != self.holder.token:
+            raise self._lose(self._taken(current))
+        began = time.monotonic()
+        fresh = Holder(**{**asdict(self.holder), "refreshed_at": time.time()})
+        files.write_atomic(self.location, _encode(fresh))
+        self.holder, self._renewed = fresh, began
+
+    def _lapsed(self, exc: BaseException) -> bool:
+        """A refresh failed: retried while the lease may still hold; lost (True) once it may
+        have expired, since another run may then take the experiment over."""
+        unrefreshed = time.monotonic() - self._renewed
+        if unrefreshed < self.stale_after:
+            log.warning("could not refresh the experiment's lock %s (retried in %.0f s; it is "
+                        "lost if refreshing fails for %.0f s more): %r", self.location.display,
+                        self.every, self.stale_after - unrefreshed, exc)
+            return False
+        self._lose(ExperimentTakenError(lapsed(self.location.parent, self.holder.describe(),
+                                               unrefreshed, self.stale_after, exc)))
+        return True
+
+    def _taken(self, found: Holder | None) -> ExperimentTakenError:
+        """Another run's token (or none) was ``found`` where this run's should be."""
+        other = found.describe() if found is not None and found.token else None
+        return ExperimentTakenError(taken_over(
+            self.location, self.holder.describe(), (self.holder.host, self.holder.pid),
+            other, time.monotonic() - self._renewed, self.stale_after))
+
+    def _lose(self, error: ExperimentTakenError) -> ExperimentTakenError:
+        """Mark the lock lost (said once): every later write raises ``error``."""
+        with self._losing:
+            if self._lost is None:
+                self._lost = error
+                log.warning("rank 0 lost the lock of %s: this run writes nothing more and fails "
+                            "at its next report", self.location.parent.display)
+            return self._lost
 
     def release(self) -> None:
+        """Stop refreshing and remove the lock, unless it was lost: then the file is another
+        run's, or ours gone stale as a killed run's, and is left alone."""
         self._stop.set()
         self._thread.join()
+        if self._lost is not None:
+            log.debug("not removing %s: this run lost it", self.location.display)
+            return
         try:
             current = read(self.location)
             if current is not None and current.token == self.holder.token:
@@ -133,6 +223,21 @@ def read(location: Location) -> Holder | None:
     except (ValueError, TypeError) as exc:
         log.warning("ignoring an unreadable lock %s: %s", location.display, exc)
         return Holder("", "?", 0, None, None, 0.0, 0.0)
+
+
+def _current(location: Location) -> Holder | None:
+    """The lock file's holder in one read, for the fence (None where it is gone); a storage
+    error as :class:`StorageError`."""
+    with files.errors_named(location, "read the lock"):
+        try:
+            with location.filesystem.open_input_stream(location.path) as stream:
+                data = stream.read()
+        except FileNotFoundError:
+            return None
+    try:
+        return Holder(**json.loads(data))
+    except (ValueError, TypeError):
+        return Holder("", "?", 0, None, None, 0.0, 0.0)  # unreadable: not this run's
 
 
 def _encode(holder: Holder) -> bytes:

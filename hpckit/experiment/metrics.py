@@ -12,7 +12,7 @@ import pyarrow.fs
 
 from hpckit.errors import HpckitError
 from hpckit.experiment.manifest import METRICS_NAME, CheckpointRecord
-from hpckit.experiment.reading import parse_line, read_lines
+from hpckit.experiment.reading import parse_line, read_lines, read_manifest
 from hpckit.experiment.tensorboard import Scalars
 from hpckit.logs import log
 from hpckit.storage import files
@@ -74,6 +74,19 @@ class MetricsLog:
         except HpckitError as exc:
             log.warning("could not take back the metrics line of a checkpoint that was not "
                         "committed (%s); a resume drops it", exc)
+
+    def retract_unless_committed(self, experiment: Location, directory: str) -> None:
+        """The manifest write of ``directory``'s commit failed: take back its metrics line,
+        unless the new manifest landed all the same (a failure after its rename), where the
+        line must stay."""
+        try:
+            found = read_manifest(experiment)
+        except HpckitError as exc:
+            log.warning("could not tell whether %s was committed (%s); its metrics line stays, "
+                        "and a resume drops it if it was not", directory, exc)
+            return
+        if found is None or not any(r.directory == directory for r in found.checkpoints):
+            self.retract()
 
     def history(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.lines]

@@ -6,29 +6,36 @@ deletes (slow on S3) inside ``report()``. Before any rank writes a new checkpoin
 waits for the deletions handed over so far, so the experiment never holds more than the kept
 checkpoints plus the one being written. A failed
 deletion is logged, never fatal: the directory is no longer in the manifest, and the next
-resume removes it as a leftover.
+resume removes it as a leftover. Each checkpoint is deleted only after the run's lock is
+confirmed (``fence``): once another run took the experiment over, the directory may be
+that run's, and nothing more is deleted.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from hpckit import faults
-from hpckit.errors import StorageError
+from hpckit.errors import ExperimentTakenError, StorageError
 from hpckit.experiment.manifest import CheckpointRecord
 from hpckit.logs import log
 from hpckit.storage import files
 from hpckit.storage.location import Location
 
 
-def evict(experiment: Location, records: list[CheckpointRecord]) -> None:
+def evict(experiment: Location, records: list[CheckpointRecord],
+          fence: Callable[[], None] | None = None) -> None:
     """Delete evicted checkpoints: the files the manifest named first, then the directory, so
-    a deletion cut short leaves a directory that no manifest names."""
+    a deletion cut short leaves a directory that no manifest names. ``fence`` raises
+    :class:`ExperimentTakenError` where the run no longer holds the experiment."""
     for record in records:
         started = time.perf_counter()
         target = experiment.join(record.directory)
         try:
+            if fence is not None:
+                fence()
             cached = not record.on_storage  # nothing of it on storage_path, but a cut drain's
             for f in [] if cached or files.escapes(target, experiment) else record.files:
                 files.delete_file(target.join(f.path), missing_ok=True)
@@ -36,6 +43,9 @@ def evict(experiment: Location, records: list[CheckpointRecord]) -> None:
             files.delete_dir(target)
             log.debug("retention removed %s in %.3f s", record.directory,
                       time.perf_counter() - started)
+        except ExperimentTakenError:
+            log.info("retention removes nothing more: the experiment is another run's now")
+            return
         except StorageError as exc:
             log.warning("retention could not remove %s (it is no longer in the manifest and "
                         "will be removed on resume): %s", record.directory, exc)
@@ -46,8 +56,9 @@ class Purge:
     A commit hands its evictions over without waiting: several checkpoints committed in one
     step (background checkpoints that settled together) cost the collective nothing."""
 
-    def __init__(self, experiment: Location) -> None:
+    def __init__(self, experiment: Location, fence: Callable[[], None] | None = None) -> None:
         self.experiment = experiment
+        self.fence = fence
         self._queue: list[CheckpointRecord] = []
         self._lock = threading.Lock()
         self._running = False
@@ -75,7 +86,7 @@ class Purge:
                     self._running = False
                     return
             try:
-                evict(self.experiment, records)
+                evict(self.experiment, records, self.fence)
             except Exception as exc:  # noqa: BLE001  (best-effort: the thread must go on)
                 log.warning("retention could not remove %s (they are no longer in the manifest "
                             "and will be removed on resume): %r",

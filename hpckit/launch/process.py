@@ -24,7 +24,7 @@ from hpckit.launch.forwarding import (
 )
 from hpckit.logs import log
 from hpckit.processes import ended_with
-from hpckit.run.ending.exit import INTERRUPT_GRACE
+from hpckit.run.ending.exit import EXIT_TAKEN, INTERRUPT_GRACE
 from hpckit.run.ending.hang import EXIT_HUNG
 from hpckit.run.ending.retry import RetryPolicy
 from hpckit.run.ending.stop import EXIT_INTERRUPTED, EXIT_STOPPED, ignored
@@ -118,7 +118,8 @@ def run_script(ranks: int, argv: list[str], policy: RetryPolicy, cwd: str | None
                extra_env: dict[str, str] | None = None) -> int:
     """``hpckit run``: start ``ranks`` ranks of a script under mpiexec, restarting it after a
     failure as ``policy`` allows; each attempt resumes from the manifest. Returns the exit
-    status: 0, EXIT_STOPPED, or the last failure's."""
+    status: 0, EXIT_STOPPED, EXIT_TAKEN (another run took the experiment over: never
+    restarted), or the last failure's."""
     settings = _settings.current()
     launch = mpiexec(settings, ranks, [sys.executable, *argv])
     ids = {variable("run_id"): settings.run_id or f"run-{uuid.uuid4().hex}"}
@@ -135,7 +136,7 @@ def run_script(ranks: int, argv: list[str], policy: RetryPolicy, cwd: str | None
                                settings, cwd, seen)
         except KeyboardInterrupt:
             return EXIT_INTERRUPTED  # rank 0 said what was kept and how to resume
-        if code in (0, EXIT_STOPPED, EXIT_INTERRUPTED, EXIT_TERMINATED) or \
+        if code in (0, EXIT_STOPPED, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_TAKEN) or \
                 not policy.allows(attempt):
             return code
         attempt += 1

@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 from hpckit import uncaught
 from hpckit.errors import (
+    ExperimentTakenError,
     HpckitError,
     PreemptionError,
     TrainingFailedError,
@@ -31,7 +32,7 @@ from hpckit.launch.process import Launch, mpiexec, run_process, started_for
 from hpckit.logs import log
 from hpckit.result import Result
 from hpckit.run.ending import stop
-from hpckit.run.ending.exit import ERRORS, read_errors
+from hpckit.run.ending.exit import ERRORS, EXIT_TAKEN, read_errors
 from hpckit.run.ending.hang import EXIT_HUNG
 from hpckit.run.ending.retry import RetryPolicy
 from hpckit.run.ending.stop import EXIT_INTERRUPTED, EXIT_STOPPED
@@ -73,6 +74,8 @@ def spawn(job: TrainingJob, settings: Settings) -> Result:
                 _interrupted(experiment, KeyboardInterrupt(), not job.timestamped)
             if code == EXIT_TERMINATED:  # killed after a second SIGTERM: never retried
                 _terminated(experiment)
+            if code == EXIT_TAKEN:  # another run owns the experiment: never retried
+                _taken(payload)
             failure = _failure(payload, code)
             if isinstance(failure, HpckitError) and not isinstance(failure, TrainingFailedError):
                 raise failure
@@ -153,6 +156,16 @@ def _stopped(payload: str) -> NoReturn:
         if isinstance(original, PreemptionError):
             raise uncaught.shown_elsewhere(original)
     raise SystemExit(EXIT_STOPPED)
+
+
+def _taken(payload: str) -> NoReturn:
+    """Another run took the experiment over: the ranks' ExperimentTakenError, raised here as
+    it is. Nothing is recorded: the manifest is that run's now."""
+    for report in read_errors(payload):
+        original = report.failure.original()
+        if isinstance(original, ExperimentTakenError):
+            raise original
+    raise SystemExit(EXIT_TAKEN)
 
 
 def _returned(payload: str) -> Any:

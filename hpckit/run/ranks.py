@@ -7,7 +7,7 @@ import contextlib
 from typing import Any
 
 from hpckit import logs
-from hpckit.errors import LaunchError, PreemptionError
+from hpckit.errors import ExperimentTakenError, LaunchError, PreemptionError
 from hpckit.logs import log
 from hpckit.result import Result
 from hpckit.run.attempt import AttemptFailed, Ranks, run_attempt
@@ -94,6 +94,9 @@ def _attempts(job: TrainingJob, settings: Settings, group: Any, ranks: Ranks,
             wait_for_all(comm, together=True)  # then each exits 75 at once (uncaught)
             raise
         except AttemptFailed as failure:
+            if failure.collective and isinstance(failure.cause, ExperimentTakenError):
+                ended.end(failure.cause)  # the ranks set aside exit with the others
+                rank_exit.taken(comm, settings, failure.cause)
             # A single rank that hpckit did not launch restarts itself, and so do a sweep's
             # group of ranks that failed together; launched ranks are restarted by whoever
             # launched them (hpckit's parent process, or the user).

@@ -197,6 +197,7 @@ class CommitProtocol:
 
     def _plan(self, announcements: list[Announcement]) -> Plan:
         ledger = self._ledger()
+        ledger.experiment.check_lock()  # a run that lost its lock fails here, on every rank
         plan = make_plan(announcements, self.next_step, self.next_index)
         if announcements[0].kind == REPORT and plan.directory is not None:
             ledger.prepare(plan, self.next_index)  # may refuse the report: before anything commits

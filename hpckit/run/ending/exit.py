@@ -11,13 +11,14 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from hpckit import logs, uncaught
-from hpckit.errors import TrainingFailedError, WorkerGroupError
+from hpckit.errors import ExperimentTakenError, TrainingFailedError, WorkerGroupError
 from hpckit.logs import log
 from hpckit.run.ending import pmi, stop
 from hpckit.run.mpi.comm import RankFailure, describe, failed_ranks, world
-from hpckit.run.mpi.waiting import meet_within
+from hpckit.run.mpi.waiting import meet_within, wait_for_all
 from hpckit.settings import Settings
 
+EXIT_TAKEN = ExperimentTakenError.exit_status  # 77: neither a requeue (75) nor restarted
 ABORT_GRACE = 0.5
 INTERRUPT_GRACE = 2.0
 ERRORS = "errors"
@@ -73,6 +74,21 @@ def fail(comm: Any, settings: Settings, exc: BaseException, collective: bool,
     time.sleep(ABORT_GRACE)
     world().Abort(1)
     raise SystemExit(1)  # not reached: Abort ends the process
+
+
+def taken(comm: Any, settings: Settings, error: ExperimentTakenError) -> NoReturn:
+    """Another run took the experiment over and every rank raised ``error`` together: never
+    restarted and no resume hint, since the experiment is that run's now. Each rank hands
+    the error to the process that launched it, and all raise it at once: uncaught, each exits
+    :data:`EXIT_TAKEN` without MPI_Finalize, and mpiexec would kill (status 9) the ranks
+    still running when the first one exits so."""
+    if settings.worker:
+        write_error(settings.worker, ErrorReport(RankFailure.capture(comm.rank, error), True))
+    if settings.worker or comm.rank != 0:
+        uncaught.shown_elsewhere(error)  # said once: by the launching process, or by rank 0
+    _flush()
+    wait_for_all(comm, together=True)
+    raise error
 
 
 def as_raised(exc: BaseException, training: bool, collective: bool, comm: Any) -> BaseException:
