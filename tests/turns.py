@@ -1,6 +1,6 @@
 """Two tests at a time, except where a test must have the machine to itself.
 
-The suite runs on pytest-xdist's workers (setup.cfg: ``-n 2 --dist loadfile``): most tests
+The suite runs on pytest-xdist's workers (setup.cfg: ``-n 2 --dist worksteal``): most tests
 wait for processes, Slurm or the S3 server much of their time, and a second worker fills the
 idle core. A test marked ``alone`` runs with no other test beside it: one that asserts a
 duration, loads both cores itself (``cpu_burner``), or compares machine-wide state such as
