@@ -13,7 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from turns import pytest_runtest_protocol, pytest_sessionfinish, pytest_testnodedown  # noqa: F401
+from turns import (  # noqa: F401  (the hooks that share the tests out between two workers)
+    pytest_collection_modifyitems,
+    pytest_runtest_protocol,
+    pytest_sessionfinish,
+    pytest_testnodedown,
+)
 
 HERE = Path(__file__).parent
 JOB = HERE / "ranks" / "job.py"

@@ -199,14 +199,26 @@ class S3View(LocalView):
         return {info.base_name for info in found}
 
 
+def parsed(view: LocalView, name: str) -> Any:
+    """The JSON file ``name`` as the run left it, or None where it is absent. On S3 a read
+    that overlaps the run's replacing the object may end early (SeaweedFS): read again."""
+    for _ in range(20):
+        raw = view.read(name)
+        try:
+            return None if raw is None else json.loads(raw)
+        except ValueError:
+            time.sleep(0.05)
+    raise AssertionError(f"{name} never read whole: {raw!r}")
+
+
 def committed(view: LocalView) -> bool:
-    raw = view.read("manifest.json")
-    return raw is not None and bool(json.loads(raw)["checkpoints"])
+    manifest = parsed(view, "manifest.json")
+    return manifest is not None and bool(manifest["checkpoints"])
 
 
 def stale(view: LocalView) -> bool:
-    raw = view.read(LOCK_NAME)
-    return raw is not None and Holder(**json.loads(raw)).stale(time.time(), STALE) is not None
+    holder = parsed(view, LOCK_NAME)
+    return holder is not None and Holder(**holder).stale(time.time(), STALE) is not None
 
 
 def tree(root: int) -> dict[int, tuple[str, int]]:

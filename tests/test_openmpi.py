@@ -51,19 +51,18 @@ def test_job_scripts_are_told_to_start_open_mpi_ranks_with_pmix():
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="Open MPI refuses root only")
 def test_open_mpi_as_root_is_one_line_naming_root_and_the_fix(tmp_path):
-    out = run([str(PYTHON), str(HERE.parent / "examples" / "linear.py"), "--workers", "2",
-               "--storage", str(tmp_path)], 60, {"HPCKIT_TENSORBOARD": "0"}, expect=None)
-    assert out.returncode != 0 and not list(tmp_path.glob("linear/checkpoint_*")), out.output
+    out = run([str(PYTHON), str(STEADY), "--workers", "2", "--storage", str(tmp_path), "--name",
+               "root"], 60, expect=None)
+    assert out.returncode != 0 and not list(tmp_path.glob("root/checkpoint_*")), out.output
     assert "refuses to start ranks as root" in out.output
     assert "OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1" in out.output
     assert "training failed" not in out.output and "run the same command again" not in out.output
 
 
 def test_another_mpis_launcher_is_one_line_naming_both(tmp_path):
-    out = run([sys.executable, str(HERE.parent / "examples" / "linear.py"), "--workers", "2",
-               "--storage", str(tmp_path)], 60, {**ROOT, "HPCKIT_MPIEXEC": str(MPIEXEC)},
-              expect=None)
-    assert out.returncode != 0 and not list(tmp_path.glob("linear/checkpoint_*")), out.output
+    out = run([sys.executable, str(STEADY), "--workers", "2", "--storage", str(tmp_path),
+               "--name", "other"], 60, {**ROOT, "HPCKIT_MPIEXEC": str(MPIEXEC)}, expect=None)
+    assert out.returncode != 0 and not list(tmp_path.glob("other/checkpoint_*")), out.output
     assert f"{MPIEXEC} is Open MPI's launcher, but mpi4py loads MPICH (MPICH Version" in out.output
     assert "set HPCKIT_MPIEXEC to it" in out.output, out.output
     assert "training failed" not in out.output and "run the same command again" not in out.output
@@ -71,14 +70,13 @@ def test_another_mpis_launcher_is_one_line_naming_both(tmp_path):
 
 def test_python_train_py_starts_open_mpi_ranks_and_a_rerun_resumes(tmp_path):
     # Three ranks on CI's two cores: Open MPI refuses them unless hpckit oversubscribes.
-    example = HERE.parent / "examples" / "linear.py"
-    first = run([str(PYTHON), str(example), "--workers", "3", "--storage", str(tmp_path),
-                 "--epochs", "2"], 180, ROOT)
-    assert manifest(tmp_path / "linear")["attempts"][0]["world_size"] == 3, first.output
-    again = run([str(PYTHON), str(example), "--workers", "3", "--storage", str(tmp_path),
-                 "--epochs", "4"], 180, ROOT)
+    command = [str(PYTHON), str(STEADY), "--workers", "3", "--storage", str(tmp_path), "--name",
+               "ompi", "--epochs"]
+    first = run([*command, "2"], 180, ROOT)
+    assert manifest(tmp_path / "ompi")["attempts"][0]["world_size"] == 3, first.output
+    again = run([*command, "4"], 180, ROOT)
     assert "from checkpoint_000001" in again.output, again.output
-    assert manifest(tmp_path / "linear")["latest"] == "checkpoint_000003"
+    assert manifest(tmp_path / "ompi")["latest"] == "checkpoint_000003"
 
 
 @pytest.mark.parametrize("mode,fault", [("sync", "written:1:3"), ("async", "background:2:2"),

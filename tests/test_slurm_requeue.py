@@ -17,8 +17,6 @@ import pytest
 from conftest import HERE, HPCKIT, STEADY, final_params, manifest, metrics_lines, mpiexec
 from slurm_jobs import SLOW_START, minimal_script, output_of, sbatch, wait, wait_for_reports
 
-# Its tests load both cores themselves (cpu_burner) or time an ending: nothing runs beside them.
-pytestmark = pytest.mark.alone
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +26,7 @@ def three_rank_reference(tmp_path_factory) -> list[float]:
                                 timeout=120).output)
 
 
+@pytest.mark.alone  # it loads both cores itself
 def test_a_plain_user_script_requeued_mid_run_ends_as_an_uninterrupted_run(
         tmp_path, slurm, cpu_burner, three_rank_reference):
     # Three tasks (odd, and not the two of the other requeue tests); two added 45 s and no
@@ -47,6 +46,7 @@ def test_a_plain_user_script_requeued_mid_run_ends_as_an_uninterrupted_run(
     assert [a["status"] for a in manifest(experiment)["attempts"]][-1] == "finished"
 
 
+@pytest.mark.alone  # it loads both cores itself
 def test_the_stop_signal_during_start_up_is_kept_and_the_job_requeues_and_completes(
         tmp_path, slurm, cpu_burner, steady_reference):
     marker = tmp_path / "starting"
@@ -64,6 +64,7 @@ def test_the_stop_signal_during_start_up_is_kept_and_the_job_requeues_and_comple
     assert final_params(output_of(tmp_path)) == steady_reference
 
 
+@pytest.mark.alone  # it loads both cores itself and times the ending
 def test_a_rank_that_dies_during_start_up_ends_the_others_within_a_minute(
         tmp_path, slurm, cpu_burner):
     started = time.monotonic()
@@ -118,6 +119,7 @@ def test_preemption_requeues_count_apart_from_failures_and_stop_at_max_preemptio
     assert "not requeued: FailureConfig(max_preemption_failures=1)" in attempts[-1]["error"]
 
 
+@pytest.mark.alone  # the job must stop within Slurm's grace time
 def test_slurm_preemption_sigterm_stops_at_the_next_report_and_requeues_within_the_grace_time(
         tmp_path, slurm):
     # The job takes the whole node; an "urgent" job preempts it. Slurm sends SIGTERM and sets

@@ -15,8 +15,6 @@ from pathlib import Path
 import pytest
 from conftest import HERE, HPCKIT, MPIEXEC, manifest, metrics_lines, run
 
-# Ctrl-C's ending is timed against the grace period: nothing runs beside these tests.
-pytestmark = pytest.mark.alone
 
 NEWCOMER = HERE / "ranks" / "newcomer.py"
 # What a shell reports for a process ended by Ctrl-C: 130 from an exit status, or death by
@@ -126,6 +124,7 @@ def test_process_exit_status_is_130_after_ctrl_c(tmp_path):
     assert [a["status"] for a in manifest(tmp_path / "cli")["attempts"]] == ["interrupted"]
 
 
+@pytest.mark.alone  # it times the ending against the grace period
 def test_a_second_ctrl_c_ends_at_once(tmp_path):
     """Rank 1 waits inside MPI (a collective of the user's), rank 0 inside report() for it.
     Ctrl-C reaches rank 0 there, which records the attempt and gives rank 1 the grace period

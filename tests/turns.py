@@ -52,6 +52,13 @@ def _turn(item: pytest.Item) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The ``alone`` tests last: each waits for the other worker's test to end and holds the
+    other worker up while it runs, so they run one after another at the end, while the rest
+    run two at a time before them."""
+    items.sort(key=lambda item: item.get_closest_marker("alone") is not None)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     with _turn(item):

@@ -2,7 +2,7 @@
 the first run: each rank leaves a marker and, before importing torch, waits until the stop
 signal the test sends has arrived, so that it arrives while the ranks are still starting.
 ``DIE_RANK`` makes that rank exit during start-up instead, once the others are in ``fit()``
-(they have registered their PIDs)."""
+(they have registered their PIDs) and their start-up watchdogs have looked at it."""
 
 import os
 import sys
@@ -10,6 +10,7 @@ import time
 
 import hpckit  # noqa: F401  (first: from here on the stop signal is caught)
 from hpckit.run.ending import stop
+from hpckit.run.startup.watchdog import POLL
 
 LIMIT_S = 60  # the test fails on its own timeouts long before this
 
@@ -33,6 +34,9 @@ if os.environ.get("DIE_RANK") is not None:
     if os.environ["DIE_RANK"] == os.environ["SLURM_PROCID"]:
         others = int(os.environ["SLURM_NTASKS"]) - 1
         wait_until(lambda: len(os.listdir(pids)) >= others, "the other ranks' start")
+        # Their start-up watchdogs look at the node's ranks every POLL seconds: dying once
+        # they have looked, it is named (a rank that died before any look is "rank ?").
+        time.sleep(2 * POLL)
         sys.exit("rank died during start-up (injected by the test)")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
