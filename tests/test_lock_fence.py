@@ -301,7 +301,7 @@ def frozen_run_is_fenced(view: LocalView, log: Path, reference: list[str]) -> No
     assert a.returncode == EXIT_TAKEN, f"run A exited {a.returncode}:\n{output}"
     # One error, raised on every rank at A's next report, naming run B (from the manifest:
     # B ended and removed its lock before A woke).
-    raised = re.findall(r"\[(\d)\] RAISED (\w+): ([^\n]*)", output)
+    raised = re.findall(r"\[(\d)\] RAISED (\w+): (.*?)(?=\[\d\] |$)", output, re.MULTILINE)
     assert {rank for rank, _, _ in raised} == {"0", "1"}, output
     assert {name for _, name, _ in raised} == {"ExperimentTakenError"}, output
     assert output.count("hpckit: error:") == 1, output

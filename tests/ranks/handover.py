@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 
@@ -94,7 +95,8 @@ def failing(parent: str) -> None:
     try:
         hpckit.report({"n": 1})
     except hpckit.CommitError as exc:
-        print(f"RAISED rank={ctx.get_world_rank()} {str(exc).splitlines()[0]}", flush=True)
+        sys.stdout.write(f"RAISED rank={ctx.get_world_rank()} {str(exc).splitlines()[0]}\n")
+        sys.stdout.flush()
         raise
 
 

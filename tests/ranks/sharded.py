@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import socket
+import sys
 import tempfile
 import time
 
@@ -199,7 +200,10 @@ def main() -> None:
     try:
         trainer.fit()
     except hpckit.HpckitError as exc:  # each rank says that its fit() raised (rank 0 prints it)
-        print(f"RAISED {type(exc).__name__}: {str(exc).splitlines()[0]}", flush=True)
+        # One write, newline included: unbuffered, print() writes the newline apart, and the
+        # other rank's line can land between the two.
+        sys.stdout.write(f"RAISED {type(exc).__name__}: {str(exc).splitlines()[0]}\n")
+        sys.stdout.flush()
         raise
 
 
