@@ -8,6 +8,7 @@ result of an uninterrupted run. The figures go to the session summary (docs/reli
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -16,27 +17,30 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 import reliability
 from conftest import HERE, MPIEXEC, Run, mpiexec
 
-from hpckit.faults import PHASES
 from hpckit.experiment.manifest import checkpoint_dirname
 from hpckit.experiment.reading import read_manifest
+from hpckit.faults import PHASES
 from hpckit.storage import files as _storage
 from hpckit.storage.location import resolve
 
 SHARDED = HERE / "ranks" / "sharded.py"
 RANKS = 3
-# Kills a chain: 12 in CI (every rank killed alone, and the whole job every fourth trial, at
-# each occurrence the phase cycles through); HPCKIT_KILL_TRIALS=20 for the longer chains
-# that docs/reliability.md's table counts.
-TRIALS = int(os.environ.get("HPCKIT_KILL_TRIALS", "12"))
-# On S3 each asynchronous phase is killed half as often: the same code paths as on local
-# storage, and S3 makes every trial slower; the synchronous phases share one chain there.
-S3_ASYNC_TRIALS = TRIALS // 2
+# A phase's chain kills each victim (every rank that reaches the phase, and the whole job) at
+# each occurrence the phase is killed at, once: the pairs, not a count. HPCKIT_KILL_TRIALS=20
+# repeats them into chains of at least that many, the longer chains that docs/reliability.md's
+# table counts.
+TRIALS = int(os.environ.get("HPCKIT_KILL_TRIALS", "0"))
+RANDOM_TRIALS = max(12, TRIALS)
+# On S3 each asynchronous phase is killed at most 6 times, each synchronous phase twice: the
+# same code paths as on local storage, and S3 makes every trial slower.
+S3_ASYNC_TRIALS = max(6, TRIALS // 2)
 S3_TRIALS_A_PHASE = max(2, TRIALS // 5)
 PHASE_EPOCHS = 48
 RANDOM_EPOCHS = 400  # 20 trials at most, each a few to 15 epochs further on: the last still has work to kill
@@ -65,14 +69,38 @@ TRAINING = {"committing": ("--epoch-seconds", "0.25"),
             "validating": ("--validate", "--epoch-seconds", "0.4")}
 
 
-def mode_for(phase: str, trial: int) -> str:
+@dataclass(frozen=True)
+class Kill:
+    """One trial of a chain: who dies (a rank, or ``None`` for the whole job), at which time it
+    reaches the phase, and how the checkpoints are written."""
+
+    rank: int | None
+    occurrence: int
+    mode: str
+
+
+def modes_for(phase: str) -> tuple[str, ...]:
     """The asynchronous phases alternate between handed directories and in-place writes
     (which hand nothing over, so never meet ``handed``)."""
     if phase in SAVE_STATE:
-        return "save-state"
+        return ("save-state",)
     if phase not in ASYNC:
-        return "sync"
-    return "async" if phase == "handed" or trial % 2 == 0 else "in-place-async"
+        return ("sync",)
+    return ("async",) if phase == "handed" else ("async", "in-place-async")
+
+
+def kills(phase: str, at_least: int = TRIALS) -> list[Kill]:
+    """Every victim at every occurrence once, repeated to ``at_least`` trials. Diagonals
+    first, so that the first trials already differ in victim and occurrence; the mode turns with
+    victim and occurrence, so each of them meets every mode."""
+    victims: list[int | None] = [0] if phase in ROOT_ONLY else list(range(RANKS))
+    victims.append(None)
+    times = OCCURRENCES[phase]
+    modes = modes_for(phase)
+    pairs = sorted(itertools.product(range(len(victims)), range(len(times))),
+                   key=lambda vt: ((vt[1] - vt[0]) % len(times), vt[0]))
+    plan = [Kill(victims[v], times[t], modes[(v + t) % len(modes)]) for v, t in pairs]
+    return plan * -(-max(at_least, len(plan)) // len(plan))
 
 
 def args(storage: Path | str, epochs: int, mode: str = "sync") -> list[str]:
@@ -159,43 +187,35 @@ def check_started_before_a_random_kill(run: Run, before: reliability.State,
             f"the ranks were ready, yet the manifest records no attempt of the run: {after}"
 
 
-def occurrence(phase: str, trial: int) -> int:
-    """The time the victim reaches ``phase`` in the run that it dies there."""
-    occurrences = OCCURRENCES[phase]
-    return occurrences[trial % len(occurrences)]
+def fault_for(phase: str, kill: Kill) -> tuple[str, str]:
+    """The fault's spec, and who it kills."""
+    rank = 0 if kill.rank is None else kill.rank
+    spec = f"{phase}:{rank}:{kill.occurrence}" + (":all" if kill.rank is None else "")
+    return spec, "whole job" if kill.rank is None else f"rank {rank}"
 
 
-def fault_for(phase: str, trial: int) -> tuple[str, str]:
-    """Which rank dies, at which occurrence; every fourth trial takes the whole job down."""
-    whole = trial % 4 == 3
-    rank = 0 if whole or phase in ROOT_ONLY else trial % RANKS
-    spec = f"{phase}:{rank}:{occurrence(phase, trial)}" + (":all" if whole else "")
-    return spec, "whole job" if whole else f"rank {rank}"
-
-
-def in_flight_at(phase: str, trial: int, before: reliability.State,
+def in_flight_at(phase: str, occurrence: int, before: reliability.State,
                  after: reliability.State) -> str:
     """The checkpoint that an asynchronous or save_state kill at the N-th occurrence caught in
     flight: the run's N-th, where each checkpoint meets the phase once (on each rank). A
     checkpoint meets ``background`` once a file, so there the N-th is the newest it can be;
     only commits made off the collective meet ``committing``, so there it is the oldest, and
     rank 0 commits in order: the caught one is the oldest leftover from the N-th on."""
-    nth = checkpoint_dirname(before.next_index + occurrence(phase, trial) - 1)
+    nth = checkpoint_dirname(before.next_index + occurrence - 1)
     if phase == "committing":
         return min((name for name in after.leftovers if name >= nth), default=nth)
     return nth
 
 
-def kill_trial(storage: str, experiment: str, phase: str, trial: int, state: reliability.State,
-               suite: str, mode: str | None = None) -> reliability.State:
+def kill_trial(storage: str, experiment: str, phase: str, kill: Kill, state: reliability.State,
+               suite: str) -> reliability.State:
     """One run killed at ``phase``; checks what it left and that it resumed right."""
-    spec, victim = fault_for(phase, trial)
-    mode = mode or mode_for(phase, trial)
-    run = mpiexec(RANKS, *args(storage, PHASE_EPOCHS, mode), *TRAINING.get(phase, ()),
+    spec, victim = fault_for(phase, kill)
+    run = mpiexec(RANKS, *args(storage, PHASE_EPOCHS, kill.mode), *TRAINING.get(phase, ()),
                   script=SHARDED, expect=None,
                   env={**QUICK, "HPCKIT_FAULT": spec}, timeout=90)
     assert run.returncode != 0 and run.line("FINAL") is None, \
-        f"trial {trial}: fault {spec} never fired:\n{run.output}"
+        f"{kill}: fault {spec} never fired:\n{run.output}"
     check_resumed(run, state)  # every hook is reached in training, after both lines
     after = reliability.check_experiment(experiment, state)
     in_flight = max(after.leftovers + after.committed, default=None)
@@ -206,18 +226,18 @@ def kill_trial(storage: str, experiment: str, phase: str, trial: int, state: rel
     elif phase in ASYNC + SAVE_STATE:
         # The checkpoint in flight may have reached only staging, not its directory: which
         # one it is follows from the occurrence.
-        caught = in_flight_at(phase, trial, state, after)
+        caught = in_flight_at(phase, kill.occurrence, state, after)
         kept = after.latest is not None and after.latest >= caught
-        outcome = f"in-flight checkpoint {'kept' if kept else 'discarded'} ({mode})"
+        outcome = f"in-flight checkpoint {'kept' if kept else 'discarded'} ({kill.mode})"
         assert not kept, \
-            f"trial {trial} ({spec}): {caught}, killed before its commit, is visible: {after}"
+            f"{kill} ({spec}): {caught}, killed before its commit, is visible: {after}"
     elif phase in BEFORE_COMMIT:
         assert in_flight is not None and in_flight not in after.committed, \
-            f"trial {trial} ({spec}): a checkpoint killed before its commit is visible: {after}"
+            f"{kill} ({spec}): a checkpoint killed before its commit is visible: {after}"
         outcome = "in-flight checkpoint discarded"
     else:
         assert in_flight == after.latest and after.latest != state.latest, \
-            f"trial {trial} ({spec}): the manifest was replaced but {after} lacks it"
+            f"{kill} ({spec}): the manifest was replaced but {after} lacks it"
         outcome = "in-flight checkpoint kept"
     reliability.record(suite, phase, outcome, victim=victim, lost=after.lost_since(state))
     return after
@@ -239,10 +259,10 @@ def finish_chain(storage: str, experiment: str, state: reliability.State, refere
 @pytest.mark.parametrize("phase", STORAGE_PHASES)
 def test_sigkill_at_each_commit_phase_loses_nothing(phase, tmp_path, reference):
     state = reliability.State(None, [])
-    for trial in range(TRIALS):
-        state = kill_trial(str(tmp_path), str(tmp_path / "exp"), phase, trial, state,
+    for kill in kills(phase):
+        state = kill_trial(str(tmp_path), str(tmp_path / "exp"), phase, kill, state,
                            "SIGKILL at a hook")
-    finish_chain(str(tmp_path), str(tmp_path / "exp"), state, reference, mode_for(phase, 0),
+    finish_chain(str(tmp_path), str(tmp_path / "exp"), state, reference, modes_for(phase)[0],
                  TRAINING.get(phase, ()) if phase in VALIDATING else ())
     if phase in VALIDATING:  # every kept checkpoint that asked for it ends validated, once
         kept = read_manifest(resolve(str(tmp_path / "exp"))).checkpoints
@@ -256,9 +276,10 @@ def test_sigkill_at_every_phase_on_s3_loses_nothing(s3, tmp_path, reference):
     experiment = storage.replace("?", "/exp?", 1)
     synchronous = [p for p in STORAGE_PHASES if p not in ASYNC + SAVE_STATE + VALIDATING]
     state = reliability.State(None, [])
-    for trial in range(S3_TRIALS_A_PHASE * len(synchronous)):
-        state = kill_trial(storage, experiment, synchronous[trial % len(synchronous)],
-                           trial // len(synchronous), state, "SIGKILL at a hook, on S3")
+    chain = [(phase, kill) for n in range(S3_TRIALS_A_PHASE) for phase in synchronous
+             for kill in kills(phase, S3_TRIALS_A_PHASE)[n:n + 1]]
+    for phase, kill in chain:
+        state = kill_trial(storage, experiment, phase, kill, state, "SIGKILL at a hook, on S3")
     finish_chain(storage, experiment, state, reference)
 
 
@@ -268,8 +289,8 @@ def test_sigkill_in_asynchronous_checkpoints_on_s3_loses_nothing(phase, s3, tmp_
     storage = s3.uri(f"kill-{phase}-{tmp_path.name}")
     experiment = storage.replace("?", "/exp?", 1)
     state = reliability.State(None, [])
-    for trial in range(S3_ASYNC_TRIALS):
-        state = kill_trial(storage, experiment, phase, trial, state,
+    for kill in kills(phase, S3_ASYNC_TRIALS)[:S3_ASYNC_TRIALS]:
+        state = kill_trial(storage, experiment, phase, kill, state,
                            "SIGKILL at a hook, asynchronous, on S3")
     finish_chain(storage, experiment, state, reference, "in-place-async")
 
@@ -278,9 +299,11 @@ def test_sigkill_in_uploaded_checkpoints_loses_nothing(tmp_path, reference):
     """Kills while the ranks' own checkpoint_upload_fn uploads run, meet and are hashed in the
     background, and while rank 0 commits them."""
     state = reliability.State(None, [])
-    for trial in range(UPLOAD_TRIALS):
-        state = kill_trial(str(tmp_path), str(tmp_path / "exp"), UPLOADS[trial % len(UPLOADS)],
-                           trial, state, "SIGKILL at a hook, checkpoint_upload_fn", "upload-async")
+    chain = [(phase, replace(kill, mode="upload-async")) for n in range(UPLOAD_TRIALS // len(UPLOADS))
+             for phase in UPLOADS for kill in kills(phase)[n:n + 1]]
+    for phase, kill in chain:
+        state = kill_trial(str(tmp_path), str(tmp_path / "exp"), phase, kill, state,
+                           "SIGKILL at a hook, checkpoint_upload_fn")
     finish_chain(str(tmp_path), str(tmp_path / "exp"), state, reference, "upload-async")
 
 
@@ -291,7 +314,7 @@ def test_sigkill_at_random_times_loses_nothing(tmp_path, reference):
     state = reliability.State(None, [])
     command = [MPIEXEC, "-prepend-rank", "-n", str(RANKS), sys.executable, str(SHARDED),
                *args(tmp_path, RANDOM_EPOCHS), "--epoch-seconds", "0.005"]
-    for trial in range(TRIALS):
+    for trial in range(RANDOM_TRIALS):
         pids = tmp_path / f"pids-{trial}"
         pids.mkdir()
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
