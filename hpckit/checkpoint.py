@@ -144,14 +144,26 @@ class Checkpoint:
     def _wait_until_written(self) -> None:
         """Wait for the save this checkpoint was returned by, and for every save still
         writing into its directory, however the checkpoint object was made."""
+        waits: list[Callable[[], Any]] = []
         wait = getattr(self, "_wait", None)
         if wait is not None:
-            wait()
+            waits.append(wait)
         if self._location.is_local:
             with _writes_lock:
-                waits = _writes.pop(os.path.realpath(self._location.path), [])
-            for _, pending in waits:
+                waits += [pending for _, pending in
+                          _writes.pop(os.path.realpath(self._location.path), [])]
+        errors: list[Exception] = []
+        for pending in waits:  # every one, so that none is left writing, and none unheard
+            try:
                 pending()
+            except Exception as exc:  # noqa: BLE001  (collected, raised together below)
+                errors.append(exc)
+        if len(errors) > 1:
+            raise CheckpointError(
+                f"{len(errors)} writes into checkpoint {self.uri} failed: "
+                + "; ".join(str(error) for error in errors)) from errors[0]
+        if errors:
+            raise errors[0]
 
     def _require_dir(self) -> None:
         kind = files.file_type(self._location)

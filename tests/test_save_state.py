@@ -3,6 +3,7 @@ a copy into staging memory. The kill harness (test_kill.py) kills ranks at its p
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 
@@ -133,3 +134,41 @@ def test_in_a_shared_directory_a_file_still_being_saved_is_hashed_by_its_own_ran
     record = next(r for r in own.records if r.path == "a.pt")
     assert record.checksum == checksum_of(b"the whole file, once rank 1's save is done")
     assert unrecorded(per_rank) == []
+
+
+def in_the_way(name: str) -> None:
+    """A file where a save of ``name/...`` needs a directory: that save's write fails."""
+    directory = hpckit.get_context().get_checkpoint_dir()
+    os.makedirs(directory, exist_ok=True)
+    open(os.path.join(directory, name), "w").close()
+
+
+def saved_again_before_a_report(config: dict) -> None:
+    in_the_way("blocked")
+    save_state({"x": torch.zeros(1)}, "blocked/s.pt")  # fails in the background
+    save_state({"x": torch.ones(1)}, "blocked/s.pt")
+
+
+def test_a_failed_write_that_no_report_took_fails_the_next_save_of_the_file(tmp_path):
+    with pytest.raises(hpckit.TrainingFailedError) as raised:
+        TorchTrainer(saved_again_before_a_report,
+                     run_config=RunConfig(name="e", storage_path=str(tmp_path))).fit()
+    message = str(raised.value)
+    assert "save_state could not write" in message and "blocked/s.pt" in message, message
+    assert "no report() took that checkpoint" in message, message
+
+
+def two_saves_fail(config: dict) -> None:
+    in_the_way("one")
+    in_the_way("two")
+    save_state({"x": torch.zeros(1)}, "one/s.pt")
+    checkpoint = save_state({"x": torch.zeros(1)}, "two/s.pt")
+    hpckit.report({"i": 0}, checkpoint=checkpoint)
+
+
+def test_report_tells_every_failed_write_of_its_checkpoint(tmp_path):
+    with pytest.raises(hpckit.TrainingFailedError) as raised:
+        TorchTrainer(two_saves_fail, run_config=RunConfig(name="e", storage_path=str(tmp_path))).fit()
+    message = str(raised.value)
+    assert "2 writes into checkpoint" in message, message
+    assert "one/s.pt" in message and "two/s.pt" in message, message

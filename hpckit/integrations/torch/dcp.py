@@ -17,13 +17,14 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from hpckit.checkpoint import Checkpoint
 from hpckit.errors import CheckpointError
+from hpckit.integrations.torch.pending import PendingWrite
 from hpckit.run.session.session import get_checkpoint, get_context
 
 __all__ = ["load_state_dcp", "save_state_dcp"]
 
 _cpu_group: Any = None
 _pinned_stager: DefaultStager | None = None
-_previous: Any = None  # the last asynchronous save's completion
+_previous: PendingWrite | None = None  # the last asynchronous save's write
 
 
 def save_state_dcp(state_dict: dict[str, Any], *, async_: bool = False,
@@ -35,21 +36,27 @@ def save_state_dcp(state_dict: dict[str, Any], *, async_: bool = False,
     this returns, so training may change it at once; the files are written by DCP's thread,
     and ``report(..., checkpoint_upload_mode="async")`` waits for them in the background.
     """
-    directory = get_context().get_checkpoint_dir()
+    context = get_context()
+    directory = context.get_checkpoint_dir()
     checkpoint = Checkpoint.from_directory(directory)
+    global _previous
+    if _previous is not None:
+        # Two saves at once would interleave their collectives on one group; an error that no
+        # report took is this save's to raise.
+        _previous.raise_untold(context, "the next save_state_dcp")
     if not async_:
         dcp.save(state_dict, checkpoint_id=directory, process_group=process_group)
         return checkpoint
-    global _previous
-    if _previous is not None:
-        # Two saves at once would interleave their collectives on one group. Its outcome is
-        # report()'s to raise; an earlier attempt's failure must not end this one.
-        futures.wait([_previous])
     group = process_group if process_group is not None else _group_for_async()
     saving = dcp.async_save(state_dict, checkpoint_id=directory, process_group=group,
                             async_stager=_stager(state_dict))
-    _previous = getattr(saving, "upload_completion", saving)
-    return checkpoint._written_when(_previous.result)
+    rank = context.get_world_rank()
+    written = saving if isinstance(saving, futures.Future) else saving.upload_completion
+    _previous = PendingWrite(written, context,
+                             lambda exc: CheckpointError(
+                                 f"rank {rank}: save_state_dcp could not write {directory}: "
+                                 f"{exc}"))
+    return checkpoint._written_when(_previous.outcome)
 
 
 def load_state_dcp(state_dict: dict[str, Any], checkpoint: Checkpoint | None = None, *,

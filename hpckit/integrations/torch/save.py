@@ -18,8 +18,7 @@ from __future__ import annotations
 import copy
 import os
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as wait_for
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -28,6 +27,7 @@ from hpckit import faults
 from hpckit.checkpoint import Checkpoint, writing_into
 from hpckit.errors import CheckpointError
 from hpckit.experiment.manifest import is_safe_relpath
+from hpckit.integrations.torch.pending import PendingWrite
 from hpckit.processes import background_thread
 from hpckit.run.session.session import get_context
 
@@ -56,12 +56,14 @@ def save_state(obj: Any, filename: str = "state.pt") -> Checkpoint:
     rank, directory = context.get_world_rank(), context.get_checkpoint_dir()
     path = os.path.join(directory, filename)
     staging = _staging_for(filename)
-    staging.wait_until_free()
+    staging.wait_until_free(context, filename)
     snapshot = staging.copy_of(obj)
     faults.reached("staging", rank)
-    written = _background().submit(_write, snapshot, staging.copied, path, rank)
+    written = PendingWrite(_background().submit(_write, snapshot, staging.copied, path, rank),
+                           context, lambda exc: CheckpointError(
+                               f"rank {rank}: save_state could not write {path}: {exc}"))
     staging.in_use = written
-    writing_into(directory, filename, lambda: _result(written, path, rank))
+    writing_into(directory, filename, written.outcome)
     return Checkpoint.from_directory(directory)
 
 
@@ -70,13 +72,14 @@ class Staging:
 
     def __init__(self) -> None:
         self.buffers: dict[tuple[Any, ...], torch.Tensor] = {}
-        self.in_use: Future[None] | None = None
+        self.in_use: PendingWrite | None = None
         self.copied: torch.cuda.Event | None = None
 
-    def wait_until_free(self) -> None:
-        """The previous save of this file has been written (its outcome is report()'s)."""
+    def wait_until_free(self, attempt: object, filename: str) -> None:
+        """The previous save of this file has been written; its error is report()'s, or,
+        where no report took it, this save's."""
         if self.in_use is not None:
-            wait_for([self.in_use])
+            self.in_use.raise_untold(attempt, f"the next save_state of {filename}")
 
     def copy_of(self, obj: Any) -> Any:
         self.copied = None
@@ -127,13 +130,6 @@ def _write(snapshot: Any, copied: torch.cuda.Event | None, path: str, rank: int)
     with open(path, "wb") as f:
         torch.save(snapshot, f)
     faults.reached("serialising", rank)
-
-
-def _result(written: Future[None], path: str, rank: int) -> None:
-    try:
-        written.result()
-    except Exception as exc:
-        raise CheckpointError(f"rank {rank}: save_state could not write {path}: {exc}") from exc
 
 
 def _staging_for(filename: str) -> Staging:
