@@ -4,10 +4,13 @@ The ledger notes each report as it is recorded (inside rank 0's commit step); th
 made once the step is over, so a slow or failing callback cannot leave a commit half told.
 A callback that raises is reported at the next ``report()`` (or at the end of the training
 function) as a ``ControllerError`` on every rank, as Ray reports its controller's failures.
+Reports are noted by rank 0's main thread (a synchronous commit) and by its commit thread (a
+background one) while the main thread takes the due calls: one lock guards what is noted.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from hpckit.checkpoint import Checkpoint
@@ -25,6 +28,7 @@ class Callbacks:
         self.error: BaseException | None = None
         self._heard: dict[int, list[dict[str, Any]]] = {}
         self._due: list[tuple[list[dict[str, Any]], Checkpoint | None]] = []
+        self._noting = threading.Lock()
 
     def __bool__(self) -> bool:
         return bool(self.callbacks)
@@ -32,17 +36,20 @@ class Callbacks:
     def heard(self, step: int, metrics: list[dict[str, Any]]) -> None:
         """Every rank's metrics of the report at ``step`` (rank 0, when it plans it)."""
         if self.callbacks:
-            self._heard[step] = metrics
+            with self._noting:
+                self._heard[step] = metrics
 
     def recorded(self, step: int, checkpoint: Checkpoint | None) -> None:
         """The report at ``step`` is in the metrics log (and its checkpoint committed)."""
-        metrics = self._heard.pop(step, None)
-        if metrics is not None:
-            self._due.append((metrics, checkpoint))
+        with self._noting:
+            metrics = self._heard.pop(step, None)
+            if metrics is not None:
+                self._due.append((metrics, checkpoint))
 
     def call_due(self) -> None:
         """Rank 0, after a collective step: ``after_report`` for each report recorded in it."""
-        due, self._due = self._due, []
+        with self._noting:
+            due, self._due = self._due, []
         for metrics, checkpoint in due:
             for callback in self.callbacks:
                 if self.error is not None:
