@@ -7,11 +7,12 @@ is in test_async.py, kills while it runs in test_kill.py."""
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import threading
 
 import pytest
-from conftest import HERE, mpiexec
+from conftest import HERE, mpiexec, run
 
 import hpckit
 from hpckit import Checkpoint, DataParallelTrainer, RunConfig
@@ -205,3 +206,34 @@ def test_a_plan_takes_a_name_for_an_upload_and_refuses_uploads_mixed_with_other_
         make_plan([announce(True), announce(False)], 0, 4)
     with pytest.raises(CheckpointError, match="rank\\(s\\) 1 handed"):
         make_plan([announce(True), announce(False, files=[("a", 1)])], 0, 4)
+
+
+HANDS_ITS_CWD = """
+import sys
+import hpckit
+from hpckit import Checkpoint, DataParallelTrainer, RunConfig
+
+def train(config):
+    for step in range(2):  # "." is this process's working directory: the user's project
+        hpckit.report({"step": step}, checkpoint=Checkpoint.from_directory("."),
+                      checkpoint_upload_mode="async")
+
+DataParallelTrainer(train, run_config=RunConfig(name="e", storage_path=sys.argv[1])).fit()
+"""
+
+
+def test_a_directory_that_holds_the_working_directory_is_never_deleted(tmp_path):
+    """An ASYNC report deletes the directory it was handed once persisted (Ray's
+    delete_local_checkpoint_after_upload), but not ``Checkpoint.from_directory(".")``: that
+    would take the user's working tree with it. Run in a directory of its own, never here."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text(HANDS_ITS_CWD)
+    (project / "notes.txt").write_text("keep me")
+    done = run([sys.executable, "train.py", str(tmp_path / "storage")], timeout=120,
+               cwd=project)
+    assert (project / "notes.txt").read_text() == "keep me", done.output
+    assert (project / "train.py").exists()
+    assert "which holds the current directory; it is not deleted" in done.output, done.output
+    kept = tmp_path / "storage" / "e" / "checkpoint_000001" / "notes.txt"
+    assert kept.read_text() == "keep me", done.output  # persisted all the same

@@ -25,6 +25,7 @@ from hpckit.checkpoint import Checkpoint, written_later
 from hpckit.config import CheckpointUploadMode
 from hpckit.errors import CheckpointError
 from hpckit.experiment.manifest import STAGING_NAME
+from hpckit.logs import log
 from hpckit.run.writing.shares import list_source, local_source
 from hpckit.run.writing.uploads import check_returned
 from hpckit.storage.location import Location
@@ -83,7 +84,8 @@ def hand_in(checkpoint: Checkpoint, upload: Upload, rank: int, pending: str,
     checkpoint._wait_until_written()
     # Files inside the experiment (a committed checkpoint handed again) are never hpckit's to
     # move or delete.
-    owned = upload.delete_local and not (experiment.is_local and inside(source, experiment.path))
+    owned = upload.delete_local and not (
+        experiment.is_local and inside(source, experiment.path)) and deletable(source, rank)
     return Handed(checkpoint, source, list_source(source, rank), owned=owned)
 
 
@@ -97,7 +99,8 @@ def _for_upload(checkpoint: Checkpoint, upload: Upload, rank: int, experiment: L
                               "hpckit.Checkpoint, which checkpoint_upload_fn is then given.")
     local = checkpoint._location.is_local
     owned = upload.delete_local and local and not (
-        experiment.is_local and inside(checkpoint.path, experiment.path))
+        experiment.is_local and inside(checkpoint.path, experiment.path)) and deletable(
+            checkpoint.path, rank)
     return Handed(checkpoint, in_place=True, owned=owned, upload_fn=upload.upload_fn)
 
 
@@ -126,6 +129,19 @@ def release(handed: Handed, shared_in_place: bool) -> None:
         return
     if handed.owned or handed.in_place:
         shutil.rmtree(handed.source, ignore_errors=True)
+
+
+def deletable(directory: str, rank: int) -> bool:
+    """Whether hpckit may delete a handed directory as ``delete_local`` says (Ray's default
+    for ASYNC): never one that holds the current directory, where ``Checkpoint.from_directory
+    (".")`` would take the user's working tree (their code, a git repository) with it."""
+    if not inside(os.getcwd(), directory):
+        return True
+    log.warning("rank %d: report() was handed %s, which holds the current directory; it is "
+                "not deleted after the checkpoint is persisted (delete_local_checkpoint_after_"
+                "upload): hand a directory of its own, such as tempfile.mkdtemp()", rank,
+                directory)
+    return False
 
 
 def inside(path: str, directory: str) -> bool:
