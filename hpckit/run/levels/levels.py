@@ -18,7 +18,15 @@ from hpckit.experiment.experiment import Experiment
 from hpckit.experiment.manifest import CACHE, STORAGE, CheckpointRecord, is_checkpoint_dirname
 from hpckit.logs import log
 from hpckit.run.levels.cache import OWN, PARTNER, RESTORE, NodeCache, Nodes
-from hpckit.run.mpi.comm import all_reduce, captured, everywhere, for_background, on_root
+from hpckit.run.mpi.comm import (
+    all_reduce,
+    captured,
+    everywhere,
+    for_background,
+    free_background,
+    on_root,
+    retire_background,
+)
 from hpckit.run.mpi.transfer import Receive, Received, Send, exchange
 from hpckit.run.writing.inflight import InFlight, done_now
 from hpckit.run.writing.plan import Persisted, Plan, in_background
@@ -113,13 +121,16 @@ class Levels:
         return received
 
     def abandon(self) -> None:
-        """The attempt ends: a partner copy still under way stops (its peers may be gone)."""
+        """The attempt ends: a partner copy still under way stops (its peers may be gone),
+        and a communicator not released is retired."""
+        if self._copies is not None and not self._abandon.is_set():
+            retire_background(self._copies)  # kept here: a copy under way may still use it
         self._abandon.set()
 
     def release(self) -> None:
         """Collective, after the last partner copy of an attempt that ended well."""
-        if self._copies is not None:
-            self._copies.Free()
+        if self._copies is not None and not self._abandon.is_set():
+            free_background(self._copies)
             self._copies = None
 
     def persist_latest(self, experiment: Experiment | None, why: str) -> None:

@@ -223,9 +223,42 @@ def everywhere(comm: Any, fn: Callable[[], T], what: str,
     return [v for v, _ in outcomes]
 
 
+# Background duplicates of attempts that ended badly: their messages may be half exchanged, so
+# they are never used again; freeing is collective, so the next attempt's first for_background
+# frees them (a sweep's group retried in-process: every rank of it is there). A job whose peer
+# died frees none: it ends.
+_retired: list[Any] = []
+_live = 0  # duplicates made and not yet freed, retired ones included
+
+
 def for_background(comm: Any) -> Any:
     """A duplicate of ``comm`` for a background thread's messages (collective: every rank
-    calls it at the same point); None when MPI cannot serve two threads at once."""
+    calls it at the same point); None when MPI cannot serve two threads at once. The
+    duplicates that earlier attempts retired are freed first."""
     from mpi4py import MPI
 
-    return comm.Dup() if MPI.Query_thread() == MPI.THREAD_MULTIPLE else None
+    global _live
+    while _retired:
+        _retired.pop().Free()
+        _live -= 1
+    if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+        return None
+    _live += 1
+    return comm.Dup()
+
+
+def free_background(duplicate: Any) -> None:
+    """Collective, after the last message of an attempt that ended well."""
+    global _live
+    duplicate.Free()
+    _live -= 1
+
+
+def retire_background(duplicate: Any) -> None:
+    """An attempt that ended badly: its duplicate is freed at the next attempt's start."""
+    _retired.append(duplicate)
+
+
+def live_backgrounds() -> int:
+    """Background duplicates this process holds (retired ones included)."""
+    return _live

@@ -19,7 +19,7 @@ from typing import Any
 
 from hpckit.checkpoint import Checkpoint
 from hpckit.errors import CheckpointError
-from hpckit.run.mpi.comm import for_background
+from hpckit.run.mpi.comm import for_background, free_background, retire_background
 from hpckit.run.mpi.waiting import wait_for_all
 from hpckit.storage.location import Location
 
@@ -91,11 +91,14 @@ class Meeting:
                 "afresh")
 
     def abandon(self) -> None:
-        """The attempt ends: a background wait still under way stops (its peers may be gone)."""
+        """The attempt ends: a background wait still under way stops (its peers may be gone),
+        and a communicator not released is retired."""
+        if self._own is not None and not self._abandon.is_set():
+            retire_background(self._own)  # kept here: a wait under way may still use it
         self._abandon.set()
 
     def release(self) -> None:
         """Collective, after the last upload of an attempt that ended well."""
-        if self._own is not None:
-            self._own.Free()
+        if self._own is not None and not self._abandon.is_set():
+            free_background(self._own)
             self._own = None
