@@ -338,3 +338,47 @@ def test_hpckit_run_never_restarts_a_run_whose_experiment_was_taken(tmp_path, st
     done = run([HPCKIT, "run", "-n", "1", "--max-failures", "1", str(script)], timeout=60,
                expect=status)
     assert (tmp_path / "started").read_text() == "x" * attempts, done.output
+
+
+TAKEN_MID_RUN = """
+import json, os, sys, time
+import hpckit
+from hpckit import DataParallelTrainer, FailureConfig, RunConfig, ScalingConfig
+
+def train(config):
+    ctx = hpckit.get_context()
+    if ctx.get_world_rank() == 0:
+        open(config["started"], "a").write("x")
+    hpckit.report({"n": 0})
+    if ctx.get_world_rank() == 0:  # another run takes the experiment's lock over
+        lock = os.path.join(ctx.get_experiment_path(), ".hpckit-lock.json")
+        with open(lock + ".theirs", "w") as f:
+            f.write(config["theirs"])
+        os.replace(lock + ".theirs", lock)  # whole, as a lock is written
+    hpckit.report({"n": 1})
+
+if __name__ == "__main__":
+    DataParallelTrainer(train, train_loop_config=json.loads(sys.argv[2]),
+                        scaling_config=ScalingConfig(num_workers=2),
+                        run_config=RunConfig(name="e", storage_path=sys.argv[1],
+                                             failure_config=FailureConfig(max_failures=2))).fit()
+"""
+
+
+def test_python_train_py_never_restarts_ranks_whose_experiment_was_taken(tmp_path):
+    """``python train.py`` starts its ranks itself and restarts them after a failure, as
+    FailureConfig allows; not after the ranks' experiment was taken: they exit 77, and so does
+    the program, with the error naming the other run, and the other run's lock stays."""
+    script = tmp_path / "train.py"
+    script.write_text(TAKEN_MID_RUN)
+    theirs = json.dumps({"token": "0" * 32, "host": "node-elsewhere", "pid": 1, "job_id": "77",
+                         "run_id": "run-B", "started_at": time.time(),
+                         "refreshed_at": time.time() + 3600})
+    config = {"started": str(tmp_path / "started"), "theirs": theirs}
+    done = run([sys.executable, str(script), str(tmp_path), json.dumps(config)], timeout=120,
+               expect=EXIT_TAKEN)
+    assert (tmp_path / "started").read_text() == "x", done.output  # one attempt
+    assert "was taken over by another run (host node-elsewhere" in done.output, done.output
+    assert (tmp_path / "e" / LOCK_NAME).read_text() == theirs
+    lines = (tmp_path / "e" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [0], lines  # nothing after

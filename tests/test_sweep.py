@@ -325,3 +325,93 @@ def test_ctrl_c_stops_every_trial_that_python_started_and_the_rerun_resumes_them
         assert [m["step"] for m in metrics_lines(experiment)] == [0, 1, 2], trial
         kept = before[trial["dirname"]]
         assert metrics_lines(experiment)[:len(kept)] == kept
+
+
+TAKEN_TRIAL = """
+import json, os, sys, time
+import hpckit
+from hpckit import tune
+
+THEIRS = sys.argv[2]
+
+def train(config):
+    tune.report({"score": config["x"]})
+    if config["x"] == 2:  # another process takes this trial's experiment over
+        lock = os.path.join(tune.get_context().get_experiment_path(), ".hpckit-lock.json")
+        with open(lock + ".theirs", "w") as f:
+            f.write(THEIRS)
+        os.replace(lock + ".theirs", lock)  # whole, as a lock is written
+    tune.report({"score": config["x"] + 1})
+
+grid = tune.Tuner(train, param_space={"x": tune.grid_search([1, 2, 3])},
+                  tune_config=tune.TuneConfig(metric="score", mode="max"),
+                  run_config=hpckit.RunConfig(
+                      name="sw", storage_path=sys.argv[1],
+                      failure_config=hpckit.FailureConfig(max_failures=2))).fit()
+print("GRID", grid.num_errors, grid.num_terminated, flush=True)
+"""
+
+
+def test_a_trial_whose_experiment_was_taken_errors_once_and_the_sweep_goes_on(tmp_path):
+    """FailureConfig retries a failed trial, but not one whose experiment another process
+    took over (exit status 77 for a run): that trial errors at once, its lock left to the
+    other, and the other trials run."""
+    script = tmp_path / "sweep.py"
+    script.write_text(TAKEN_TRIAL)
+    theirs = json.dumps({"token": "0" * 32, "host": "node-elsewhere", "pid": 1, "job_id": None,
+                         "run_id": "run-B", "started_at": time.time(),
+                         "refreshed_at": time.time() + 3600})
+    done = run([sys.executable, str(script), str(tmp_path), theirs], timeout=120)
+    assert done.line("GRID") == "1 2", done.output
+    taken = next((tmp_path / "sw").glob("trial_00001_*"))
+    assert len(manifest(taken)["attempts"]) == 1, done.output  # not retried
+    assert (taken / ".hpckit-lock.json").read_text() == theirs
+    assert "was taken over by another run (host node-elsewhere" in done.output, done.output
+
+
+RETRIED_GROUP = """
+import os, sys, tempfile
+import hpckit
+from hpckit import tune
+from hpckit.run.mpi.comm import live_backgrounds
+
+def upload(checkpoint, name):
+    ctx = tune.get_context()
+    if ctx.get_world_rank() == 1 and ctx.get_attempt() < 3:
+        raise OSError("the upload failed on purpose")
+    target = os.path.join(ctx.get_experiment_path(), name)
+    os.makedirs(target, exist_ok=True)
+    open(os.path.join(target, f"rank-{ctx.get_world_rank()}"), "w").write("x")
+    return hpckit.Checkpoint(target)
+
+def train(config):
+    for step in range(3):  # the failed upload is raised at the next report, on every rank
+        hpckit.report({"score": step},
+                      checkpoint=hpckit.Checkpoint.from_directory(tempfile.mkdtemp()),
+                      checkpoint_upload_fn=upload, checkpoint_upload_mode="async")
+
+trainer = hpckit.DataParallelTrainer(train, scaling_config=hpckit.ScalingConfig(num_workers=2))
+grid = tune.Tuner(trainer, param_space={"x": 1},
+                  tune_config=tune.TuneConfig(metric="score", mode="max"),
+                  run_config=hpckit.RunConfig(
+                      name="sw", storage_path=sys.argv[1],
+                      failure_config=hpckit.FailureConfig(max_failures=3))).fit()
+print(f"LIVE {os.environ['PMI_RANK']} {live_backgrounds()} {grid.num_terminated}", flush=True)
+"""
+
+
+def test_a_group_retried_in_process_frees_each_failed_attempts_background_communicator(
+        tmp_path):
+    """A trial's two ranks fail together three times (a background upload that failed on
+    one rank, raised on both at the next report), and the group restarts in-process: each
+    attempt duplicates the communicator for its background meetings, and a failed attempt's
+    duplicate is freed when the next attempt makes its own, not left behind per attempt."""
+    script = tmp_path / "sweep.py"
+    script.write_text(RETRIED_GROUP)
+    done = run([MPIEXEC, "-n", "2", sys.executable, str(script), str(tmp_path)], timeout=180,
+               cwd=tmp_path)
+    live = sorted(line.split()[1:] for line in done.output.splitlines()
+                  if line.startswith("LIVE "))
+    assert live == [["0", "0", "1"], ["1", "0", "1"]], done.output
+    trial = next((tmp_path / "sw").glob("trial_*"))
+    assert [a["status"] for a in manifest(trial)["attempts"]] == ["failed"] * 3 + ["finished"]

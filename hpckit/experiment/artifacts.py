@@ -64,8 +64,11 @@ class Artifacts:
                 sent += 1
         return sent
 
-    def close(self) -> None:
-        self.sync()
+    def close(self, sync: bool = True) -> None:
+        """The last sync (not for a run whose experiment another run took), then the local
+        directory removed."""
+        if sync:
+            self.sync()
         if self._directory is not None:
             shutil.rmtree(self._directory, ignore_errors=True)
             self._directory = None

@@ -15,7 +15,7 @@ import pyarrow.fs
 
 from hpckit.checkpoint import Checkpoint
 from hpckit.config.callbacks import TrainRunContext
-from hpckit.errors import StorageError
+from hpckit.errors import ExperimentTakenError, StorageError
 from hpckit.experiment import retention
 from hpckit.experiment.artifacts import Artifacts
 from hpckit.experiment.attempts import Attempt, AttemptStatus, previous_failure
@@ -220,7 +220,7 @@ def _train(job: TrainingJob, session: Session, experiment: Experiment | None,
            settings: Settings) -> Any:
     """Run the training function; what it returned."""
     activate(session)
-    interrupted = False
+    interrupted = taken = False
     try:
         with session.watch:
             try:
@@ -244,6 +244,7 @@ def _train(job: TrainingJob, session: Session, experiment: Experiment | None,
         raise
     except BaseException as exc:
         together = raised_together(exc)
+        taken = isinstance(exc, ExperimentTakenError)
         if experiment is not None:
             experiment.end_attempt(AttemptStatus.FAILED, f"{type(exc).__name__}: {exc}",
                               session.protocol.reports)
@@ -251,8 +252,10 @@ def _train(job: TrainingJob, session: Session, experiment: Experiment | None,
         raise AttemptFailed(exc, together) from exc
     finally:
         activate(None)
-        session.protocol.close(promptly=interrupted)
-        session.artifacts.close()
+        # A run whose experiment another run took writes nothing more there: its staging and
+        # artifacts may be the other run's now (the same ranks' names).
+        session.protocol.close(promptly=interrupted or taken)
+        session.artifacts.close(sync=not taken)
 
 
 def sendable(value: Any) -> Any:
