@@ -25,7 +25,7 @@ def model_state(seed: int) -> OrderedDict:
 def hold_the_writer() -> threading.Event:
     """Queue a task ahead of the next save's write: the write starts once the event is set."""
     release = threading.Event()
-    _save._background().submit(release.wait, 30)
+    _save._writer.submit(release.wait, 30)
     return release
 
 

@@ -202,3 +202,47 @@ def test_ctrl_c_reaches_ranks_that_wait_in_a_step_for_a_rank_that_never_comes(tm
     for rank in (0, 2):
         assert f"rank {rank} interrupted after" in output, output
     assert "completed the step" not in output, output
+
+
+HUNG_PUT = """
+import sys
+import pyarrow.fs
+from hpckit.experiment.writer import Writer
+
+s3 = pyarrow.fs.S3FileSystem(access_key="hung", secret_key="hung", scheme="http",
+                             endpoint_override=sys.argv[1], request_timeout=60,
+                             connect_timeout=60)
+
+def put():
+    print("PUTTING", flush=True)
+    with s3.open_output_stream("bucket/manifest.json") as f:
+        f.write(b"{}")
+
+Writer("hung").run(put)  # as rank 0's training thread hands the experiment's writer a change
+print("AFTER THE STEP", flush=True)
+"""
+
+
+def test_a_second_ctrl_c_ends_a_process_stuck_in_an_s3_put(tmp_path):
+    """A PUT to an endpoint that takes the connection and never answers waits inside
+    pyarrow's C++, where the main thread would run no signal handler for 60 s: the change runs
+    on the experiment's writer thread, and the second Ctrl-C ends the process at once."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0), backlog=8) as hung:  # never accepts
+        process = subprocess.Popen([sys.executable, "-c", HUNG_PUT,
+                                    f"127.0.0.1:{hung.getsockname()[1]}"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            assert process.stdout is not None
+            assert process.stdout.readline().strip() == "PUTTING"
+            time.sleep(0.5)  # into the PUT: its connection is made, the request sent
+            process.send_signal(signal.SIGINT)
+            time.sleep(0.2)
+            process.send_signal(signal.SIGINT)
+            output, _ = process.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            pytest.fail(f"still in the PUT 20 s after a second Ctrl-C:\n{process.communicate()[0]}")
+    assert process.returncode == 130, output
+    assert "a second Ctrl-C" in output and "AFTER THE STEP" not in output, output

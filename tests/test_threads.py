@@ -4,13 +4,25 @@ test_async.py and the kill harness."""
 
 from __future__ import annotations
 
+import json
+import os
 import sys
+import tempfile
 import threading
+from pathlib import Path
 
 import pytest
+from conftest import HERE, python
 
+import hpckit
+from hpckit import Checkpoint, CheckpointConfig, DataParallelTrainer, RunConfig, settings
 from hpckit.config.callbacks import TrainRunContext, UserCallback
+from hpckit.experiment.attempts import AttemptStatus
+from hpckit.experiment.experiment import Experiment
+from hpckit.experiment.validation import VALIDATED, Validation
+from hpckit.experiment.writer import ExperimentClosedError
 from hpckit.run.commit.callbacks import Callbacks
+from hpckit.storage.location import resolve
 
 
 class Counted(UserCallback):
@@ -54,3 +66,98 @@ def test_after_report_is_called_once_for_every_report_noted_while_the_calls_are_
     for round_ in range(5):
         lost = lost_calls(60_000)
         assert lost == 0, f"round {round_}: {lost} after_report call(s) lost or out of order"
+
+
+VALIDATING = HERE / "ranks" / "validating.py"
+SBATCH_DELAY_S = 20.0
+# `sbatch --wait --parsable` that answers its first submission after SBATCH_DELAY_S, as a loaded
+# slurmctld may, the later ones at once; it runs the job here and ends with it.
+FAKE_SBATCH = """#!/bin/bash
+out=/dev/null; wrap=
+for a in "$@"; do case "$a" in --output=*) out="${{a#--output=}}";; esac; done
+while [ $# -gt 0 ]; do [ "$1" = --wrap ] && wrap="$2"; shift; done
+mkdir "$0.answered" 2>/dev/null && sleep {delay:g}
+echo 4242
+bash -c "$wrap" > "$out" 2>&1
+"""
+
+
+def outcomes(experiment: Path) -> dict[str, str | None]:
+    written = json.loads((experiment / "manifest.json").read_text())
+    return {r["directory"]: (r.get("validation") or {}).get("status")
+            for r in written["checkpoints"]}
+
+
+def test_a_validation_submitted_to_a_slow_sbatch_does_not_hold_up_the_reports(tmp_path):
+    """The first two checkpoints ask for validation as Slurm jobs, and sbatch answers after
+    20 s: the reports after them return at once (the second report waited 20 s for the
+    first validation's start before). Not alone: a report takes milliseconds, against the
+    20 s it would wait."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(FAKE_SBATCH.format(delay=SBATCH_DELAY_S))
+    (bin_dir / "sbatch").chmod(0o755)
+    done = python("--storage", str(tmp_path), "--case", "slow-sbatch", script=VALIDATING,
+                  timeout=120, env={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
+    seconds = json.loads(done.line("SECONDS") or "null")
+    assert seconds and max(seconds) < SBATCH_DELAY_S / 4, done.output
+    kept = outcomes(tmp_path / "e")
+    assert [kept[f"checkpoint_00000{i}"] for i in range(4)] == ["VALIDATED"] * 2 + [None] * 2
+
+
+def test_a_validation_that_cannot_be_recorded_fails_the_next_step(tmp_path):
+    failed = python("--storage", str(tmp_path), "--case", "unrecorded", script=VALIDATING,
+                    timeout=120, expect=None)
+    assert failed.returncode != 0, failed.output
+    assert "CommitError" in failed.output and "checkpoint_000000" in failed.output, failed.output
+    assert "could not be started or its outcome recorded" in failed.output, failed.output
+    assert int(failed.line("REPORTS") or 600) < 600, "the run went on to its end"
+
+
+def test_a_validation_running_when_its_attempt_fails_is_done_once_by_the_retry(tmp_path):
+    """The first attempt fails with checkpoint_000000's validation running: it is stopped,
+    and nothing of that attempt is written afterwards; the in-process retry validates it
+    (once) and the manifest keeps both attempts, which a late write of the first attempt's
+    manifest would have replaced."""
+    log = tmp_path / "validations.log"
+    python("--storage", str(tmp_path), "--case", "fails-once", "--log", str(log),
+           script=VALIDATING, timeout=120)
+    written = json.loads((tmp_path / "e" / "manifest.json").read_text())
+    assert [(a["attempt"], a["status"]) for a in written["attempts"]] == [
+        (0, "failed"), (1, "finished")], written["attempts"]
+    assert outcomes(tmp_path / "e") == {"checkpoint_000000": "VALIDATED",
+                                        "checkpoint_000001": "VALIDATED"}
+    started = [line.split() for line in log.read_text().splitlines()]
+    assert [name for name, _ in started] == ["checkpoint_000000"] * 2 + ["checkpoint_000001"]
+    assert started[0][1] != started[1][1], "the first attempt's validation was not stopped"
+
+
+def four_checkpoints(config: dict) -> None:
+    for step in range(4):
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "step"), "w") as f:
+                f.write(str(step))
+            hpckit.report({"step": step}, checkpoint=Checkpoint.from_directory(d))
+
+
+@pytest.mark.quick
+def test_a_closed_experiment_refuses_every_write(tmp_path):
+    """What keeps a validation thread that outlived its attempt from writing: once closed,
+    the experiment refuses the manifest and the checkpoint directories."""
+    DataParallelTrainer(four_checkpoints,
+                        run_config=RunConfig(name="e", storage_path=str(tmp_path))).fit()
+    location = resolve(str(tmp_path / "e"))
+    experiment = Experiment.for_maintenance(location, settings.current(), force=False)
+    experiment.close()
+    before = {p.name: p.read_bytes() for p in (tmp_path / "e").iterdir() if p.is_file()}
+    newest = experiment.manifest.latest.directory
+    done = Validation.asked({"fn_kwargs": {}, "timeout_s": None}).ended(VALIDATED, {"v": 1})
+    with pytest.raises(ExperimentClosedError):
+        experiment.record_validation(newest, done, CheckpointConfig())
+    with pytest.raises(ExperimentClosedError):
+        experiment.discard(newest)
+    with pytest.raises(ExperimentClosedError):
+        experiment.end_attempt(AttemptStatus.FAILED, "late")
+    after = {p.name: p.read_bytes() for p in (tmp_path / "e").iterdir() if p.is_file()}
+    assert after == before
+    assert (tmp_path / "e" / newest).is_dir()

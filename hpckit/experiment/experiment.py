@@ -4,27 +4,25 @@ An :class:`Experiment` holds the location, the lock, the current (immutable) man
 metrics log, the background purge and the mirror. Its methods are the only way the run
 changes the directory's own files: open (prepare, lock, verify, remove leftovers, begin an
 attempt), commit a checkpoint record, reserve, clear or discard a checkpoint directory, the
-markers, log a report without one, end an attempt, collect garbage, close. Every change
-writes a new manifest atomically before anything is deleted, and each write of a run is
-fenced: it is made only while the lock still holds the run's token (``Lock.confirm``). The
-files inside a pending checkpoint are written by each rank (``run.writing``,
-``run.levels``) before rank 0 commits them here; ``tests/test_invariants.py`` names every
-such writer.
+markers, log a report without one, end an attempt, collect garbage, close. A run's changes
+are made by one thread, the experiment's :class:`~.writer.Writer`, whichever thread of rank 0
+asks for them. Every change writes a new manifest atomically before anything is deleted, and
+each write of a run is fenced: it is made only while the lock still holds the run's token
+(``Lock.confirm``). The files inside a pending checkpoint are written by each rank
+(``run.writing``, ``run.levels``) before rank 0 commits them here;
+``tests/test_invariants.py`` names every such writer.
 """
 
 from __future__ import annotations
 
-import threading
-import time
 import uuid
 from typing import Any
 
-from hpckit import faults, interrupts
+from hpckit import faults
 from hpckit.config import CheckpointConfig, SyncConfig
 from hpckit.errors import CheckpointError, ExperimentTakenError, HpckitError, StorageError
 from hpckit.experiment.attempts import AttemptStatus
-from hpckit.experiment.hangs import hung_unrecorded
-from hpckit.experiment.leftovers import free, leftovers, remove_leftovers, size_of
+from hpckit.experiment.leftovers import free, leftovers, size_of
 from hpckit.experiment.lock import Lock
 from hpckit.experiment.maintenance import Garbage, refuse_if_running
 from hpckit.experiment.manifest import (
@@ -37,11 +35,12 @@ from hpckit.experiment.manifest import (
 )
 from hpckit.experiment.metrics import MetricsLog
 from hpckit.experiment.mirror import Mirror
-from hpckit.experiment.opening import Opening, numbered, prepare, resumable
+from hpckit.experiment.opening import Opening, begin
 from hpckit.experiment.purge import Purge
 from hpckit.experiment.reading import read_manifest, require_manifest
 from hpckit.experiment.retention import recorded_config, select_evictions
 from hpckit.experiment.validation import Validation
+from hpckit.experiment.writer import ExperimentClosedError, Writer, written
 from hpckit.logs import log
 from hpckit.settings import Settings
 from hpckit.storage import files
@@ -59,8 +58,8 @@ class Experiment:
         self._metrics = metrics
         self._mirror = mirror
         self._purge = Purge(location, self._fence)
-        # Rank 0's validation thread records results while the training thread commits.
-        self._changing = threading.RLock()
+        # A run's changes come from several threads of rank 0: one thread makes them all.
+        self.writer = Writer(location.display, inline=lock is None)
 
     @property
     def manifest(self) -> Manifest:
@@ -70,25 +69,7 @@ class Experiment:
     def open(cls, root: Location, opening: Opening, settings: Settings,
              sync: SyncConfig | None = None) -> Experiment:
         """Create or resume the experiment ``opening.name`` under ``root`` and begin an attempt."""
-        location = prepare(root, opening.name)
-        lock = Lock.acquire(location, settings)
-        try:
-            found = read_manifest(location)  # read once the lock is ours
-            if found is None:
-                manifest = Manifest(opening.name, opening.world_size, opening.command,
-                                    opening.config, opening.retention, time.time())
-            else:
-                manifest = resumable(location, found, opening)
-            manifest = manifest.with_attempt(
-                numbered(opening, manifest, found),
-                opening.previous_failure or hung_unrecorded(location, manifest))
-            _write(location, manifest)
-            if found is not None:
-                remove_leftovers(location, manifest)
-            metrics = MetricsLog.resume(location, manifest.next_step, manifest.latest)
-        except BaseException:
-            lock.release()
-            raise
+        location, lock, manifest, metrics = begin(root, opening, settings, _write)
         mirror = Mirror(location, opening.name, sync) if sync and sync.mirror else None
         return cls(location, manifest, lock, metrics, mirror)
 
@@ -100,27 +81,27 @@ class Experiment:
         refuse_if_running(location, manifest, settings, force)
         return cls(location, manifest)
 
+    @written
     def commit(self, record: CheckpointRecord, config: CheckpointConfig) -> None:
         """Commit ``record``, at whichever level it is: its metrics line first, then the new
         manifest, written atomically (the commit itself), so that after a kill at any moment
         the metrics are never behind the latest committed checkpoint (a resume drops a line
         whose checkpoint did not commit). Then what retention evicts is deleted in the
         background, and the mirror (if any) follows."""
-        with self._changing:
-            evicted = select_evictions([*self._manifest.checkpoints, record], config)
-            updated = self._manifest.with_checkpoint(record, evicted)
-            faults.reached("gathered", 0)
+        evicted = select_evictions([*self._manifest.checkpoints, record], config)
+        updated = self._manifest.with_checkpoint(record, evicted)
+        faults.reached("gathered", 0)
+        if self._metrics is not None:
+            self._fence()
+            self._metrics.append(record.step, record.metrics, record.directory)
+        try:
+            self._replace(updated)
+        except (ExperimentTakenError, ExperimentClosedError):
+            raise  # this run writes nothing more, not even a retraction
+        except HpckitError:
             if self._metrics is not None:
-                self._fence()
-                self._metrics.append(record.step, record.metrics, record.directory)
-            try:
-                self._replace(updated)
-            except ExperimentTakenError:
-                raise  # this run writes nothing more, not even a retraction
-            except HpckitError:
-                if self._metrics is not None:
-                    self._metrics.retract_unless_committed(self.location, record.directory)
-                raise
+                self._metrics.retract_unless_committed(self.location, record.directory)
+            raise
         faults.reached("committed", 0)
         if not is_checkpoint_dirname(record.directory):
             self._unmark_pending(record.directory)
@@ -128,6 +109,7 @@ class Experiment:
         if self._mirror is not None:
             self._mirror.after_commit(self._manifest)
 
+    @written
     def reserve(self, directory: str, planned: tuple[str, ...], uploading: bool = False) -> None:
         """A checkpoint directory the user named (``report(checkpoint_dir_name=...)``):
         refused if a committed or ``planned`` checkpoint has it or it holds files (unless
@@ -144,6 +126,7 @@ class Experiment:
         files.make_dir(target)
         files.write_bytes(target.join(PENDING_MARKER), b"")
 
+    @written
     def clear(self, directory: str) -> None:
         """A checkpoint directory about to be written, emptied of what an earlier report left
         there (files written in place, then another directory handed)."""
@@ -157,15 +140,18 @@ class Experiment:
             log.warning("could not remove %s's pending marker (harmless; hpckit gc removes it): "
                         "%s", self.location.join(directory).display, exc)
 
+    @written
     def leave_marker(self) -> str:
         """A marker file that every rank must see (the storage is shared); its name."""
         marker = f"{VISIBLE_PREFIX}{uuid.uuid4().hex}"
         files.write_bytes(self.location.join(marker), b"")
         return marker
 
+    @written
     def remove_marker(self, marker: str) -> None:
         files.delete_file(self.location.join(marker))
 
+    @written
     def discard(self, directory: str) -> None:
         """A checkpoint that failed before its commit: its directory is removed, best-effort
         (the manifest never named it, and a resume removes what is left). Never once another
@@ -173,37 +159,36 @@ class Experiment:
         try:
             self._fence()
             files.delete_dir(self.location.join(directory))
-        except ExperimentTakenError:
-            log.debug("not removing %s: the experiment is another run's", directory)
+        except (ExperimentTakenError, ExperimentClosedError) as exc:
+            log.debug("not removing %s: %s", directory, exc)
         except HpckitError as exc:
             log.warning("could not remove failed checkpoint %s (resume removes it): %s",
                         self.location.join(directory).display, exc)
 
+    @written
     def persisted(self, directory: str) -> None:
         """The cached checkpoint ``directory`` is now complete on storage_path too."""
-        with self._changing:
-            self._replace(self._manifest.persisted(directory))
+        self._replace(self._manifest.persisted(directory))
 
+    @written
     def record_validation(self, directory: str, validation: Validation,
                           config: CheckpointConfig) -> None:
         """``directory``'s validation, as it now stands; once it has ended, retention ranks
         the checkpoint by its merged metrics and what it evicts is deleted in the background.
         A checkpoint no longer in the manifest is left alone."""
-        with self._changing:
-            if not any(r.directory == directory for r in self._manifest.checkpoints):
-                return
-            updated = self._manifest.validated(directory, validation)
-            evicted = select_evictions(updated.checkpoints, config)
-            self._replace(updated.without(evicted))
+        if not any(r.directory == directory for r in self._manifest.checkpoints):
+            return
+        updated = self._manifest.validated(directory, validation)
+        evicted = select_evictions(updated.checkpoints, config)
+        self._replace(updated.without(evicted))
         self._purge.start(evicted)
         if self._mirror is not None:
             self._mirror.after_commit(self._manifest)
 
     def _replace(self, updated: Manifest) -> None:
-        with interrupts.deferred():
-            self._fence()
-            _write(self.location, updated)
-            self._manifest = updated
+        self._fence()
+        _write(self.location, updated)
+        self._manifest = updated
 
     def _fence(self) -> None:
         """Right before each write of the run's: the lock still holds this run's token, else
@@ -221,6 +206,7 @@ class Experiment:
         """Before a new checkpoint is written: the previous eviction has finished."""
         self._purge.wait()
 
+    @written
     def log_report(self, step: int, metrics: dict[str, Any]) -> None:
         """A report without a checkpoint: its metrics line only."""
         if self._metrics is not None:
@@ -230,23 +216,24 @@ class Experiment:
     def history(self) -> list[dict[str, Any]]:
         return self._metrics.history() if self._metrics is not None else []
 
+    @written
     def end_attempt(self, status: AttemptStatus, error: str | None = None,
                     reports: int | None = None) -> None:
         """Record how the newest attempt ended; best-effort, since the run is ending anyway.
         Not once another run took the experiment over: its manifest is that run's now."""
-        with self._changing:
-            last = self._manifest.last_attempt
-            if last is None:
-                return
-            try:
-                self._fence()
-                self._manifest = self._manifest.with_last_attempt(last.ended(status, error, reports))
-                _write(self.location, self._manifest)
-            except ExperimentTakenError:
-                log.debug("the attempt's end is not recorded: the experiment is another run's")
-            except StorageError as exc:
-                log.warning("could not record the attempt's end in the manifest: %s", exc)
+        last = self._manifest.last_attempt
+        if last is None:
+            return
+        try:
+            self._fence()
+            self._manifest = self._manifest.with_last_attempt(last.ended(status, error, reports))
+            _write(self.location, self._manifest)
+        except (ExperimentTakenError, ExperimentClosedError) as exc:
+            log.debug("the attempt's end is not recorded: %s", exc)
+        except StorageError as exc:
+            log.warning("could not record the attempt's end in the manifest: %s", exc)
 
+    @written
     def collect_garbage(self, keep: int | None, dry_run: bool) -> Garbage:
         """Apply retention with ``keep`` after the fact and remove leftovers no manifest names;
         the manifest is written before anything is deleted."""
@@ -264,11 +251,14 @@ class Experiment:
         return garbage
 
     def close(self, promptly: bool = False) -> None:
-        """Finish the purge and the mirror, close the metrics log, release the lock.
+        """Refuse every later write (a validation thread that outlived its attempt's end
+        writes nothing), finish the purge and the mirror, close the metrics log, release the
+        lock.
         ``promptly`` (after Ctrl-C) leaves the purge and the mirror to the next run; a run that
         lost the lock mirrors nothing more, and leaves the lock to the run that holds it."""
-        taken = self._lock is not None and self._lock.lost is not None
         try:
+            self.writer.close()  # the changes handed over are made; none after
+            taken = self._lock is not None and self._lock.lost is not None
             if not promptly:
                 self._purge.wait()
             if self._metrics is not None:

@@ -15,9 +15,12 @@ import shlex
 import subprocess
 import threading
 import time
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_for
 
 import pyarrow.fs
 
+from hpckit.background import IDLE, Worker
 from hpckit.config import SyncConfig
 from hpckit.errors import HpckitError, ProtocolError
 from hpckit.experiment.manifest import MANIFEST_NAME, METRICS_NAME, Manifest, is_checkpoint_dirname
@@ -38,7 +41,8 @@ class Mirror:
         self.target_text = uris.join(config.mirror, name)
         self._target: Location | None = None
         self._last = float("-inf")
-        self._thread: threading.Thread | None = None
+        self._worker = Worker("hpckit-mirror", IDLE)  # nobody waits for it until the end
+        self._running: Future[None] | None = None
         self._lock = threading.Lock()
         self.failures = 0
         self.mirrored = 0
@@ -47,18 +51,17 @@ class Mirror:
         """Start a mirror in the background unless one ran within the period or is running."""
         if time.monotonic() - self._last < self.config.sync_period:
             return
-        if self._thread is not None and self._thread.is_alive():
+        if self._running is not None and not self._running.done():
             return
         self._last = time.monotonic()
-        # The manifest is an immutable value: the thread may read it while training goes on.
-        self._thread = threading.Thread(target=self._mirror, args=(manifest,), daemon=True,
-                                        name="hpckit-mirror")
-        self._thread.start()
+        # The manifest is an immutable value: the worker may read it while training goes on.
+        self._running = self._worker.submit(self._mirror, manifest)
 
     def close(self, manifest: Manifest) -> None:
         """The final mirror, in the foreground, after any running one."""
-        if self._thread is not None:
-            self._thread.join()
+        if self._running is not None:
+            wait_for([self._running])
+        self._worker.stop()
         self._mirror(manifest)
 
     def _mirror(self, manifest: Manifest) -> None:

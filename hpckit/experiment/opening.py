@@ -1,9 +1,12 @@
 """What a run brings to the experiment it opens, and the experiment directory and manifest
 made ready for it: created on first use; on resume, links out of it, damaged checkpoints and
-cached ones this run cannot read dropped, and this run's configuration recorded."""
+cached ones this run cannot read dropped, and this run's configuration recorded; then the
+opening itself (`begin`): locked, read once the lock is ours, the new attempt recorded."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -12,9 +15,14 @@ import pyarrow.fs
 from hpckit.errors import StorageError
 from hpckit.experiment import verify
 from hpckit.experiment.attempts import Attempt, AttemptStatus
+from hpckit.experiment.hangs import hung_unrecorded
+from hpckit.experiment.leftovers import remove_leftovers
+from hpckit.experiment.lock import Lock
 from hpckit.experiment.manifest import CheckpointRecord, Manifest
-from hpckit.experiment.reading import check_root
+from hpckit.experiment.metrics import MetricsLog
+from hpckit.experiment.reading import check_root, read_manifest
 from hpckit.logs import log
+from hpckit.settings import Settings
 from hpckit.storage import files
 from hpckit.storage.location import Location
 
@@ -84,3 +92,30 @@ def _unservable(manifest: Manifest, restored: str | None) -> list[CheckpointReco
                     "read (no cache_dir, or other nodes); the run repeats their work",
                     ", ".join(r.directory for r in gone))
     return gone
+
+
+def begin(root: Location, opening: Opening, settings: Settings,
+          write: Callable[[Location, Manifest], None]) -> tuple[Location, Lock, Manifest, MetricsLog]:
+    """Lock the experiment, read its manifest once the lock is ours (or start one), record
+    the new attempt with ``write``, remove the leftovers and resume the metrics log; the lock
+    is released again if any of it fails."""
+    location = prepare(root, opening.name)
+    lock = Lock.acquire(location, settings)
+    try:
+        found = read_manifest(location)
+        if found is None:
+            manifest = Manifest(opening.name, opening.world_size, opening.command,
+                                opening.config, opening.retention, time.time())
+        else:
+            manifest = resumable(location, found, opening)
+        manifest = manifest.with_attempt(
+            numbered(opening, manifest, found),
+            opening.previous_failure or hung_unrecorded(location, manifest))
+        write(location, manifest)
+        if found is not None:
+            remove_leftovers(location, manifest)
+        return location, lock, manifest, MetricsLog.resume(location, manifest.next_step,
+                                                           manifest.latest)
+    except BaseException:
+        lock.release()
+        raise

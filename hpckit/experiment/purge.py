@@ -16,8 +16,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_for
 
 from hpckit import faults
+from hpckit.background import NORMAL, Worker
 from hpckit.errors import ExperimentTakenError, StorageError
 from hpckit.experiment.manifest import CheckpointRecord
 from hpckit.logs import log
@@ -52,49 +55,34 @@ def evict(experiment: Location, records: list[CheckpointRecord],
 
 
 class Purge:
-    """One background thread at a time deletes what the commits evicted, in commit order.
+    """A background worker deletes what the commits evicted, in commit order.
     A commit hands its evictions over without waiting: several checkpoints committed in one
     step (background checkpoints that settled together) cost the collective nothing."""
 
     def __init__(self, experiment: Location, fence: Callable[[], None] | None = None) -> None:
         self.experiment = experiment
         self.fence = fence
-        self._queue: list[CheckpointRecord] = []
-        self._lock = threading.Lock()
-        self._running = False
-        self._thread: threading.Thread | None = None
+        # Normal priority: the next checkpoint waits for it (Experiment.wait_for_purge).
+        self._worker = Worker("hpckit-purge", NORMAL)
+        self._handed: list[Future[None]] = []
+        self._handing = threading.Lock()  # the writer hands over, the training thread waits
 
     def start(self, records: list[CheckpointRecord]) -> None:
-        if not records:
-            return
-        with self._lock:
-            self._queue.extend(records)
-            if self._running:
-                return  # the thread takes them before it ends
-            self._running = True
-            # Started before it is published: wait() (another thread, when a background
-            # commit starts the purge) must never join a thread not yet started.
-            thread = threading.Thread(target=self._drain, name="hpckit-purge", daemon=True)
-            thread.start()
-            self._thread = thread
+        if records:
+            with self._handing:
+                self._handed = [f for f in self._handed if not f.done()]
+                self._handed.append(self._worker.submit(self._evict, records))
 
-    def _drain(self) -> None:
-        while True:
-            with self._lock:
-                records, self._queue = self._queue, []
-                if not records:
-                    self._running = False
-                    return
-            try:
-                evict(self.experiment, records, self.fence)
-            except Exception as exc:  # noqa: BLE001  (best-effort: the thread must go on)
-                log.warning("retention could not remove %s (they are no longer in the manifest "
-                            "and will be removed on resume): %r",
-                            ", ".join(r.directory for r in records), exc)
+    def _evict(self, records: list[CheckpointRecord]) -> None:
+        try:
+            evict(self.experiment, records, self.fence)
+        except Exception as exc:  # noqa: BLE001  (best-effort: a resume removes what is left)
+            log.warning("retention could not remove %s (they are no longer in the manifest "
+                        "and will be removed on resume): %r",
+                        ", ".join(r.directory for r in records), exc)
 
     def wait(self) -> None:
         """Until everything handed over so far is deleted."""
-        with self._lock:
-            thread = self._thread
-        if thread is not None:
-            thread.join()
+        with self._handing:
+            handed = list(self._handed)
+        wait_for(handed)

@@ -18,22 +18,21 @@ from __future__ import annotations
 import copy
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 
 from hpckit import faults
+from hpckit.background import IDLE, Worker
 from hpckit.checkpoint import Checkpoint, writing_into
 from hpckit.errors import CheckpointError
 from hpckit.experiment.manifest import is_safe_relpath
 from hpckit.integrations.torch.pending import PendingWrite
-from hpckit.processes import background_thread
 from hpckit.run.session.session import get_context
 
 __all__ = ["save_state"]
 
-_writer: ThreadPoolExecutor | None = None
+_writer = Worker("hpckit-save-state", IDLE)  # one thread: at most one write per file in flight
 _staging: dict[str, Staging] = {}  # by file name: its buffers, and the write that reads them
 _lock = threading.Lock()
 
@@ -59,7 +58,7 @@ def save_state(obj: Any, filename: str = "state.pt") -> Checkpoint:
     staging.wait_until_free(context, filename)
     snapshot = staging.copy_of(obj)
     faults.reached("staging", rank)
-    written = PendingWrite(_background().submit(_write, snapshot, staging.copied, path, rank),
+    written = PendingWrite(_writer.submit(_write, snapshot, staging.copied, path, rank),
                            context, lambda exc: CheckpointError(
                                f"rank {rank}: save_state could not write {path}: {exc}"))
     staging.in_use = written
@@ -135,12 +134,3 @@ def _write(snapshot: Any, copied: torch.cuda.Event | None, path: str, rank: int)
 def _staging_for(filename: str) -> Staging:
     with _lock:
         return _staging.setdefault(filename, Staging())
-
-
-def _background() -> ThreadPoolExecutor:
-    global _writer
-    with _lock:
-        if _writer is None:
-            _writer = ThreadPoolExecutor(1, thread_name_prefix="hpckit-save-state",
-                                         initializer=background_thread)
-        return _writer

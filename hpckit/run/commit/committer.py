@@ -3,23 +3,23 @@
 A background checkpoint that every rank has finished used to be committed inside the next
 report's collective step: the other ranks waited while rank 0 wrote its metrics line and the
 manifest (a few milliseconds on a local disk, a hundred on a loaded Lustre or S3). Now rank 0
-hands those writes to this one thread and replies at once; the next collective step tells
-every rank which commits have landed. While the thread has work, every write to the
-experiment goes through it, so that metrics lines and manifests keep the order of the reports.
-After a write fails, the later ones are not made: their checkpoints are discarded, as they
-would have been had the commit run in the collective.
+hands those writes to the experiment's writer thread and replies at once; the next
+collective step tells every rank which commits have landed. The writer makes every change of
+the experiment in the order it was handed over, so metrics lines and manifests keep the
+order of the reports. After a write fails, the later ones are not made: their checkpoints are
+discarded, as they would have been had the commit run in the collective.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass
 
 from hpckit import faults
-from hpckit.processes import background_thread
+from hpckit.experiment.writer import Writer
 
 
 @dataclass(frozen=True)
@@ -29,10 +29,10 @@ class Job:
 
 
 class Committer:
-    """One thread of rank 0 that writes the experiment, in the order it was given the work."""
+    """The background commits handed to the experiment's writer, in report order."""
 
-    def __init__(self) -> None:
-        self._pool: ThreadPoolExecutor | None = None
+    def __init__(self, writer: Writer) -> None:
+        self._writer = writer
         self._jobs: deque[Job] = deque()
         self._failed = False
 
@@ -48,10 +48,8 @@ class Committer:
     def submit(self, directory: str | None, write: Callable[[], None],
                discard: Callable[[], None]) -> None:
         """Run ``write`` after the work given before it; after a failure, ``discard`` instead."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="hpckit-commit",
-                                            initializer=background_thread)
-        self._jobs.append(Job(directory, self._pool.submit(self._run, directory, write, discard)))
+        self._jobs.append(Job(directory, self._writer.submit(
+            lambda: self._run(directory, write, discard))))
 
     def _run(self, directory: str | None, write: Callable[[], None],
              discard: Callable[[], None]) -> None:
@@ -84,7 +82,5 @@ class Committer:
         wait_for([job.future for job in self._jobs])
 
     def close(self) -> None:
-        """At the end of the attempt, after the last commits landed (or were given up)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        """At the end of the attempt: the commits handed over are made (or given up)."""
+        self.wait()

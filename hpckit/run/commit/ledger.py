@@ -72,7 +72,7 @@ class Ledger:
         self.hosts = hosts  # every rank's, recorded with a checkpoint in the node-local caches
         self.cached_at = cached_at  # where this node caches a checkpoint
         self._queue: deque[Entry] = deque()
-        self.committer = Committer()
+        self.committer = Committer(experiment.writer)
         self._score_missing_said = False
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
@@ -167,6 +167,12 @@ class Ledger:
         """The checkpoint ``directory`` is validated once committed (``task``: None, not)."""
         if task is not None:
             self._validations[directory] = task
+
+    def check_validations(self) -> None:
+        """At each collective step: a validation whose outcome could not be recorded fails
+        the step, on every rank."""
+        if self.validator is not None:
+            self.validator.raise_error()
 
     def finish_validations(self) -> None:
         """A run that finished: every validation ends before the run does."""

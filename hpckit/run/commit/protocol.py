@@ -198,6 +198,7 @@ class CommitProtocol:
     def _plan(self, announcements: list[Announcement]) -> Plan:
         ledger = self._ledger()
         ledger.experiment.check_lock()  # a run that lost its lock fails here, on every rank
+        ledger.check_validations()  # so does one whose validation could not be recorded
         plan = make_plan(announcements, self.next_step, self.next_index)
         if announcements[0].kind == REPORT and plan.directory is not None:
             ledger.prepare(plan, self.next_index)  # may refuse the report: before anything commits

@@ -5,19 +5,22 @@ time on rank 0's node or in Slurm jobs (Ray's one in flight), one on each rank s
 from __future__ import annotations
 
 import os
+import queue
 import shutil
 import threading
-from collections import deque
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_for
 
 from hpckit import faults
+from hpckit.background import IDLE, Worker
 from hpckit.checkpoint import Checkpoint
 from hpckit.config import CheckpointConfig, ValidationConfig
-from hpckit.errors import ConfigError
+from hpckit.errors import CommitError, ConfigError
 from hpckit.experiment.experiment import Experiment
 from hpckit.experiment.manifest import STAGING_NAME, CheckpointRecord
 from hpckit.experiment.validation import VALIDATED, Validation
+from hpckit.experiment.writer import ExperimentClosedError
 from hpckit.logs import log
-from hpckit.processes import background_thread
 from hpckit.run.job import TrainingJob
 from hpckit.run.validation import child
 from hpckit.run.validation.pool import Pool, Remote
@@ -35,12 +38,17 @@ class Validator:
         self.retention = retention
         self.pool = pool
         self.payload = child.made_payload(payload_dir, config)
-        self._waiting: deque[str] = deque()
+        places: tuple[int | None, ...] = pool.ranks if pool else (None,)
+        self._free: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        for place in places:
+            self._free.put(place)
+        # One thread a place; a validation takes the place that is free when it starts.
+        self._worker = Worker("hpckit-validation", IDLE, threads=len(places))
+        self._handed: list[Future[None]] = []
         self._running: dict[int | None, child.Local | Remote] = {}
-        self._busy = 0  # validations taken from the queue and not yet ended
-        self._changed = threading.Condition()
+        self._lock = threading.Lock()
         self._cancelled = False
-        self._threads: list[threading.Thread] = []
+        self.error: CommitError | None = None
 
     def resume(self) -> None:
         """The checkpoints an earlier attempt left awaiting validation (or validating when
@@ -54,76 +62,89 @@ class Validator:
 
     def submit(self, directory: str) -> None:
         """Validate the committed checkpoint ``directory`` after those given before it."""
-        with self._changed:
-            self._waiting.append(directory)
-            if not self._threads:
-                places: tuple[int | None, ...] = self.pool.ranks if self.pool else (None,)
-                self._threads = [threading.Thread(target=self._work, args=(place,),
-                                                  name="hpckit-validation", daemon=True)
-                                 for place in places]
-                for thread in self._threads:
-                    thread.start()
-            self._changed.notify_all()
+        with self._lock:
+            self._handed = [f for f in self._handed if not f.done()]
+            self._handed.append(self._worker.submit(self._one, directory))
 
     def finish(self) -> None:
         """At the end of a run that finished: wait until every validation has ended."""
-        with self._changed:
-            if self._waiting or self._busy:
-                log.info("waiting for %d validation(s) to end", len(self._waiting) + self._busy)
-            while self._waiting or self._busy:
-                self._changed.wait()
+        with self._lock:
+            handed = [f for f in self._handed if not f.done()]
+        if handed:
+            log.info("waiting for %d validation(s) to end", len(handed))
+        wait_for(handed)
+        self._worker.stop()
 
     def cancel(self) -> None:
         """A run that stops or fails: the validations running are stopped and those queued
         are left pending in the manifest, for the resumed run to do."""
-        with self._changed:
+        with self._lock:
             self._cancelled = True
-            self._waiting.clear()
             running = list(self._running.values())
-            self._changed.notify_all()
+            handed = list(self._handed)
         for validation in running:
             validation.kill()
-        for thread in self._threads:
-            thread.join(timeout=10)
+        self._worker.stop(wait=False, cancel=True)
+        wait_for(handed, timeout=10)  # a validation that outlives it can write nothing
         child.remove_payload(self.payload, self.config)
 
-    def _work(self, place: int | None) -> None:
-        """One place's thread: rank 0's node (None) or a rank set aside."""
-        background_thread()
-        while True:
-            with self._changed:
-                while not self._waiting and not self._cancelled:
-                    self._changed.wait()
-                if self._cancelled:
-                    return
-                directory = self._waiting.popleft()
-                self._busy += 1
-            try:
-                self._validate(directory, place)
-            except Exception as exc:  # noqa: BLE001  (the thread must go on: say it, go on)
-                log.warning("could not validate %s: %r", directory, exc)
-            finally:
-                with self._changed:
-                    self._busy -= 1
-                    self._running.pop(place, None)
-                    self._changed.notify_all()
+    def _one(self, directory: str) -> None:
+        """On a worker thread: validate ``directory`` at the place that is free."""
+        place = self._free.get()
+        try:
+            self._validate(directory, place)
+        except ExperimentClosedError:
+            log.info("%s stays awaiting validation: its attempt ended first", directory)
+        except Exception as exc:  # noqa: BLE001  (told at the next step, on every rank)
+            self._failed(directory, exc)
+        finally:
+            with self._lock:
+                self._running.pop(place, None)
+            self._free.put(place)
+
+    def _failed(self, directory: str, exc: Exception) -> None:
+        """A validation whose outcome cannot be recorded: the run fails at its next step
+        rather than leave the checkpoint awaiting validation, kept by retention, to the end."""
+        log.error("could not validate %s: %s", directory, exc)
+        with self._lock:
+            if self.error is None:
+                self.error = CommitError(
+                    f"the validation of {self.experiment.location.join(directory).display} "
+                    f"could not be started or its outcome recorded: {exc}. The checkpoint is "
+                    "committed and awaits validation; a resumed run validates it (check the "
+                    "storage, and ValidationConfig's sbatch options, first).")
+                self.error.__cause__ = exc
+
+    def raise_error(self) -> None:
+        """At each collective step (rank 0): a validation that could not be recorded."""
+        with self._lock:
+            error, self.error = self.error, None
+        if error is not None:
+            raise error
 
     def _validate(self, directory: str, place: int | None) -> None:
         record = _awaiting(self.experiment, directory)
         if record is None or record.validation is None:
             return  # evicted, or ended already
         checkpoint = Checkpoint._at(self.experiment.location.join(directory))
-        with self._changed:
-            if self._cancelled:
-                return
-            running = self._start(place, checkpoint, record.validation)
+        if self._cancelled:
+            return
+        # Outside the lock: a start may wait seconds (sbatch until Slurm answers, a send to a
+        # busy validation rank), and submit(), called as checkpoints commit, must not.
+        running = self._start(place, checkpoint, record.validation)
+        with self._lock:
             self._running[place] = running
+            cancelled = self._cancelled
+        if cancelled:  # cancel() came while it started, and could not stop it
+            running.kill()
+            running.close()
+            return
         faults.reached("validating", 0)
         try:
             ended = running.outcome()
         finally:
             running.close()
-        with self._changed:
+        with self._lock:
             if self._cancelled or ended is None:
                 return  # stopped by cancel(): still pending, for the resumed run
         self.experiment.record_validation(directory, ended, self.retention)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass
 
+from hpckit.background import IDLE, Worker
 from hpckit.errors import ProtocolError
-from hpckit.processes import background_thread
 from hpckit.run.mpi.comm import RankFailure
 from hpckit.run.writing.plan import Persisted, Settled
 from hpckit.storage.location import Location
@@ -35,7 +35,7 @@ class InFlight:
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
-        self._pool: ThreadPoolExecutor | None = None
+        self._worker = Worker(f"hpckit-persist-{rank}", IDLE)
         self._flights: deque[Flight] = deque()
 
     def __len__(self) -> int:
@@ -43,10 +43,7 @@ class InFlight:
 
     def start(self, directory: str, committed_at: Location,
               work: Callable[[], Persisted]) -> None:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"hpckit-persist-{self.rank}",
-                                            initializer=background_thread)
-        self._flights.append(Flight(directory, committed_at, self._pool.submit(work)))
+        self._flights.append(Flight(directory, committed_at, self._worker.submit(work)))
 
     def settled(self) -> tuple[Settled, ...]:
         """The checkpoints whose work has ended, oldest first, up to the first that is still
@@ -84,9 +81,7 @@ class InFlight:
         for flight in self._flights:
             flight.future.cancel()
         self._flights.clear()
-        if self._pool is not None:
-            self._pool.shutdown(wait=wait, cancel_futures=True)
-            self._pool = None
+        self._worker.stop(wait=wait, cancel=True)
 
 
 def done_now(work: Callable[[], Persisted]) -> Callable[[], Persisted]:
