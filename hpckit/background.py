@@ -9,7 +9,7 @@ One priority rule, measured (``benchmarks/writer_priority.py``): work that the r
 runs at ``NORMAL`` priority (the experiment's writer, the purge a new checkpoint waits for);
 work they do not wait for runs at ``IDLE`` (Linux's ``SCHED_IDLE``: copies, hashes,
 serialisation, validations, the mirror), on a core only when training leaves one idle. At
-idle priority, a write every rank waited for took 1 s instead of 12 ms on a busy node.
+idle priority, a write every rank waited for took over a second instead of 12 ms on a busy node.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ it over.
 
 The writer is a :class:`~hpckit.background.Worker` at normal priority, not at the idle
 priority of the copy and hash threads: every rank waits for it at a synchronous commit, and at
-idle priority on a busy node a commit took a second instead of 12 ms
+idle priority on a busy node a commit took over a second instead of 12 ms
 (``benchmarks/writer_priority.py``).
 
 When the attempt ends the writer is closed: it refuses new changes (a validation that outlived
