@@ -5,10 +5,11 @@ raises a failure where the run hears of it (at the next collective step, the nex
 save), never in the worker. ``stop`` makes what was handed over (or cancels what has not
 started) and ends the threads.
 
-One priority rule, measured (``benchmarks/writer_priority.py``): work that the ranks wait for
-runs at ``NORMAL`` priority (the experiment's writer, the purge a new checkpoint waits for);
-work they do not wait for runs at ``IDLE`` (Linux's ``SCHED_IDLE``: copies, hashes,
-serialisation, validations, the mirror), on a core only when training leaves one idle. At
+One priority rule, measured (``benchmarks/writer_priority.py``): work that the ranks wait for,
+or that must keep pace with the commits, runs at ``NORMAL`` priority (the experiment's writer,
+the purge a new checkpoint waits for, the mirror, which copies checkpoints the purge deletes
+once newer ones come); the rest runs at ``IDLE`` (Linux's ``SCHED_IDLE``: copies, hashes,
+serialisation, validations), on a core only when training leaves one idle. At
 idle priority, a write every rank waited for took over a second instead of 12 ms on a busy node.
 """
 

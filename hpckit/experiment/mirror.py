@@ -20,7 +20,7 @@ from concurrent.futures import wait as wait_for
 
 import pyarrow.fs
 
-from hpckit.background import IDLE, Worker
+from hpckit.background import NORMAL, Worker
 from hpckit.config import SyncConfig
 from hpckit.errors import HpckitError, ProtocolError
 from hpckit.experiment.manifest import MANIFEST_NAME, METRICS_NAME, Manifest, is_checkpoint_dirname
@@ -41,7 +41,8 @@ class Mirror:
         self.target_text = uris.join(config.mirror, name)
         self._target: Location | None = None
         self._last = float("-inf")
-        self._worker = Worker("hpckit-mirror", IDLE)  # nobody waits for it until the end
+        # Normal priority: it copies checkpoints that the purge may delete once newer ones come.
+        self._worker = Worker("hpckit-mirror", NORMAL)
         self._running: Future[None] | None = None
         self._lock = threading.Lock()
         self.failures = 0
