@@ -161,3 +161,15 @@ def test_a_closed_experiment_refuses_every_write(tmp_path):
     after = {p.name: p.read_bytes() for p in (tmp_path / "e").iterdir() if p.is_file()}
     assert after == before
     assert (tmp_path / "e" / newest).is_dir()
+
+
+def test_a_run_leaves_no_background_thread_behind(tmp_path):
+    """Each background worker of a run ends with it: a process that runs many (a sweep's
+    trials, in-process retries) does not gather idle threads, one per run."""
+    before = {t.ident for t in threading.enumerate()}
+    DataParallelTrainer(four_checkpoints, run_config=RunConfig(
+        name="e", storage_path=str(tmp_path),
+        checkpoint_config=CheckpointConfig(num_to_keep=1))).fit()  # evictions: the purge ran
+    left = [t.name for t in threading.enumerate()
+            if t.ident not in before and t.name.startswith("hpckit-")]
+    assert left == [], left

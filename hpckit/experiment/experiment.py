@@ -259,8 +259,7 @@ class Experiment:
         try:
             self.writer.close()  # the changes handed over are made; none after
             taken = self._lock is not None and self._lock.lost is not None
-            if not promptly:
-                self._purge.wait()
+            self._purge.close(promptly)
             if self._metrics is not None:
                 self._metrics.close()
             if self._mirror is not None and not (promptly or taken):

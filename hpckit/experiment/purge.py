@@ -86,3 +86,10 @@ class Purge:
         with self._handing:
             handed = list(self._handed)
         wait_for(handed)
+
+    def close(self, promptly: bool = False) -> None:
+        """At the end of the attempt: the deletions handed over are made (``promptly``: left
+        to the next run's leftover removal), and the worker's thread ends."""
+        if not promptly:
+            self.wait()
+        self._worker.stop(wait=not promptly, cancel=promptly)
