@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from processes import kill_tree
 from turns import (  # noqa: F401  (the hooks that share the tests out between two workers)
     pytest_collection_modifyitems,
     pytest_runtest_protocol,
@@ -49,14 +50,15 @@ class Run:
 
 def run(command: list[str], timeout: float, env: dict[str, str] | None = None,
         expect: int | None = 0, cwd: Path | None = None) -> Run:
-    """Run a command in its own process group; kill the group and show the output on timeout."""
+    """Run a command in its own process group; on timeout kill it and every process under it
+    (ranks in sessions of their own too) and show the output."""
     environ = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, env=environ, start_new_session=True, cwd=cwd)
     try:
         output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
+        kill_tree(process.pid)
         output, _ = process.communicate()
         pytest.fail(f"timed out after {timeout:.0f} s: {' '.join(command)}\n--- output of every "
                     f"rank ---\n{output}")

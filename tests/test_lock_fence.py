@@ -24,6 +24,7 @@ from typing import Any
 import pyarrow.fs
 import pytest
 from conftest import HERE, HPCKIT, MPIEXEC, mpiexec, run
+from processes import tree
 
 from hpckit import ExperimentTakenError
 from hpckit.config import CheckpointConfig
@@ -219,25 +220,6 @@ def committed(view: LocalView) -> bool:
 def stale(view: LocalView) -> bool:
     holder = parsed(view, LOCK_NAME)
     return holder is not None and Holder(**holder).stale(time.time(), STALE) is not None
-
-
-def tree(root: int) -> dict[int, tuple[str, int]]:
-    """``root`` and its descendants: each one's state and process group. mpiexec's proxy
-    (hydra_pmi_proxy) runs in a session of its own, and the ranks in the proxy's group."""
-    stats = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        stats[int(pid)] = (fields[0], int(fields[1]), int(fields[2]))  # state, parent, group
-    found, parents = {}, [root]
-    while parents:
-        pid = parents.pop()
-        if pid in stats:
-            found[pid] = (stats[pid][0], stats[pid][2])
-            parents += [child for child, (_, parent, _) in stats.items() if parent == pid]
-    return found
 
 
 def signal_run(root: int, signum: int) -> None:
