@@ -70,8 +70,11 @@ def to_float(sample: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, t
 
 def loader(path: str, split: str, shuffle: bool, batch_size: int) -> object:
     dataset = HDF5Dataset(path, (f"{split}/images", f"{split}/labels"), transform=to_float)
+    # forkserver: a rank runs threads (hpckit's writer, Gloo's), and a worker forked from a
+    # threaded process can hang in the child on a lock another thread held (docs/site.md).
     return prepare_data_loader(torch.utils.data.DataLoader(
-        dataset, batch_size=batch_size, shuffle=shuffle, num_workers=1, persistent_workers=True))
+        dataset, batch_size=batch_size, shuffle=shuffle, num_workers=1, persistent_workers=True,
+        multiprocessing_context="forkserver"))
 
 
 def train_loop(config: dict) -> None:
