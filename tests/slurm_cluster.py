@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "srun", "sbatch")
-HOLD_S = 3.0  # how long a requeued job stays held before hurry() starts it
+HOLD_S = 2.0  # how long a requeued job stays held before hurry() starts it
 
 
 def missing() -> list[str]:

@@ -15,7 +15,8 @@ EXAMPLES = Path(__file__).parent.parent / "examples"
 
 def test_the_readme_try_it_sequence_then_hpckit_resume(tmp_path):
     """The README's "Try it" commands as written (storage under a fresh HOME), then
-    ``hpckit resume``, which repeats the latest run: 3 ranks, 10 epochs."""
+    ``hpckit resume``, which repeats the latest run: 3 ranks, 10 epochs. The first two are
+    docs/getting-started.md's first run and its resume, checked here."""
     env = {"HOME": str(tmp_path), "HPCKIT_STORAGE": ""}
     linear = [sys.executable, str(EXAMPLES / "linear.py")]
     first = run([*linear, "--workers", "2"], timeout=120, env=env)

@@ -69,7 +69,7 @@ def test_after_report_is_called_once_for_every_report_noted_while_the_calls_are_
 
 
 VALIDATING = HERE / "ranks" / "validating.py"
-SBATCH_DELAY_S = 20.0
+SBATCH_DELAY_S = 8.0
 # `sbatch --wait --parsable` that answers its first submission after SBATCH_DELAY_S, as a loaded
 # slurmctld may, the later ones at once; it runs the job here and ends with it.
 FAKE_SBATCH = """#!/bin/bash
@@ -90,9 +90,9 @@ def outcomes(experiment: Path) -> dict[str, str | None]:
 
 def test_a_validation_submitted_to_a_slow_sbatch_does_not_hold_up_the_reports(tmp_path):
     """The first two checkpoints ask for validation as Slurm jobs, and sbatch answers after
-    20 s: the reports after them return at once (the second report waited 20 s for the
+    8 s: the reports after them return at once (the second report waited 8 s for the
     first validation's start before). Not alone: a report takes milliseconds, against the
-    20 s it would wait."""
+    8 s it would wait."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "sbatch").write_text(FAKE_SBATCH.format(delay=SBATCH_DELAY_S))
