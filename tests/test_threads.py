@@ -20,8 +20,9 @@ from hpckit.config.callbacks import TrainRunContext, UserCallback
 from hpckit.experiment.attempts import AttemptStatus
 from hpckit.experiment.experiment import Experiment
 from hpckit.experiment.validation import VALIDATED, Validation
-from hpckit.experiment.writer import ExperimentClosedError
+from hpckit.experiment.writer import ExperimentClosedError, Writer
 from hpckit.run.commit.callbacks import Callbacks
+from hpckit.run.commit.ledger import Ledger
 from hpckit.storage.location import resolve
 
 
@@ -173,3 +174,35 @@ def test_a_run_leaves_no_background_thread_behind(tmp_path):
     left = [t.name for t in threading.enumerate()
             if t.ident not in before and t.name.startswith("hpckit-")]
     assert left == [], left
+
+
+def test_a_metrics_only_report_hands_its_line_over_and_returns():
+    """On object storage a metrics line rewrites metrics.jsonl, a PUT that a loaded endpoint
+    may take seconds over, and every rank waited for it: now the line goes to the writer and
+    the report returns; the lines are written in report order, and a write that fails is
+    what the next collective step finds (before, the report waited for the write)."""
+    release = threading.Event()
+    lines: list[int] = []
+
+    class SlowExperiment:
+        writer = Writer("slow")
+
+        def log_report(self, step: int, metrics: dict) -> None:
+            release.wait(10)
+            if metrics.get("fail"):
+                raise OSError(5, "Input/output error")
+            lines.append(step)
+
+    ledger = Ledger(SlowExperiment(), CheckpointConfig())  # type: ignore[arg-type]
+    try:
+        ledger.log(0, {"loss": 1.0})
+        ledger.log(1, {"loss": 0.5})
+        ledger.log(2, {"fail": True})
+        assert lines == [], "a report waited for its metrics line"
+        release.set()
+        ledger.committer.wait()
+        assert lines == [0, 1]
+        assert isinstance(ledger.committer.landed()[1], OSError)
+    finally:
+        release.set()
+        SlowExperiment.writer.close()

@@ -76,15 +76,15 @@ class Ledger:
         self._score_missing_said = False
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
-        """A report without a checkpoint: logged now, or after the checkpoints before it."""
+        """A report without a checkpoint: its line handed to the writer, after the checkpoints
+        before it. Nothing waits for it: its failure fails the next collective step, and a
+        line lost with a killed rank 0 is reported again by the resumed run."""
         if log.isEnabledFor(logging.INFO):
             log.info("step %d: %s", step, metrics_summary(metrics))
         if self._queue:
             self._queue.append(Entry(step, metrics, None, time.perf_counter()))
-        elif self.committer.busy:  # after the commits it is writing
-            self.committer.submit(None, partial(self._log_report, step, metrics), _nothing)
         else:
-            self._log_report(step, metrics)
+            self.committer.submit(None, partial(self._log_report, step, metrics), _nothing)
 
     def prepare(self, plan: Plan, next_index: int) -> None:
         """Before any rank writes: the previous purge is done, a named directory is free (and
