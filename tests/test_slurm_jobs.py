@@ -82,9 +82,13 @@ def test_time_limit_warning_checkpoints_requeues_and_finishes(tmp_path, slurm, s
                                                               cpu_burner):
     # Slurm checks time limits every 30 s and sends the warning up to that much early: @30 of
     # a 1-minute job was sometimes sent as the ranks started, before Python could catch it.
+    # @20 comes 10 to 40 s into the run, by where slurmctld's timer stands: the first run
+    # trains 8 epochs of 6 s, so that it is always warned before it ends (with 4 s epochs it
+    # ended unwarned about once in ten); requeued runs train the rest in epochs of 2 s.
     job = submit(slurm, tmp_path, "requeue.sbatch", "--ntasks=2", "--cpus-per-task=1", "--time=1",
                  "--signal=USR2@20",
-                 args=f"--storage {tmp_path} --name tl --epoch-seconds 4 --preemption-info")
+                 args=f"--storage {tmp_path} --name tl --first-run-epoch-seconds 6 "
+                      "--epoch-seconds 2 --preemption-info")
     assert wait(slurm, tmp_path, job, 400) == {job: "COMPLETED"}, output_of(tmp_path)
     told = [json.loads(t) for t in re.findall(r"PREEMPTION (\{.*?\}) rank \d END",
                                                output_of(tmp_path))]

@@ -102,15 +102,27 @@ def end_epoch(config: dict, ctx, epoch: int, total: float, save, name: str) -> N
     """The epoch's pause, its preemption notice if asked, and its report with rank 0's
     checkpoint (``save(path)`` writes the state to the file ``name``)."""
     time.sleep(config["epoch_seconds"])
-    if config["preemption_info"] and (info := hpckit.get_preemption_info()):
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            checkpoint = None
+            if ctx.get_world_rank() == 0:
+                save(os.path.join(d, name))
+                checkpoint = Checkpoint.from_directory(d)
+            hpckit.report({"epoch": epoch, "loss": total}, checkpoint=checkpoint)
+    finally:  # also where the report stops the run: a warning that came during it
+        if config["preemption_info"]:
+            say_preemption(ctx.get_world_rank())
+
+
+_said: list[int] = []
+
+
+def say_preemption(rank: int) -> None:
+    """Once a run: the preemption notice, as soon as this rank is told."""
+    if not _said and (info := hpckit.get_preemption_info()):
+        _said.append(info.deadline_ms)
         print(f"PREEMPTION {json.dumps({'deadline_ms': info.deadline_ms, 'seen': time.time()})}"
-              f" rank {ctx.get_world_rank()} END", flush=True)
-    with tempfile.TemporaryDirectory() as d:
-        checkpoint = None
-        if ctx.get_world_rank() == 0:
-            save(os.path.join(d, name))
-            checkpoint = Checkpoint.from_directory(d)
-        hpckit.report({"epoch": epoch, "loss": total}, checkpoint=checkpoint)
+              f" rank {rank} END", flush=True)
 
 
 def main() -> None:
@@ -120,12 +132,18 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=int(os.environ.get("PMI_SIZE", "1")))
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--epoch-seconds", type=float, default=0.0)
+    p.add_argument("--first-run-epoch-seconds", type=float, default=None,
+                   help="the pause in a Slurm job's first run (SLURM_RESTART_COUNT 0 or unset); "
+                        "--epoch-seconds in its requeued runs")
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--torch", action="store_true", help="TorchTrainer, DDP and a DataLoader")
     p.add_argument("--loader-workers", type=int, default=0, help="with --torch")
     p.add_argument("--preemption-info", action="store_true",
                    help="ask get_preemption_info() every epoch; print it once the job is told")
     args = p.parse_args()
+    if args.first_run_epoch_seconds is not None and \
+            os.environ.get("SLURM_RESTART_COUNT", "0") == "0":
+        args.epoch_seconds = args.first_run_epoch_seconds
     if args.torch:
         from hpckit.torch import TorchTrainer as Trainer
     else:
