@@ -2,30 +2,35 @@
 
 hpckit's launcher starts mpiexec in a session of its own, and mpiexec's proxy (hydra_pmi_proxy)
 starts the ranks in another: killing the command's process group leaves them running, and
-holding the command's output pipe open. The tree is found by parent, from /proc."""
+holding the command's output pipe open. The tree is found by parent (:mod:`hpckit.processes`)."""
 
 from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
+
+from hpckit.processes import children, stat
+
+
+def descendants(root: int) -> list[int]:
+    """Every live process under ``root``, parents before their children."""
+    found = []
+    for child in children(root):
+        found += [child.pid, *descendants(child.pid)]
+    return found
 
 
 def tree(root: int) -> dict[int, tuple[str, int]]:
     """``root`` and its descendants: each one's state and process group."""
-    stats = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    found = {}
+    for pid in [root, *descendants(root)]:
+        process = stat(pid)
         try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
+            group = os.getpgid(pid)
+        except ProcessLookupError:
             continue
-        stats[int(pid)] = (fields[0], int(fields[1]), int(fields[2]))  # state, parent, group
-    found, parents = {}, [root]
-    while parents:
-        pid = parents.pop()
-        if pid in stats:
-            found[pid] = (stats[pid][0], stats[pid][2])
-            parents += [child for child, (_, parent, _) in stats.items() if parent == pid]
+        if process is not None:
+            found[pid] = (process.state, group)
     return found
 
 

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 from conftest import JOB, STEADY, final_params, manifest, metrics_lines, run
+from processes import descendants
 from slurm_jobs import minimal_script, output_of, sbatch, wait
 
 from hpckit.experiment.lock import LOCK_NAME
-from hpckit.processes import alive, children
+from hpckit.processes import alive
 
 
 def require_mpi_venv(venv: Path, says: str) -> None:
@@ -58,13 +59,6 @@ def wait_for_epochs(experiment: Path, count: int, process: subprocess.Popen) -> 
         time.sleep(0.2)
 
 
-def _descendants(pid: int) -> list[int]:
-    found = []
-    for child in children(pid):
-        found += [child.pid, *_descendants(child.pid)]
-    return found
-
-
 def driver_killed_then_rerun(tmp_path: Path, reference: list[float], python: str,
                              env: dict[str, str], stop_signal: str) -> None:
     """Kill the driver of a 2-rank run after 2 epochs of 4 s (without the stop, the ranks
@@ -77,7 +71,7 @@ def driver_killed_then_rerun(tmp_path: Path, reference: list[float], python: str
     launched: list[int] = []
     try:
         wait_for_epochs(tmp_path / "k", 2, process)
-        launched = _descendants(process.pid)  # mpiexec, its proxy and the two ranks
+        launched = descendants(process.pid)  # mpiexec, its proxy and the two ranks
         process.kill()
         deadline = time.monotonic() + 15
         try:
