@@ -29,4 +29,7 @@ def test_a_command_past_its_timeout_is_ended_with_everything_under_it():
         run([sys.executable, "-c", HOLDER], timeout=5)
     assert time.monotonic() - started < 60, "the test waited for the held output pipe"
     held = int(str(failed.value).split("HOLDER ")[1].split()[0])
+    deadline = time.monotonic() + 10  # SIGKILL is sent; the process ends a moment later
+    while alive(held) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert not alive(held), f"pid {held}, in a session of its own, outlived the command"
