@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 from processes import kill_tree
 from turns import (  # noqa: F401  (the hooks that share the tests out between two workers)
+    pytest_addoption,
     pytest_collection_modifyitems,
+    pytest_runtest_logreport,
     pytest_runtest_protocol,
     pytest_sessionfinish,
     pytest_testnodedown,

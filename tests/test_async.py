@@ -50,7 +50,7 @@ def outcome(run, experiment: str) -> tuple[str, list[tuple[int, str | None]]]:
     return run.line("FINAL"), [(m["step"], m["checkpoint"]) for m in map(json.loads, lines)]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # computed once a worker, whatever the order of tests
 def synchronous(tmp_path_factory):
     storage = tmp_path_factory.mktemp("sync")
     return outcome(sharded(3, str(storage), "sync"), str(storage / "exp"))

@@ -35,7 +35,7 @@ def store_loop() -> None:
             hpckit.report({"loss": 1.0 / (step + 1)}, checkpoint=Checkpoint.from_directory(d))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # computed once a worker, whatever the order of tests
 def stored(tmp_path_factory):
     """An experiment with two committed checkpoints, which no bad input may change."""
     root = tmp_path_factory.mktemp("stored")

@@ -311,7 +311,7 @@ def test_python_block_runs(block, tmp_path):
     run([sys.executable, str(script)], timeout=120, cwd=tmp_path, env={**ENV, "HOME": str(tmp_path)})
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # computed once a worker, whatever the order of tests
 def trained_home(tmp_path_factory) -> Path:
     """A HOME whose ~/hpckit_results/linear is examples/linear.py's run, the one the pages
     show (also as /tmp/docrun/linear)."""

@@ -247,7 +247,7 @@ def start_frozen_candidate(view: LocalView, log: Path) -> subprocess.Popen:
                                 start_new_session=True)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # computed once a worker, whatever the order of tests
 def reference(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     """The final shards of an uninterrupted run."""
     storage = tmp_path_factory.mktemp("reference")

@@ -56,7 +56,7 @@ def final(output: str) -> list[str]:
     return json.loads(found.group(1))["shards"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # computed once a worker, whatever the order of tests
 def reference(tmp_path_factory):
     """The shards' digests of an uninterrupted run on N ranks, storage_path only."""
     known: dict[int, list[str]] = {}

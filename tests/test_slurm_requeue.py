@@ -19,7 +19,7 @@ from slurm_jobs import SLOW_START, minimal_script, output_of, sbatch, wait, wait
 
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # computed once a worker, whatever the order of tests
 def three_rank_reference(tmp_path_factory) -> list[float]:
     storage = tmp_path_factory.mktemp("reference3")
     return final_params(mpiexec(3, "--storage", str(storage), "--name", "ref", script=STEADY,

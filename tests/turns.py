@@ -8,6 +8,12 @@ duration, loads both cores itself (``cpu_burner``), or compares machine-wide sta
 runs (setup and teardown included); an ``alone`` test holds it exclusively, so it starts once
 the other worker's test has ended, and the other worker waits until it ends.
 
+The tests are handed out from one queue two at a time (``--dist load --maxschedchunk 2``),
+longest first by the durations a recorded run left in tests/durations.json (``pytest
+--record-durations`` writes it): a long test started last would hold one worker while the
+other has nothing left, and an ``alone`` test taken early would wait for whatever the other
+worker runs. Tests the file does not know keep their place after the ones it does.
+
 The fault-injection figures (tests/reliability.py) are gathered on the workers; each worker
 hands its trials to the controller, which prints the summary.
 """
@@ -19,7 +25,9 @@ import fcntl
 import json
 import os
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import reliability
@@ -27,6 +35,9 @@ import reliability
 TRIALS_KEY = "hpckit_reliability_trials"
 # Read now, as conftest is imported: a session fixture gives each worker a TMPDIR of its own.
 SHARED_DIR = tempfile.gettempdir()
+DURATIONS = Path(__file__).with_name("durations.json")
+RECORDED_FROM_S = 0.5  # shorter tests keep their place: their order changes nothing
+MEASURED: Counter[str] = Counter()  # on the controller: seconds per test, setup to teardown
 
 
 def _lock_path(config: pytest.Config) -> str | None:
@@ -52,11 +63,19 @@ def _turn(item: pytest.Item) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--record-durations", action="store_true",
+                     help=f"write each test's duration to {DURATIONS.name}, which orders the "
+                          "tests of later runs (longest first)")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The ``alone`` tests last: each waits for the other worker's test to end and holds the
     other worker up while it runs, so they run one after another at the end, while the rest
-    run two at a time before them."""
-    items.sort(key=lambda item: item.get_closest_marker("alone") is not None)
+    run two at a time before them, longest first."""
+    known = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    items.sort(key=lambda item: (item.get_closest_marker("alone") is not None,
+                                 -known.get(item.nodeid, 0.0)))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -65,11 +84,20 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         yield
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    MEASURED[report.nodeid] += report.duration
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """On a worker: its fault-injection trials, for the controller's summary."""
+    """On a worker: its fault-injection trials, for the controller's summary. On the
+    controller, with ``--record-durations``: the durations that order the next runs."""
     output = getattr(session.config, "workeroutput", None)
     if output is not None:
         output[TRIALS_KEY] = json.dumps(reliability.TRIALS)
+    elif session.config.getoption("record_durations"):
+        durations = {test: round(seconds, 1) for test, seconds in sorted(MEASURED.items())
+                     if seconds >= RECORDED_FROM_S}
+        DURATIONS.write_text(json.dumps(durations, indent=0) + "\n")
 
 
 @pytest.hookimpl(optionalhook=True)
