@@ -77,14 +77,14 @@ def test_a_warning_as_the_job_starts_is_held_by_the_script_until_the_ranks_run(
     assert final_params(output_of(tmp_path)) == steady_reference
 
 
-@pytest.mark.alone  # loads both cores itself
-def test_time_limit_warning_checkpoints_requeues_and_finishes(tmp_path, slurm, steady_reference,
-                                                              cpu_burner):
+def test_time_limit_warning_checkpoints_requeues_and_finishes(tmp_path, slurm, steady_reference):
     # Slurm checks time limits every 30 s and sends the warning up to that much early: @30 of
     # a 1-minute job was sometimes sent as the ranks started, before Python could catch it.
     # @20 comes 10 to 40 s into the run, by where slurmctld's timer stands: the first run
     # trains 8 epochs of 6 s, so that it is always warned before it ends (with 4 s epochs it
-    # ended unwarned about once in ten); requeued runs train the rest in epochs of 2 s.
+    # ended unwarned about once in ten); requeued runs train the rest in epochs of 2 s. Its
+    # ranks sleep through their epochs, waiting for Slurm's timer, while the test beside it
+    # keeps the cores busy (its own burner made it wait for both cores for 45 s).
     job = submit(slurm, tmp_path, "requeue.sbatch", "--ntasks=2", "--cpus-per-task=1", "--time=1",
                  "--signal=USR2@20",
                  args=f"--storage {tmp_path} --name tl --first-run-epoch-seconds 6 "
