@@ -143,11 +143,20 @@ def _node_line(host: str) -> str:
             f"CoresPerSocket=8 ThreadsPerCore=1 RealMemory={int(memory * 0.9)} State=UNKNOWN")
 
 
+def _first_job_id() -> int:
+    """Each pytest-xdist worker starts a Slurm of its own on this one host: with the same job
+    ids, two jobs that run at once (job 2 of each) named the same MPICH shared memory, and
+    their ranks read each other's messages (a commit waited for good). Each worker's ids start
+    a million apart."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return int(worker.removeprefix("gw")) * 1_000_000 + 1
+
+
 def _config(root: Path, host: str, munge_socket: Path) -> str:
     return f"""\
 ClusterName=hpckit-test
 # Job ids never repeat on a real cluster; MPICH names node-local shared memory after them.
-FirstJobId=1
+FirstJobId={_first_job_id()}
 SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={_free_port()}
 SlurmdPort={_free_port()}
