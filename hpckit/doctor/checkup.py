@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpckit.doctor import framework, mpi, slurm, startup, storage
 from hpckit.doctor.finding import FAIL, Finding, worst
@@ -14,8 +14,11 @@ from hpckit.run.mpi.waiting import from_root, gather_to_root
 from hpckit.settings import Settings
 from hpckit.storage.location import resolve
 
+if TYPE_CHECKING:
+    from mpi4py.MPI import Comm
 
-def checkup(comm: Any, settings: Settings, storage_path: str | None,
+
+def checkup(comm: Comm, settings: Settings, storage_path: str | None,
             cache_dir: str | None) -> tuple[list[Finding] | None, int]:
     """The findings (on rank 0; None elsewhere) and the exit status every rank returns:
     1 when a check failed, else 0."""

@@ -7,7 +7,7 @@ import os
 import socket
 import tempfile
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pyarrow.fs
 
@@ -17,10 +17,13 @@ from hpckit.run.mpi.waiting import from_root, gather_to_root
 from hpckit.storage import files
 from hpckit.storage.location import Location
 
+if TYPE_CHECKING:
+    from mpi4py.MPI import Comm
+
 MARKER = ".hpckit-doctor-"
 
 
-def shared_storage(comm: Any, location: Location) -> Finding | None:
+def shared_storage(comm: Comm, location: Location) -> Finding | None:
     """Rank 0 writes a marker at ``location``; every rank must see it. The finding on rank 0."""
     marker, error = None, None
     if comm.rank == 0:
@@ -70,7 +73,7 @@ def _remove(marker: Location) -> None:
         pass  # a stray marker is harmless: hpckit gc ignores what is not an experiment
 
 
-def cache_dir(comm: Any, path: str | None) -> Finding | None:
+def cache_dir(comm: Comm, path: str | None) -> Finding | None:
     """CheckpointConfig(cache_dir=...): present and writable on every node."""
     problem = None if path is None else _cache_problem(path)
     found = gather_to_root(comm, (problem, socket.gethostname()))

@@ -31,13 +31,8 @@ from hpckit.run.ending.hang import HangWatch
 from hpckit.run.job import TrainingJob, command_record
 from hpckit.run.levels import restore
 from hpckit.run.levels.levels import Levels
-from hpckit.run.mpi.comm import (
-    Topology,
-    everywhere,
-    failed_ranks,
-    on_root,
-    raised_together,
-)
+from hpckit.run.mpi.comm import everywhere, failed_ranks, on_root, raised_together
+from hpckit.run.mpi.group import Group
 from hpckit.run.mpi.waiting import from_root
 from hpckit.run.session.context import TrainContext
 from hpckit.run.session.interval import CheckpointClock, agreed_due
@@ -77,17 +72,15 @@ class AttemptFailed(Exception):
 
 @dataclass(frozen=True)
 class Ranks:
-    """The MPI world an attempt runs on."""
+    """The ranks an attempt runs on."""
 
-    comm: Any
-    local_comm: Any
-    topology: Topology
+    group: Group
     validation: Pool | None = None
     """The ranks set aside to validate, beside this world."""
 
 
 def run_attempt(job: TrainingJob, ranks: Ranks, settings: Settings, number: int) -> Result:
-    comm = ranks.comm
+    comm = ranks.group.world
     began = time.time()
     root = job.storage_root(settings)
     location = root.join(job.name)
@@ -140,8 +133,10 @@ def _open(job: TrainingJob, root: Location, world_size: int, settings: Settings,
                         last.attempt if last else 0)
 
 
-def _check_shared(comm: Any, location: Location, marker: str, topology: Topology,
+def _check_shared(group: Group, location: Location, marker: str,
                   experiment: Experiment | None) -> None:
+    topology = group.topology
+
     def visible() -> None:
         if files.file_type(location.join(marker)) != pyarrow.fs.FileType.File:
             raise StorageError(
@@ -150,7 +145,7 @@ def _check_shared(comm: Any, location: Location, marker: str, topology: Topology
                 "node (a node-local path such as /tmp in a multi-node job?). Use a shared "
                 "filesystem (Lustre, NFS) or S3.")
 
-    everywhere(comm, visible, "checking that every rank sees the storage", StorageError)
+    everywhere(group.world, visible, "checking that every rank sees the storage", StorageError)
     if experiment is not None:
         experiment.remove_marker(marker)
 
@@ -161,9 +156,8 @@ def _start(job: TrainingJob, ranks: Ranks, settings: Settings, number: int,
     """Everything between opening the experiment and the first step; an error here ends
     the attempt as failed (interrupted, for Ctrl-C) with its message, on every rank alike."""
     try:
-        _check_shared(ranks.comm, location, start.marker, ranks.topology, experiment)
-        job.backend.setup(ranks.comm, ranks.local_comm, ranks.topology, job.scaling_config,
-                          settings)
+        _check_shared(ranks.group, location, start.marker, experiment)
+        job.backend.setup(ranks.group, job.scaling_config, settings)
         session = _session(job, ranks, settings, number, location, start, experiment, leveled)
     except BaseException as exc:
         if experiment is not None:
@@ -171,7 +165,7 @@ def _start(job: TrainingJob, ranks: Ranks, settings: Settings, number: int,
         raise
     since, counted = ready_since(settings, began)
     log.info("%d rank(s) on %d node(s) ready in %.2f s %s; experiment %s",
-             ranks.topology.world_size, ranks.topology.num_nodes, time.time() - since, counted,
+             ranks.group.size, ranks.group.topology.num_nodes, time.time() - since, counted,
              location.display)
     return session
 
@@ -183,7 +177,7 @@ def _ending(exc: BaseException) -> AttemptStatus:
 def _session(job: TrainingJob, ranks: Ranks, settings: Settings, number: int,
              location: Location, start: Start, experiment: Experiment | None,
              leveled: Leveled) -> Session:
-    rank = ranks.comm.rank
+    rank = ranks.group.rank
     sync = job.run_config.sync_config
     artifacts = Artifacts(location, rank, settings.local_dir,
                           sync.sync_artifacts and (rank == 0 or sync.sync_artifacts_all_ranks))
@@ -192,16 +186,16 @@ def _session(job: TrainingJob, ranks: Ranks, settings: Settings, number: int,
               else Checkpoint._at(location.join(start.latest)) if start.latest else None)
     staging = Staging(location, rank, settings.local_dir)
     staging.remove()  # what an earlier attempt of this rank left
-    protocol = CommitProtocol(ranks.comm, location, job.run_config.checkpoint_config,
+    protocol = CommitProtocol(ranks.group.world, location, job.run_config.checkpoint_config,
                               (start.next_step, start.next_index), experiment, latest, staging,
                               callbacks(job, location), job.run_config.stop, levels,
                               for_attempt(job, experiment, settings, ranks.validation))
-    context = TrainContext(ranks.topology, job.name, location, number, settings.launcher,
+    context = TrainContext(ranks.group.topology, job.name, location, number, settings.launcher,
                            settings.slurm(), artifact_dir=lambda: artifacts.directory,
                            stop_requested=lambda: session.stop_requested is not None,
                            checkpoint_dir=protocol.checkpoint_dir,
                            checkpoint_due=lambda: agreed_due(
-                               ranks.comm, clock, lambda: session.stop_requested is not None))
+                               ranks.group.world, clock, lambda: session.stop_requested is not None))
     watch = HangWatch(job.run_config.failure_config.hang_timeout_s, location, start.recorded_number, rank)
     clock = CheckpointClock(job.run_config.checkpoint_config.mtbf_s)
     session = Session(context, protocol, job.resume_from_checkpoint, artifacts, watch, clock,

@@ -26,7 +26,7 @@ from hpckit.experiment.reading import read_manifest
 from hpckit.experiment.values import jsonable
 from hpckit.logs import log
 from hpckit.run.ending.exit import ERRORS, resume_hint
-from hpckit.run.mpi.comm import Topology
+from hpckit.run.mpi.group import Group
 from hpckit.settings import Settings
 from hpckit.storage import files
 from hpckit.storage.location import Location, resolve
@@ -41,8 +41,7 @@ class Backend:
     """Framework set-up on every rank before the training function runs: none here.
     :class:`hpckit.torch.TorchTrainer`'s back-end joins a torch.distributed process group."""
 
-    def setup(self, comm: Any, local_comm: Any, topology: Topology, scaling: ScalingConfig,
-              settings: Settings) -> None:
+    def setup(self, group: Group, scaling: ScalingConfig, settings: Settings) -> None:
         """Prepare this rank; every rank calls it at the same point."""
 
 

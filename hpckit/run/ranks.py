@@ -4,7 +4,7 @@ agreed, and attempts run until one succeeds or the retry policy gives up."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hpckit import logs
 from hpckit.errors import ExperimentTakenError, LaunchError, PreemptionError
@@ -16,38 +16,42 @@ from hpckit.run.ending import pmi, stop
 from hpckit.run.ending.retry import RetryPolicy
 from hpckit.run.job import TrainingJob
 from hpckit.run.mpi import library
-from hpckit.run.mpi.comm import RankFailure, discover, raised_together, world
+from hpckit.run.mpi.comm import RankFailure, raised_together, world
+from hpckit.run.mpi.group import discover
 from hpckit.run.mpi.waiting import from_root, wait_for_all
 from hpckit.run.startup import shm
 from hpckit.run.startup.watchdog import StartupWatchdog
 from hpckit.run.validation import pool
 from hpckit.settings import Settings
 
+if TYPE_CHECKING:
+    from mpi4py.MPI import Comm
 
-def run_ranks(job: TrainingJob, settings: Settings, group: Any = None) -> Result:
-    """Run ``job`` on every rank of this process's MPI world, or of ``group`` (a communicator
+
+def run_ranks(job: TrainingJob, settings: Settings, trial: Comm | None = None) -> Result:
+    """Run ``job`` on every rank of this process's MPI world, or of ``trial`` (a communicator
     of some of its ranks: a sweep's trial); returns its :class:`Result`."""
     # Before anything slow: a stop signal during start-up must not kill the rank.
     with stop.handling(settings.stop_signal):
         try:
-            return _run(job, settings, group)
+            return _run(job, settings, trial)
         except KeyboardInterrupt as exc:  # never retried: the user asked the run to stop
             rank_exit.interrupted(exc)
 
 
-def _run(job: TrainingJob, settings: Settings, group: Any) -> Result:
+def _run(job: TrainingJob, settings: Settings, trial: Comm | None) -> Result:
     rank = settings.launched_rank
     logs.configure(int(rank) if rank.isdigit() else 0)
     rank_exit.register_pid(settings)
     shm.clear_stale_segments(settings)
     with contextlib.ExitStack() as stack:
         with StartupWatchdog(settings):
-            launched = (group or world()).Dup()
+            launched = (trial or world()).Dup()
             rank_exit.prepare_interrupts(launched)
             configure_logs(launched.rank, job, settings)
             try:
                 check_world(launched.size, job.scaling_config.num_workers, job.validation_ranks,
-                            settings if group is None else None)
+                            settings if trial is None else None)
                 pool.check_threads(job.validation_ranks)
             except LaunchError as exc:
                 rank_exit.fail(launched, settings, exc, collective=True, training=False)
@@ -59,25 +63,26 @@ def _run(job: TrainingJob, settings: Settings, group: Any) -> Result:
             with stop.terminations(settings.stop_signal):  # a stop comes from rank 0, not SIGTERM
                 returned: Result = pool.serve(part, settings.local_dir)
             return returned
-        ended.result = result = _attempts(job, settings, group, ranks, ended)
+        ended.result = result = _attempts(job, settings, trial, ranks, ended)
+        ranks.group.free()  # every training rank is here: the run ended well
         return result
 
 
-def _agree(job: TrainingJob, settings: Settings, comm: Any,
+def _agree(job: TrainingJob, settings: Settings, comm: Comm,
            validation: pool.Pool | None) -> tuple[TrainingJob, Ranks]:
     """The training ranks: where each runs, and the experiment's name."""
     job, redirected = job.resumed(settings)
     if redirected and comm.rank == 0:
         log.warning("%s", redirected)
-    topology, local_comm = discover(comm)
+    group = discover(comm)
     name = from_root(comm, job.named(settings).name if comm.rank == 0 else None)
-    return job.named(settings, name), Ranks(comm, local_comm, topology, validation)
+    return job.named(settings, name), Ranks(group, validation)
 
 
-def _attempts(job: TrainingJob, settings: Settings, group: Any, ranks: Ranks,
+def _attempts(job: TrainingJob, settings: Settings, trial: Comm | None, ranks: Ranks,
               ended: pool.Ending) -> Result:
     """Attempts until one succeeds or the retry policy gives up."""
-    comm = ranks.comm
+    comm = ranks.group.world
     policy = RetryPolicy(job.run_config.failure_config.max_failures)
     number = settings.attempt
     while True:
@@ -99,11 +104,11 @@ def _attempts(job: TrainingJob, settings: Settings, group: Any, ranks: Ranks,
                 ended.end(failure.cause)  # the ranks set aside exit with the others
                 rank_exit.taken(comm, settings, failure.cause)
             # A single rank that hpckit did not launch restarts itself, and so do a sweep's
-            # group of ranks that failed together; launched ranks are restarted by whoever
+            # trial's ranks that failed together; launched ranks are restarted by whoever
             # launched them (hpckit's parent process, or the user).
             alone = comm.size == 1
             here = (alone and settings.launcher is None) or (
-                group is not None and (alone or failure.collective))
+                trial is not None and (alone or failure.collective))
             if not (here and policy.allows(number)):
                 rank_exit.fail(comm, settings, failure.cause, failure.collective, training=True,
                                resume=job.resume_hint(settings))
@@ -116,7 +121,7 @@ def _attempts(job: TrainingJob, settings: Settings, group: Any, ranks: Ranks,
 
 def check_world(size: int, num_workers: int, validating: int,
                 settings: Settings | None) -> None:
-    """The world agrees with the launcher (``settings``; None: a group of its ranks) and with
+    """The world agrees with the launcher (``settings``; None: a trial's ranks) and with
     ``num_workers`` and the ranks ``validating`` beside them."""
     tasks, launcher = (settings.launched_tasks, settings.launcher) if settings else (None, None)
     if tasks is not None and tasks != size:

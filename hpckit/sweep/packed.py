@@ -5,7 +5,7 @@ trials that ended; rank 0 gathers them from the leaders."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hpckit import logs
 from hpckit import settings as _settings
@@ -16,9 +16,12 @@ from hpckit.run.mpi.waiting import from_root, gather_to_root, wait_for_all
 from hpckit.sweep.placement import TrialQueue, split
 from hpckit.sweep.record import Trial
 
+if TYPE_CHECKING:
+    from mpi4py.MPI import Comm
 
-def run_packed(world: Any, per_trial: int, max_concurrent: int | None, pending: Sequence[int],
-               run_one: Callable[[int, Any], Trial]) -> list[Trial]:
+
+def run_packed(world: Comm, per_trial: int, max_concurrent: int | None, pending: Sequence[int],
+               run_one: Callable[[int, Comm], Trial]) -> list[Trial]:
     """Run the trials ``pending`` names; every rank gets every trial that ended (as
     ``run_one`` on a group's ranks returned it)."""
     groups = split(world, per_trial, max_concurrent)

@@ -12,10 +12,13 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hpckit.errors import ConfigError
 from hpckit.run.mpi.waiting import receive_from, send_to
+
+if TYPE_CHECKING:
+    from mpi4py.MPI import Comm
 
 ASK, ANSWER = 71, 72
 POLL_S = 0.01
@@ -25,7 +28,7 @@ POLL_S = 0.01
 class Groups:
     """This rank's group: its communicator, its number, and how many groups take trials."""
 
-    comm: Any
+    comm: Comm
     number: int
     active: int
 
@@ -48,7 +51,7 @@ def check(size: int, per_trial: int) -> None:
             f"ranks that divides {size}.")
 
 
-def split(world: Any, per_trial: int, max_concurrent: int | None) -> Groups:
+def split(world: Comm, per_trial: int, max_concurrent: int | None) -> Groups:
     """Groups of ``per_trial`` consecutive ranks (a node's ranks stay together where the
     launcher placed them so); at most ``max_concurrent`` of them take trials."""
     check(world.size, per_trial)
@@ -61,7 +64,7 @@ class TrialQueue:
     """Hands out the positions of ``pending`` one at a time, to whichever leader asks first.
     Collective: every rank of ``world`` makes it and closes it."""
 
-    def __init__(self, world: Any, pending: Sequence[int], leaders: int) -> None:
+    def __init__(self, world: Comm, pending: Sequence[int], leaders: int) -> None:
         self._comm = world.Dup()
         self._pending = list(pending)
         self._lock = threading.Lock()

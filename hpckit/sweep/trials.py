@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from hpckit import settings
 from hpckit.config import RunConfig, ScalingConfig
@@ -18,6 +18,9 @@ from hpckit.run.ranks import run_ranks
 from hpckit.storage.location import Location
 from hpckit.sweep.trainable import ClassRunner
 from hpckit.sweep.trainable import Trainable as TuneTrainable
+
+if TYPE_CHECKING:
+    from mpi4py.MPI import Comm
 
 Trainable = Callable[..., Any] | DataParallelTrainer
 
@@ -53,7 +56,7 @@ def trial_run_config(base: RunConfig, sweep: Location, dirname: str) -> RunConfi
 
 
 def run_trial(trainable: Trainable, params: dict[str, Any], run_config: RunConfig,
-              group: Any = None) -> Result:
+              group: Comm | None = None) -> Result:
     """Train one trial, on the ranks of ``group`` (a communicator) or as ``fit()`` does; a
     failure raises as fit() raises it."""
     if isinstance(trainable, DataParallelTrainer):

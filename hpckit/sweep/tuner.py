@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 import zlib
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpckit import logs
 from hpckit import settings as _settings
@@ -52,6 +52,9 @@ from hpckit.sweep.trials import (
     run_trial,
     trial_run_config,
 )
+
+if TYPE_CHECKING:
+    from mpi4py.MPI import Comm
 
 
 class Tuner:
@@ -123,7 +126,7 @@ class Tuner:
         self._results = self._grid(manifest, params, location)
         return self._results
 
-    def _run(self, comm: Any, manifest: SweepManifest, params: dict[int, dict[str, Any]],
+    def _run(self, comm: Comm | None, manifest: SweepManifest, params: dict[int, dict[str, Any]],
              todo: list[int], writer: SweepRecord | None, location: Location) -> SweepManifest:
         """The trials ``todo``: packed onto ``comm``'s ranks, or onto ranks started here
         (``max_concurrent_trials`` groups), or one after another here."""
@@ -168,7 +171,7 @@ class Tuner:
         position, count = share
         return [index for index in todo if index % count == position]
 
-    def _agree(self, comm: Any, record: SweepRecord, location: Location,
+    def _agree(self, comm: Comm | None, record: SweepRecord, location: Location,
                shared: bool) -> SweepManifest:
         """Rank 0 reads or creates the sweep manifest; every rank gets the same one, or the
         same error."""
@@ -234,7 +237,7 @@ class Tuner:
         return manifest
 
     def _attempt(self, trial: Trial, params: dict[str, Any], location: Location,
-                 group: Any) -> Trial:
+                 group: Comm | None) -> Trial:
         """Run one trial (on ``group``'s ranks, or as fit() does); the trial as it ended."""
         log.info("trial %s starts: %s", trial.dirname, trial.config)
         try:
@@ -277,7 +280,7 @@ def _settled(manifest: SweepManifest, location: Location) -> SweepManifest:
     return manifest
 
 
-def _on_root(comm: Any, read: Any) -> Any:
+def _on_root(comm: Comm | None, read: Any) -> Any:
     """What rank 0 reads, on every rank (``read`` runs once when there is no ``comm``); an
     error there is raised on every rank (a ConfigError as it is)."""
     if comm is None:

@@ -13,7 +13,8 @@ from hpckit.integrations.torch.config import TorchConfig
 from hpckit.integrations.torch.devices import assign_gpus, cpu_threads
 from hpckit.logs import log
 from hpckit.run.job import Backend
-from hpckit.run.mpi.comm import Topology, everywhere
+from hpckit.run.mpi.comm import everywhere
+from hpckit.run.mpi.group import Group, Topology
 from hpckit.run.mpi.waiting import from_root, share
 from hpckit.settings import Settings
 
@@ -42,22 +43,21 @@ class TorchBackend(Backend):
     def __init__(self, config: TorchConfig | None = None) -> None:
         self.config = config or TorchConfig()
 
-    def setup(self, comm: Any, local_comm: Any, topology: Topology, scaling: ScalingConfig,
-              settings: Settings) -> None:
-        setup(comm, local_comm, topology, scaling, settings, self.config)
+    def setup(self, group: Group, scaling: ScalingConfig, settings: Settings) -> None:
+        setup(group, scaling, settings, self.config)
 
 
-def setup(comm: Any, local_comm: Any, topology: Topology, scaling: ScalingConfig,
-          settings: Settings, config: TorchConfig) -> Any:
+def setup(group: Group, scaling: ScalingConfig, settings: Settings, config: TorchConfig) -> Any:
     """Pick this rank's devices, set its threads, and join the process group; returns the
     device."""
     global _devices
     import torch
     import torch.distributed as dist
 
-    visible = share(local_comm, settings.cuda_visible_devices)
-    _devices = everywhere(comm, lambda: _choose_devices(topology, scaling, visible),
-                          "choosing devices", LaunchError)[comm.rank]
+    topology = group.topology
+    visible = share(group.node, settings.cuda_visible_devices)
+    _devices = everywhere(group.world, lambda: _choose_devices(topology, scaling, visible),
+                          "choosing devices", LaunchError)[group.rank]
     timeout = timedelta(seconds=config.timeout_s)
     if not scaling.use_gpu:
         threads = cpu_threads(scaling.cpus_per_worker, len(os.sched_getaffinity(0)), topology.local_size)
@@ -65,25 +65,25 @@ def setup(comm: Any, local_comm: Any, topology: Topology, scaling: ScalingConfig
         os.environ["OMP_NUM_THREADS"] = str(threads)  # Accelerate would reset an unset one
     if not dist.is_initialized():
         backend = config.backend or ("nccl" if scaling.use_gpu else "gloo")
-        _join(comm, topology, settings, backend, timeout)
+        _join(group, settings, backend, timeout)
     return _devices[0]
 
 
-def _join(comm: Any, topology: Topology, settings: Settings, backend: str,
-          timeout: timedelta) -> None:
+def _join(group: Group, settings: Settings, backend: str, timeout: timedelta) -> None:
     """Join the process group through a TCP store whose address goes over MPI, and set the
     variables torch's launchers set (Ray sets them too): Accelerate, and with it the
     Transformers Trainer, tell from them that the process group is theirs to use."""
     import torch.distributed as dist
 
+    topology = group.topology
     store = None
-    if comm.rank == 0:
+    if group.rank == 0:
         store = dist.TCPStore(_rendezvous_host(topology, settings), 0, topology.world_size,
                               is_master=True, timeout=timeout, wait_for_workers=False)
-    host, port = from_root(comm, (store.host, store.port) if store else None)
+    host, port = from_root(group.world, (store.host, store.port) if store else None)
     if store is None:
         store = dist.TCPStore(host, port, topology.world_size, is_master=False, timeout=timeout)
-    dist.init_process_group(backend, store=store, rank=comm.rank, world_size=comm.size,
+    dist.init_process_group(backend, store=store, rank=group.rank, world_size=group.size,
                             timeout=timeout)
     log.debug("process group %s ready at %s:%d", backend, host, port)
     os.environ.update({"RANK": str(topology.world_rank), "WORLD_SIZE": str(topology.world_size),

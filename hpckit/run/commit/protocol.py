@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpckit.checkpoint import Checkpoint
 from hpckit.config import CheckpointConfig, CheckpointUploadMode
@@ -50,6 +50,9 @@ from hpckit.run.writing.uploads import Meeting
 from hpckit.run.writing.writer import ShareWriter
 from hpckit.storage.location import Location
 
+if TYPE_CHECKING:
+    from mpi4py.MPI import Comm
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -63,7 +66,7 @@ class Outcome:
 class CommitProtocol:
     """One rank's side of the protocol for one attempt; ``experiment`` is rank 0's (None elsewhere)."""
 
-    def __init__(self, comm: Any, location: Location, config: CheckpointConfig,
+    def __init__(self, comm: Comm, location: Location, config: CheckpointConfig,
                  progress: tuple[int, int], experiment: Experiment | None, latest: Checkpoint | None,
                  staging: Staging, callbacks: Callbacks, stop_when: Any = None,
                  levels: Levels | None = None, validator: Validator | None = None) -> None:

@@ -8,7 +8,7 @@ import pickle
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from hpckit import logs, uncaught
 from hpckit.errors import ExperimentTakenError, TrainingFailedError, WorkerGroupError
@@ -18,6 +18,9 @@ from hpckit.run.mpi.comm import RankFailure, describe, failed_ranks, world
 from hpckit.run.mpi.waiting import meet_within, wait_for_all
 from hpckit.settings import Settings
 
+if TYPE_CHECKING:
+    from mpi4py.MPI import Comm
+
 EXIT_TAKEN = ExperimentTakenError.exit_status  # 77: neither a requeue (75) nor restarted
 ABORT_GRACE = 0.5
 INTERRUPT_GRACE = 2.0
@@ -25,7 +28,7 @@ ERRORS = "errors"
 
 # A communicator of its own for the ranks to meet on after Ctrl-C: the others may have been
 # interrupted inside one of hpckit's collectives, which a meeting there could be taken for.
-_interrupts: Any = None
+_interrupts: Comm | None = None
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,7 @@ def resume_hint(experiment: str, rerun_resumes: bool) -> str:
             + stop.how_to_resume(experiment, rerun_resumes))
 
 
-def fail(comm: Any, settings: Settings, exc: BaseException, collective: bool,
+def fail(comm: Comm, settings: Settings, exc: BaseException, collective: bool,
          training: bool, resume: str = "") -> NoReturn:
     """End this rank's part in a failed run; the others must not be left waiting.
 
@@ -76,7 +79,7 @@ def fail(comm: Any, settings: Settings, exc: BaseException, collective: bool,
     raise SystemExit(1)  # not reached: Abort ends the process
 
 
-def taken(comm: Any, settings: Settings, error: ExperimentTakenError) -> NoReturn:
+def taken(comm: Comm, settings: Settings, error: ExperimentTakenError) -> NoReturn:
     """Another run took the experiment over and every rank raised ``error`` together: never
     restarted and no resume hint, since the experiment is that run's now. Each rank hands
     the error to the process that launched it, and all raise it at once: uncaught, each exits
@@ -91,7 +94,7 @@ def taken(comm: Any, settings: Settings, error: ExperimentTakenError) -> NoRetur
     raise error
 
 
-def as_raised(exc: BaseException, training: bool, collective: bool, comm: Any) -> BaseException:
+def as_raised(exc: BaseException, training: bool, collective: bool, comm: Comm) -> BaseException:
     """What fit() raises: setup errors as they are, training errors as a WorkerGroupError
     (a TrainingFailedError, as in Ray) that maps each failed rank to its exception."""
     if not training or isinstance(exc, TrainingFailedError):
@@ -141,13 +144,13 @@ def register_pid(settings: Settings) -> None:
                     "writable (HPCKIT_PID_DIR)", path, exc, settings.pid_dir)
 
 
-def prepare_interrupts(comm: Any) -> None:
+def prepare_interrupts(comm: Comm) -> None:
     """Every rank, once its world is up: the communicator that :func:`interrupted` uses."""
     global _interrupts
     _interrupts = comm.Dup()
 
 
-def interrupted(exc: KeyboardInterrupt, meeting: Any = None) -> NoReturn:
+def interrupted(exc: KeyboardInterrupt, meeting: Comm | None = None) -> NoReturn:
     """End this rank after Ctrl-C, promptly: the attempt was recorded interrupted (rank 0)
     and the one line said how to resume. One rank alone re-raises the interrupt, so a
     program's ``except KeyboardInterrupt`` still sees it. Several ranks wait a moment for

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hpckit import faults
 from hpckit.config import CheckpointConfig
@@ -35,13 +35,16 @@ from hpckit.storage.checksum import algorithm_of
 from hpckit.storage.copy import fsync_tree, persist_file
 from hpckit.storage.location import Location
 
+if TYPE_CHECKING:
+    from mpi4py.MPI import Comm
+
 PREFERENCE = (OWN, PARTNER, RESTORE)
 
 
 class Levels:
     """This rank's view of the checkpoint levels of one attempt."""
 
-    def __init__(self, comm: Any, config: CheckpointConfig, location: Location,
+    def __init__(self, comm: Comm, config: CheckpointConfig, location: Location,
                  nodes: Nodes) -> None:
         if config.cache_dir is None:
             raise ProtocolError("checkpoint levels were set up without "
@@ -181,7 +184,7 @@ class Levels:
                    CommitError, undo=lambda: _rank0(experiment).discard(record.directory))
 
 
-def _copies_comm(comm: Any) -> Any:
+def _copies_comm(comm: Comm) -> Comm | None:
     """A duplicate of ``comm`` for partner copies on the background thread, made at start-up
     (collective); None when MPI cannot serve two threads at once, and the copies then run
     in ``report()``, said once."""
@@ -208,7 +211,7 @@ def _cached_latest(experiment: Experiment | None) -> tuple[CheckpointRecord | No
             [r.directory for r in _rank0(experiment).manifest.checkpoints])
 
 
-def locate(comm: Any, cache: NodeCache, nodes: Nodes, record: CheckpointRecord, leader: bool
+def locate(comm: Comm, cache: NodeCache, nodes: Nodes, record: CheckpointRecord, leader: bool
            ) -> tuple[dict[str, tuple[int, str]], list[dict[str, str]]]:
     """Where each file of a cached checkpoint is on this job's nodes: name -> (the first rank
     of a node holding it, its level there), preferring the node that wrote it and its own

@@ -12,7 +12,7 @@ import shutil
 import socket
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hpckit.config import CheckpointConfig
 from hpckit.errors import CheckpointError, HpckitError, StorageError
@@ -27,6 +27,9 @@ from hpckit.storage.checksum import algorithm_of
 from hpckit.storage.copy import checksum_file
 from hpckit.storage.location import Location
 
+if TYPE_CHECKING:
+    from mpi4py.MPI import Comm
+
 
 @dataclass(frozen=True)
 class Restored:
@@ -36,7 +39,7 @@ class Restored:
     path: str | None = None  # this node's assembled copy
 
 
-def prepare(comm: Any, config: CheckpointConfig, location: Location
+def prepare(comm: Comm, config: CheckpointConfig, location: Location
             ) -> tuple[Levels | None, Restored]:
     """Collective, before the experiment opens: the attempt's levels, and the cached
     checkpoint it restarts from (none without ``cache_dir``)."""
@@ -46,7 +49,7 @@ def prepare(comm: Any, config: CheckpointConfig, location: Location
     return Levels(comm, config, location, nodes), restore_cached(comm, config, location, nodes)
 
 
-def restore_cached(comm: Any, config: CheckpointConfig, location: Location,
+def restore_cached(comm: Comm, config: CheckpointConfig, location: Location,
                    nodes: Nodes) -> Restored:
     """Collective: assemble the newest cached checkpoint this job can read completely."""
     if config.cache_dir is None:
@@ -89,7 +92,7 @@ def _candidates(location: Location) -> tuple[list[CheckpointRecord], list[str]]:
             [r.directory for r in manifest.checkpoints])
 
 
-def _say_unreachable(comm: Any, record: CheckpointRecord, nodes: Nodes, why: str) -> None:
+def _say_unreachable(comm: Comm, record: CheckpointRecord, nodes: Nodes, why: str) -> None:
     if comm.rank == 0:
         log.warning("%s is in the node-local caches of %s; this job runs on %s and cannot "
                     "restart from it (%s): trying an older checkpoint, or storage_path",
@@ -97,7 +100,7 @@ def _say_unreachable(comm: Any, record: CheckpointRecord, nodes: Nodes, why: str
                     ", ".join(nodes.names), why)
 
 
-def _assemble(comm: Any, cache: NodeCache, nodes: Nodes, record: CheckpointRecord,
+def _assemble(comm: Comm, cache: NodeCache, nodes: Nodes, record: CheckpointRecord,
               where: dict[str, tuple[int, str]], holdings: list[dict[str, str]],
               leader: bool) -> Counter[str]:
     """Every node's first rank gets every file into ``restore/``: linked from its own

@@ -1,7 +1,7 @@
-"""MPI primitives: the world and its topology, collective steps that fail on every rank
-together (``comm``), waiting for other ranks in Python where Ctrl-C reaches the waiting rank
-(``waiting``), files sent from rank to rank (``transfer``), and which MPI library mpi4py loads
-(``library``).
+"""MPI primitives: a run's ranks, its nodes and their leaders (``group``), collective steps
+that fail on every rank together (``comm``), waiting for other ranks in Python where Ctrl-C
+reaches the waiting rank (``waiting``), files sent from rank to rank (``transfer``), and which
+MPI library mpi4py loads (``library``).
 
 Every wait between ranks in hpckit goes through this package; no other module calls a
 blocking MPI collective (``tests/test_invariants.py`` fails when one does).

@@ -1,4 +1,4 @@
-"""MPI: the world, its topology, and collective steps that fail on every rank together.
+"""MPI: the world, and collective steps that fail on every rank together.
 
 Every collective hpckit runs goes through :func:`all_reduce`, :func:`on_root` or
 :func:`everywhere`: each wraps every rank's step, gathers the outcomes and raises one error
@@ -8,16 +8,18 @@ on every rank, so no rank raises alone while the others wait.
 from __future__ import annotations
 
 import pickle
-import socket
 import traceback
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from hpckit import logs
 from hpckit.errors import HpckitError
 from hpckit.run.mpi.waiting import from_root, gather_to_root, root_work
+
+if TYPE_CHECKING:
+    from mpi4py.MPI import Comm
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -31,36 +33,11 @@ _failed_ranks: weakref.WeakKeyDictionary[BaseException, list[RankFailure]] = \
 MESSAGES_SHOWN = 3  # distinct messages of hpckit errors in one failure, beyond the first
 
 
-def world() -> Any:
+def world() -> Comm:
     """MPI.COMM_WORLD, importing mpi4py (and so initialising MPI) only when first needed."""
     from mpi4py import MPI
 
     return MPI.COMM_WORLD
-
-
-@dataclass(frozen=True)
-class Topology:
-    world_rank: int
-    world_size: int
-    local_rank: int
-    local_size: int
-    node_rank: int
-    num_nodes: int
-    hostname: str
-
-
-def discover(comm: Any) -> tuple[Topology, Any]:
-    """This rank's place in the job, and a communicator of the ranks on its node."""
-    from mpi4py import MPI
-
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
-    leaders = comm.Split(0 if local.rank == 0 else MPI.UNDEFINED, comm.rank)
-    node = (leaders.rank, leaders.size) if local.rank == 0 else None
-    if leaders != MPI.COMM_NULL:
-        leaders.Free()
-    node_rank, num_nodes = local.bcast(node, root=0)
-    return Topology(comm.rank, comm.size, local.rank, local.size, node_rank, num_nodes,
-                    socket.gethostname()), local
 
 
 @dataclass(frozen=True)
@@ -157,7 +134,7 @@ def captured(rank: int, fn: Callable[[], T]) -> tuple[T | None, RankFailure | No
         return None, RankFailure.capture(rank, exc)
 
 
-def on_root(comm: Any, fn: Callable[[], tuple[K, T]], what: str,
+def on_root(comm: Comm, fn: Callable[[], tuple[K, T]], what: str,
             kind: type[HpckitError] = HpckitError) -> tuple[K | None, T]:
     """Run ``fn`` on rank 0, which keeps the first part of its result; every rank receives
     the second part, or the error raised on every rank."""
@@ -172,7 +149,7 @@ def on_root(comm: Any, fn: Callable[[], tuple[K, T]], what: str,
     return kept, value
 
 
-def all_reduce(comm: Any, what: str, local: Callable[[], T], reduce: Callable[[list[T]], R],
+def all_reduce(comm: Comm, what: str, local: Callable[[], T], reduce: Callable[[list[T]], R],
                kind: type[HpckitError] = HpckitError,
                undo: Callable[[], None] | None = None) -> R:
     """One collective step, as torch DCP's ``_DistWrapper.all_reduce``: every rank runs
@@ -195,7 +172,7 @@ def all_reduce(comm: Any, what: str, local: Callable[[], T], reduce: Callable[[l
     return cast(R, result)
 
 
-def _reduce_gathered(comm: Any, own: tuple[T | None, RankFailure | None],
+def _reduce_gathered(comm: Comm, own: tuple[T | None, RankFailure | None],
                      reduce: Callable[[list[T]], R], undo: Callable[[], None] | None
                      ) -> tuple[R | None, list[RankFailure], bool]:
     gathered = gather_to_root(comm, own) or []
@@ -212,7 +189,7 @@ def _reduced(fn: Callable[[], R]) -> tuple[R | None, list[RankFailure], bool]:
     return result, [failure] if failure else [], False
 
 
-def everywhere(comm: Any, fn: Callable[[], T], what: str,
+def everywhere(comm: Comm, fn: Callable[[], T], what: str,
                kind: type[HpckitError] = HpckitError) -> list[T]:
     """Run ``fn`` on every rank; all results to every rank, or one error raised on every rank."""
     own = captured(comm.rank, fn)
@@ -227,11 +204,11 @@ def everywhere(comm: Any, fn: Callable[[], T], what: str,
 # they are never used again; freeing is collective, so the next attempt's first for_background
 # frees them (a sweep's group retried in-process: every rank of it is there). A job whose peer
 # died frees none: it ends.
-_retired: list[Any] = []
+_retired: list[Comm] = []
 _live = 0  # duplicates made and not yet freed, retired ones included
 
 
-def for_background(comm: Any) -> Any:
+def for_background(comm: Comm) -> Comm | None:
     """A duplicate of ``comm`` for a background thread's messages (collective: every rank
     calls it at the same point); None when MPI cannot serve two threads at once. The
     duplicates that earlier attempts retired are freed first."""
@@ -247,14 +224,14 @@ def for_background(comm: Any) -> Any:
     return comm.Dup()
 
 
-def free_background(duplicate: Any) -> None:
+def free_background(duplicate: Comm) -> None:
     """Collective, after the last message of an attempt that ended well."""
     global _live
     duplicate.Free()
     _live -= 1
 
 
-def retire_background(duplicate: Any) -> None:
+def retire_background(duplicate: Comm) -> None:
     """An attempt that ended badly: its duplicate is freed at the next attempt's start."""
     _retired.append(duplicate)
 

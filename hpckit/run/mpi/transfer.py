@@ -16,11 +16,14 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpckit.errors import CheckpointError
 from hpckit.run.mpi.waiting import poll
 from hpckit.storage.checksum import ALGORITHM, Checksum
+
+if TYPE_CHECKING:
+    from mpi4py.MPI import Comm
 
 TRANSFER_TAG = 0x4852
 CHUNK = 16 << 20
@@ -49,7 +52,7 @@ class Received:
     error: str | None = None
 
 
-def exchange(comm: Any, sends: list[Send], receives: list[Receive],
+def exchange(comm: Comm, sends: list[Send], receives: list[Receive],
              arrived: Callable[[], None] = lambda: None,
              abandon: threading.Event | None = None) -> list[Received]:
     """Send ``sends`` and write ``receives`` (synced), in one loop; what arrived, hashed.
@@ -91,7 +94,7 @@ def exchange(comm: Any, sends: list[Send], receives: list[Receive],
     return done
 
 
-def _probe(comm: Any, sources: list[int]) -> int | None:
+def _probe(comm: Comm, sources: list[int]) -> int | None:
     """A source with a message waiting, among those this exchange still expects files from:
     a source that has finished this exchange may already be sending the next one's."""
     return next((s for s in sources if comm.iprobe(source=s, tag=TRANSFER_TAG)), None)

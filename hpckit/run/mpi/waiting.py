@@ -21,7 +21,10 @@ import pickle
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from mpi4py.MPI import Comm
 
 T = TypeVar("T")
 
@@ -59,7 +62,7 @@ def poll(ready: Callable[[], bool], spin: float = SPIN, first: float = 0.0001,
         delay = min(delay * 2, longest)
 
 
-def wait_for_all(comm: Any, together: bool = False,
+def wait_for_all(comm: Comm, together: bool = False,
                  check: Callable[[], None] | None = None, longest: float = LONGEST) -> None:
     """A barrier that sleeps while it waits, and that Ctrl-C interrupts. ``together``: every
     rank leaves it within microseconds, as from MPI's own barrier, by yielding the CPU instead
@@ -77,7 +80,7 @@ def wait_for_all(comm: Any, together: bool = False,
     poll(ready, spin=math.inf if together else SPIN, longest=longest)
 
 
-def gather_to_root(comm: Any, value: T) -> list[T] | None:
+def gather_to_root(comm: Comm, value: T) -> list[T] | None:
     """Every rank's ``value`` to rank 0, in rank order (None on the other ranks)."""
     if comm.rank != 0:
         request = comm.isend(value, dest=0, tag=GATHER_TAG)
@@ -90,7 +93,7 @@ def gather_to_root(comm: Any, value: T) -> list[T] | None:
     return values
 
 
-def from_root(comm: Any, value: Any) -> Any:
+def from_root(comm: Comm, value: Any) -> Any:
     """Rank 0's ``value`` on every rank; KeyboardInterrupt where rank 0 sent
     :data:`INTERRUPTED` instead. Rank 0 pickles the value once and sends the same bytes to
     every rank (a run's summary at its end holds the whole metrics history)."""
@@ -116,7 +119,7 @@ def from_root(comm: Any, value: Any) -> Any:
     return received
 
 
-def root_work(comm: Any, work: Callable[[], T]) -> T:
+def root_work(comm: Comm, work: Callable[[], T]) -> T:
     """Rank 0's part of a step whose result the other ranks await in :func:`from_root`: if
     Ctrl-C stops rank 0 here, it still sends them word, and they stop too."""
     try:
@@ -127,20 +130,20 @@ def root_work(comm: Any, work: Callable[[], T]) -> T:
         raise
 
 
-def share(comm: Any, value: T) -> list[T]:
+def share(comm: Comm, value: T) -> list[T]:
     """Every rank's ``value`` on every rank, in rank order: an allgather that Ctrl-C reaches."""
     gathered = (root_work(comm, lambda: gather_to_root(comm, value)) if comm.rank == 0
                 else gather_to_root(comm, value))
     return list(from_root(comm, gathered))
 
 
-def send_to(comm: Any, value: Any, dest: int, tag: int) -> None:
+def send_to(comm: Comm, value: Any, dest: int, tag: int) -> None:
     """A point-to-point send, waited for where Ctrl-C reaches the rank."""
     request = comm.isend(value, dest=dest, tag=tag)
     poll(lambda: bool(request.test()[0]))
 
 
-def receive_from(comm: Any, source: int, tag: int, longest: float = LONGEST) -> Any:
+def receive_from(comm: Comm, source: int, tag: int, longest: float = LONGEST) -> Any:
     """The next message from ``source`` (``MPI.ANY_SOURCE`` for any) with ``tag``, waited
     for where Ctrl-C reaches the rank; a wait that may be long sleeps up to ``longest``
     seconds between looks."""
@@ -148,7 +151,7 @@ def receive_from(comm: Any, source: int, tag: int, longest: float = LONGEST) -> 
     return comm.recv(source=source, tag=tag)
 
 
-def next_from(comm: Any, source: int, longest: float = LONGEST) -> tuple[int, Any]:
+def next_from(comm: Comm, source: int, longest: float = LONGEST) -> tuple[int, Any]:
     """The next message from ``source`` whatever its tag, and its tag; waited for as
     :func:`receive_from` waits."""
     from mpi4py import MPI
@@ -160,7 +163,7 @@ def next_from(comm: Any, source: int, longest: float = LONGEST) -> tuple[int, An
     return tag, comm.recv(source=source, tag=tag)
 
 
-def meet_within(comm: Any, seconds: float) -> bool:
+def meet_within(comm: Comm, seconds: float) -> bool:
     """Wait at most ``seconds`` for every rank to come here; whether all came."""
     request = comm.Ibarrier()
     deadline = time.monotonic() + seconds

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from hpckit.run.mpi.comm import Topology
+from hpckit.run.mpi.group import Topology
 from hpckit.storage.location import Location
 
 __all__ = ["TrainContext"]

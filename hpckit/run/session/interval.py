@@ -15,13 +15,16 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hpckit.errors import HpckitError
 from hpckit.logs import log
 from hpckit.run.ending import stop
 from hpckit.run.mpi.comm import all_reduce
 from hpckit.run.writing.plan import check_agreed
+
+if TYPE_CHECKING:
+    from mpi4py.MPI import Comm
 
 MEASURED = 5  # blocking times the median is taken over
 
@@ -67,7 +70,7 @@ class CheckpointClock:
                  interval, cost, self.mtbf_s, interval / 2 + cost)
 
 
-def agreed_due(comm: Any, clock: CheckpointClock, stopping: Callable[[], bool]) -> bool:
+def agreed_due(comm: Comm, clock: CheckpointClock, stopping: Callable[[], bool]) -> bool:
     """``should_checkpoint()``: True when Young/Daly's interval has passed since the last
     checkpointed report (by rank 0's clock, so every rank gets the same answer), when no
     checkpoint has been measured yet, or when a stop was requested on any rank. Collective:

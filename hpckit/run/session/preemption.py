@@ -16,7 +16,7 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hpckit import settings as _settings
 from hpckit.errors import HpckitError
@@ -24,6 +24,9 @@ from hpckit.run.ending import stop
 from hpckit.run.mpi.comm import all_reduce
 from hpckit.run.mpi.waiting import from_root, share
 from hpckit.run.session.session import Session, current
+
+if TYPE_CHECKING:
+    from mpi4py.MPI import Comm
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,7 @@ def _info(ranks: list[tuple[str, int]], deadline_ms: int | None) -> PreemptionIn
     return PreemptionInfo(deadline_ms, nodes)
 
 
-def preemption_info(comm: Any, session: Session, settings: _settings.Settings) -> PreemptionInfo:
+def preemption_info(comm: Comm, session: Session, settings: _settings.Settings) -> PreemptionInfo:
     """Every rank, together, once a stop ended the run: what ``PreemptionError`` carries."""
     topology = session.context.topology
     ranks = share(comm, (topology.hostname, topology.world_rank))

@@ -11,7 +11,7 @@ import pickle
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpckit.checkpoint import Checkpoint
 from hpckit.config import ValidationConfig
@@ -21,6 +21,9 @@ from hpckit.run.ending import pmi
 from hpckit.run.mpi.waiting import next_from, receive_from, send_to
 from hpckit.run.validation import child
 
+if TYPE_CHECKING:
+    from mpi4py.MPI import Comm
+
 TASK, CANCEL, OUTCOME, END = 0x4856, 0x4857, 0x4858, 0x4859
 POLL_S = 0.05
 
@@ -29,7 +32,7 @@ POLL_S = 0.05
 class Pool:
     """Training rank 0's view of the validation ranks."""
 
-    link: Any
+    link: Comm
     ranks: tuple[int, ...]
 
 
@@ -38,7 +41,7 @@ class Training:
     """A training rank: its communicator (the training ranks alone) and, on rank 0, the
     ranks set aside to validate."""
 
-    comm: Any
+    comm: Comm
     pool: Pool | None
 
 
@@ -50,7 +53,7 @@ class Validating:
     config: ValidationConfig
 
 
-def split_off(comm: Any, training: int, config: ValidationConfig | None) -> Training | Validating:
+def split_off(comm: Comm, training: int, config: ValidationConfig | None) -> Training | Validating:
     """Collective on ``comm``: this rank's part when the ranks after the first ``training``
     are set aside to validate (none where ``comm`` has no more)."""
     if config is None or comm.size == training:
@@ -173,7 +176,7 @@ def _leaving(error: BaseException) -> None:
         pmi.finalize_with_hydra()
 
 
-def _answer(link: Any, payload: str | OSError, config: ValidationConfig,
+def _answer(link: Comm, payload: str | OSError, config: ValidationConfig,
             checkpoint: Checkpoint, validation: Validation) -> Validation | None:
     """The outcome for rank 0, whatever happens here: rank 0 waits for one."""
     try:
@@ -185,7 +188,7 @@ def _answer(link: Any, payload: str | OSError, config: ValidationConfig,
                                 f"{type(exc).__name__}: {exc}")
 
 
-def _validate(link: Any, payload: str, config: ValidationConfig, checkpoint: Checkpoint,
+def _validate(link: Comm, payload: str, config: ValidationConfig, checkpoint: Checkpoint,
               validation: Validation) -> Validation | None:
     """Validate in a process on this node; None when rank 0 cancels it."""
     local = child.Local(payload, checkpoint, validation, config)

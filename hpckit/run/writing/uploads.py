@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpckit.checkpoint import Checkpoint
-from hpckit.errors import CheckpointError
+from hpckit.errors import CheckpointError, ProtocolError
 from hpckit.run.mpi.comm import for_background, free_background, retire_background
 from hpckit.run.mpi.waiting import wait_for_all
 from hpckit.storage.location import Location
+
+if TYPE_CHECKING:
+    from mpi4py.MPI import Comm
 
 BACKGROUND_LOOKS = 0.05  # seconds at most between a background meeting's looks
 
@@ -63,9 +66,9 @@ class Meeting:
     """Where the ranks wait, each after its ``checkpoint_upload_fn``, until every rank's has
     returned: inside ``report()`` on its communicator, in the background on a duplicate."""
 
-    def __init__(self, comm: Any) -> None:
+    def __init__(self, comm: Comm) -> None:
         self.comm = comm
-        self._own: Any = None
+        self._own: Comm | None = None
         self._asked = False
         self._abandon = threading.Event()
 
@@ -79,6 +82,9 @@ class Meeting:
 
     def meet(self, background: bool) -> None:
         if background:  # maybe long (another rank's upload): the training thread keeps the GIL
+            if self._own is None:
+                raise ProtocolError("a meeting in the background before in_background() said "
+                                    "the ranks can meet there")
             wait_for_all(self._own, check=self._go_on, longest=BACKGROUND_LOOKS)
         else:
             wait_for_all(self.comm)
