@@ -89,7 +89,12 @@ def _attempts(job: TrainingJob, settings: Settings, trial: Comm | None, ranks: R
         try:
             with stop.terminations(settings.stop_signal):
                 return run_attempt(job, ranks, settings, number)
-        except (SystemExit, KeyboardInterrupt):
+        except SystemExit as exc:
+            if exc.code == stop.EXIT_STOPPED and trial is None:  # requeued; a sweep's: its own
+                ended.end(exc)  # the ranks set aside exit 75 with the others
+                rank_exit.requeued(comm)
+            raise
+        except KeyboardInterrupt:
             raise
         except PreemptionError as stopped:  # every rank, together: the run stopped, not failed
             if settings.worker and comm.rank == 0:  # for fit() in the process that started us

@@ -171,6 +171,18 @@ def interrupted(exc: KeyboardInterrupt, meeting: Comm | None = None) -> NoReturn
     os._exit(stop.EXIT_INTERRUPTED)
 
 
+def requeued(comm: Comm) -> NoReturn:
+    """Every rank of a requeued job exits 75 at once, without MPI_Finalize: Slurm ends the
+    job's steps as it requeues it, and a rank it ended first would hold MPI_Finalize on the
+    others until Slurm's KillWait ran out (30 s and more before the job starts again). The
+    ranks meet for a moment first; when all met, each tells hydra it is leaving (``python
+    train.py`` in an allocation starts its ranks with mpiexec), as after Ctrl-C."""
+    _flush()
+    if meet_within(comm, INTERRUPT_GRACE):
+        pmi.finalize_with_hydra()
+    os._exit(stop.EXIT_STOPPED)
+
+
 def requeued_now() -> NoReturn:
     """Exit 75 at once, without MPI_Finalize: in a sweep packed into one job, a trial's ranks
     stop for the requeue while others may already have been ended by Slurm, and finalizing
