@@ -2,36 +2,71 @@
 
 Inside MPI's blocking collectives a rank busy-polls in C: Python runs no signal handler
 there, so Ctrl-C reaches it only when the collective completes, which is never if another
-rank was stopped by the same Ctrl-C before it joined. A barrier does not fix that: it can
-complete for one rank while another, interrupted in its own wait, has not seen it complete,
-and the first then blocks in the collective that follows. So hpckit's steps move their data
-with nonblocking point-to-point messages, and every rank waits for them here, in Python,
-polling and then sleeping: a rank that waits never blocks on one that gave up, and it leaves
-the CPU to the rank it waits for (more ranks than cores, or rank 0 copying a checkpoint).
+rank was stopped by the same Ctrl-C before it joined. So hpckit's steps start MPI's own
+nonblocking collectives (Igather and Igatherv to rank 0, Ibcast from it: the library's tree
+and shared-memory algorithms, so rank 0 handles a few messages per step whatever the number
+of ranks), and every rank waits for them here, in Python, polling and then sleeping: Ctrl-C
+reaches a waiting rank, and it leaves the CPU to the rank it waits for (more ranks than
+cores, or rank 0 copying a checkpoint). Values cross as pickles: their sizes first, then
+their bytes.
 
-Rank 0 stopped by Ctrl-C in its part of a step still sends the others :data:`INTERRUPTED`
-(:func:`root_work`), so that they stop too even when Ctrl-C reached rank 0 alone.
+A nonblocking collective cannot be cancelled, so a step that Ctrl-C interrupted leaves its
+communicator unusable: what follows (the meeting before the ranks exit, ``run.ending.exit``)
+runs on a communicator of its own. Rank 0 stopped by Ctrl-C in its part of a step still
+sends the others word (:data:`INTERRUPTED`, point to point, outside the collectives: the
+one loop over the ranks, on that path only), so that they stop too even when Ctrl-C reached
+rank 0 alone.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import math
 import os
 import pickle
 import time
-from collections.abc import Callable
-from functools import partial
+from array import array
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from mpi4py.MPI import Comm
+    from mpi4py.MPI import Comm, Request
 
 T = TypeVar("T")
 
-GATHER_TAG = 0x4850  # distinct from tags that a program's own messages are likely to use
-BCAST_TAG = 0x4851
+INTERRUPT_TAG = 0x4851  # distinct from tags that a program's own messages are likely to use
 INTERRUPTED = "hpckit: Ctrl-C stopped rank 0 in this step"
-_unawaited: list[Any] = []  # sends nobody waits for: their buffers must outlive them
+_unawaited: list[Any] = []  # requests nobody waits for, with their buffers: MPI may use them
+_alarmed: set[int] = set()  # communicators on which rank 0 sent word of Ctrl-C (by handle)
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """The collectives this process started in hpckit's steps (:func:`gather_to_root`,
+    :func:`from_root`, :func:`wait_for_all`; polls such as Test or Iprobe are not calls), and
+    the bytes it passed to them: what ``benchmarks/scale.py`` counts on rank 0. A collective
+    counts once, with the bytes this rank passed to it."""
+
+    calls: int = 0
+    sent: int = 0
+
+    def __sub__(self, earlier: Traffic) -> Traffic:
+        return Traffic(self.calls - earlier.calls, self.sent - earlier.sent)
+
+
+_traffic = Traffic()
+
+
+def traffic() -> Traffic:
+    """Everything counted since this process started."""
+    return _traffic
+
+
+def _count(calls: int, sent: int) -> None:
+    global _traffic
+    _traffic = Traffic(_traffic.calls + calls, _traffic.sent + sent)
 
 
 # A waiting rank yields the CPU for SPIN seconds, then sleeps in steps of at most LONGEST.
@@ -71,6 +106,7 @@ def wait_for_all(comm: Comm, together: bool = False,
     ``check`` is called between tries, and gives the wait up by raising (a background thread
     whose attempt ended); a wait that may be long sleeps up to ``longest`` between them."""
     request = comm.Ibarrier()
+    _count(1, 0)
 
     def ready() -> bool:
         if check is not None:
@@ -82,51 +118,83 @@ def wait_for_all(comm: Comm, together: bool = False,
 
 def gather_to_root(comm: Comm, value: T) -> list[T] | None:
     """Every rank's ``value`` to rank 0, in rank order (None on the other ranks)."""
+    from mpi4py import MPI
+
+    data = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+    size = array("q", [len(data)])
+    _count(2, 8 + len(data))
     if comm.rank != 0:
-        request = comm.isend(value, dest=0, tag=GATHER_TAG)
-        poll(lambda: bool(request.test()[0]))
+        _await(comm, [comm.Igather([size, MPI.INT64_T], None, root=0),
+                      comm.Igatherv([data, MPI.BYTE], None, root=0)], (size, data))
         return None
-    values = [value]
-    for source in range(1, comm.size):
-        poll(partial(comm.iprobe, source=source, tag=GATHER_TAG))
-        values.append(comm.recv(source=source, tag=GATHER_TAG))
-    return values
+    with _alarming(comm):
+        sizes = array("q", bytes(8 * comm.size))
+        _await(comm, [comm.Igather([size, MPI.INT64_T], [sizes, MPI.INT64_T], root=0)], sizes)
+        offsets = list(itertools.accumulate(sizes, initial=0))
+        gathered = bytearray(offsets.pop())
+        _await(comm, [comm.Igatherv([data, MPI.BYTE], [gathered, (sizes, offsets), MPI.BYTE],
+                                    root=0)], (data, gathered))
+    view = memoryview(gathered)
+    return [pickle.loads(view[at:at + length]) for at, length in zip(offsets, sizes, strict=True)]
 
 
 def from_root(comm: Comm, value: Any) -> Any:
-    """Rank 0's ``value`` on every rank; KeyboardInterrupt where rank 0 sent
-    :data:`INTERRUPTED` instead. Rank 0 pickles the value once and sends the same bytes to
-    every rank (a run's summary at its end holds the whole metrics history)."""
+    """Rank 0's ``value`` on every rank (``value`` is ignored elsewhere); KeyboardInterrupt
+    where Ctrl-C stopped rank 0 in the step instead."""
     from mpi4py import MPI
 
     if comm.rank == 0:
-        data = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
-        requests = [comm.Isend([data, MPI.BYTE], dest=rank, tag=BCAST_TAG)
-                    for rank in range(1, comm.size)]
-        try:
-            poll(lambda: all(r.Test() for r in requests))
-        except BaseException:
-            _unawaited.append((data, requests))  # MPI may still read the bytes
-            raise
+        with _alarming(comm):
+            data = bytearray(pickle.dumps(value, pickle.HIGHEST_PROTOCOL))
+            size = array("q", [len(data)])
+            _count(2, 8 + len(data))
+            _await(comm, [comm.Ibcast([size, MPI.INT64_T], root=0),
+                          comm.Ibcast([data, MPI.BYTE], root=0)], (size, data))
         return value
-    status = MPI.Status()
-    poll(lambda: bool(comm.Iprobe(source=0, tag=BCAST_TAG, status=status)))
-    buffer = bytearray(status.Get_count(MPI.BYTE))
-    comm.Recv([buffer, MPI.BYTE], source=0, tag=BCAST_TAG)
-    received = pickle.loads(buffer)
-    if isinstance(received, str) and received == INTERRUPTED:
-        raise KeyboardInterrupt
-    return received
+    size = array("q", [0])
+    _count(2, 0)
+    _await(comm, [comm.Ibcast([size, MPI.INT64_T], root=0)], size)
+    data = bytearray(size[0])
+    _await(comm, [comm.Ibcast([data, MPI.BYTE], root=0)], data)
+    return pickle.loads(data)
 
 
 def root_work(comm: Comm, work: Callable[[], T]) -> T:
     """Rank 0's part of a step whose result the other ranks await in :func:`from_root`: if
     Ctrl-C stops rank 0 here, it still sends them word, and they stop too."""
-    try:
+    with _alarming(comm):
         return work()
+
+
+def _await(comm: Comm, requests: list[Request], buffers: Any) -> None:
+    """Until every request completes. On a rank other than 0, KeyboardInterrupt where rank 0
+    sent word of Ctrl-C instead. A wait given up leaves the requests and their ``buffers`` to
+    MPI, which may still use them."""
+    from mpi4py import MPI
+
+    def ready() -> bool:
+        if comm.rank != 0 and comm.Iprobe(source=0, tag=INTERRUPT_TAG):
+            comm.recv(source=0, tag=INTERRUPT_TAG)
+            raise KeyboardInterrupt
+        return bool(MPI.Request.Testall(requests))
+
+    try:
+        poll(ready)
+    except BaseException:
+        _unawaited.append((requests, buffers))
+        raise
+
+
+@contextlib.contextmanager
+def _alarming(comm: Comm) -> Iterator[None]:
+    """Rank 0: if Ctrl-C stops it inside, every other rank is sent word, once a communicator."""
+    try:
+        yield
     except KeyboardInterrupt:
-        _unawaited.extend(comm.isend(INTERRUPTED, dest=rank, tag=BCAST_TAG)
-                          for rank in range(1, comm.size))
+        if comm.py2f() not in _alarmed:
+            _alarmed.add(comm.py2f())
+            _unawaited.extend(comm.isend(INTERRUPTED, dest=rank, tag=INTERRUPT_TAG)
+                              for rank in range(1, comm.size))
         raise
 
 
