@@ -24,6 +24,7 @@ from typing import Any
 import pyarrow.fs
 import pytest
 from conftest import HERE, HPCKIT, MPIEXEC, mpiexec, run
+from once import computed_once
 from processes import tree
 
 from hpckit import ExperimentTakenError
@@ -250,10 +251,14 @@ def start_frozen_candidate(view: LocalView, log: Path) -> subprocess.Popen:
 @pytest.fixture(scope="session")  # computed once a worker, whatever the order of tests
 def reference(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     """The final shards of an uninterrupted run."""
-    storage = tmp_path_factory.mktemp("reference")
-    done = mpiexec(2, "--storage", str(storage), "--epochs", str(EPOCHS), script=SHARDED,
-                   timeout=120)
-    return json.loads(done.line("FINAL") or "null")["shards"]
+    def compute() -> list[str]:
+        storage = tmp_path_factory.mktemp("reference")
+        done = mpiexec(2, "--storage", str(storage), "--epochs", str(EPOCHS), script=SHARDED,
+                       timeout=120)
+        shards: list[str] = json.loads(done.line("FINAL") or "null")["shards"]
+        return shards
+
+    return computed_once(tmp_path_factory, "lock-fence-shards", compute)
 
 
 def frozen_run_is_fenced(view: LocalView, log: Path, reference: list[str]) -> None:
@@ -333,6 +338,13 @@ def train(config):
         open(config["started"], "a").write("x")
     hpckit.report({"n": 0})
     if ctx.get_world_rank() == 0:  # another run takes the experiment's lock over
+        # once step 0's line is written: the writer thread writes it after report() returns,
+        # and a line it has not written when the lock changes hands is never written
+        metrics = os.path.join(ctx.get_experiment_path(), "metrics.jsonl")
+        deadline = time.monotonic() + 60
+        while not (os.path.exists(metrics) and open(metrics).read().endswith("\\n")):
+            assert time.monotonic() < deadline, "step 0's metrics line never came"
+            time.sleep(0.01)
         lock = os.path.join(ctx.get_experiment_path(), ".hpckit-lock.json")
         with open(lock + ".theirs", "w") as f:
             f.write(config["theirs"])

@@ -15,15 +15,19 @@ from pathlib import Path
 
 import pytest
 from conftest import HERE, HPCKIT, STEADY, final_params, manifest, metrics_lines, mpiexec
+from once import computed_once
 from slurm_jobs import SLOW_START, minimal_script, output_of, sbatch, wait, wait_for_reports
 
 
 
 @pytest.fixture(scope="session")  # computed once a worker, whatever the order of tests
 def three_rank_reference(tmp_path_factory) -> list[float]:
-    storage = tmp_path_factory.mktemp("reference3")
-    return final_params(mpiexec(3, "--storage", str(storage), "--name", "ref", script=STEADY,
-                                timeout=120).output)
+    def compute() -> list[float]:
+        storage = tmp_path_factory.mktemp("reference3")
+        return final_params(mpiexec(3, "--storage", str(storage), "--name", "ref", script=STEADY,
+                                    timeout=120).output)
+
+    return computed_once(tmp_path_factory, "steady-3-ranks", compute)
 
 
 @pytest.mark.alone  # it loads both cores itself
