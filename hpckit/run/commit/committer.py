@@ -64,6 +64,15 @@ class Committer:
             self._failed = True
             raise
 
+    def only_lines(self) -> bool:
+        """Whether every write handed over is a metrics line and none failed; the lines
+        already written are let go (a run of reports without checkpoints, which no
+        collective step hears of, must not keep them all)."""
+        while (self._jobs and self._jobs[0].directory is None and self._jobs[0].future.done()
+               and self._jobs[0].future.exception() is None):
+            self._jobs.popleft()
+        return not self._failed and all(job.directory is None for job in self._jobs)
+
     def landed(self) -> tuple[tuple[str, ...], BaseException | None]:
         """The checkpoints committed since the last call, oldest first, and the first failure
         (after which nothing more lands)."""

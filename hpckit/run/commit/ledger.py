@@ -38,6 +38,7 @@ from hpckit.run.writing.plan import (
     Plan,
     check_copies,
     merge,
+    mixed_modes,
     raise_background_failure,
     settled_everywhere,
     unrecorded,
@@ -74,6 +75,7 @@ class Ledger:
         self._queue: deque[Entry] = deque()
         self.committer = Committer(experiment.writer)
         self._score_missing_said = False
+        self._mixed_said = False
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         """A report without a checkpoint: its line handed to the writer, after the checkpoints
@@ -85,6 +87,21 @@ class Ledger:
             self._queue.append(Entry(step, metrics, None, time.perf_counter()))
         else:
             self.committer.submit(None, partial(self._log_report, step, metrics), _nothing)
+
+    def quiet(self) -> bool:
+        """Whether the ranks need hear nothing at a report without a checkpoint: no checkpoint
+        waits for its commit or is being committed, no write failed, the run holds its lock
+        and no validation failed to be recorded (each of those makes the step a full one,
+        which tells every rank)."""
+        if self._queue or not self.committer.only_lines():
+            return False
+        if self.validator is not None and self.validator.error is not None:
+            return False
+        try:
+            self.experiment.check_lock()
+        except HpckitError:
+            return False
+        return True
 
     def prepare(self, plan: Plan, next_index: int) -> None:
         """Before any rank writes: the previous purge is done, a named directory is free (and
@@ -228,6 +245,19 @@ class Ledger:
         self.experiment.log_report(step, metrics)
         if self.callbacks:
             self.callbacks.recorded(step, None)
+
+    def say_if_mixed(self, plan: Plan, announcements: list[Announcement], leveled: bool) -> None:
+        """Once per run: a report made synchronous because its ranks asked for different
+        upload modes (with caches, the level decides: ``Levels.leveled``)."""
+        if (self._mixed_said or plan.directory is None or plan.asynchronous or plan.stop
+                or leveled):
+            return
+        mixed = mixed_modes(announcements)
+        if mixed is not None:
+            self._mixed_said = True
+            log.warning("step %d: %s is written synchronously: %s; give every rank that hands a "
+                        "checkpoint the same checkpoint_upload_mode (said once)", plan.step,
+                        plan.directory, mixed)
 
     def _say_if_unscored(self, metrics: dict[str, Any]) -> None:
         """Once per run: the retention's score attribute is missing from a checkpoint's

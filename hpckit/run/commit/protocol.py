@@ -12,6 +12,11 @@
    background thread persists them; a later announcement (or a drain, when the in-flight limit
    is reached, a stop is agreed or the training function returns) commits them.
 
+0. Quiet or not. Every announcement starts with one Iallreduce of three integers: a report
+   with metrics only, where no rank has more to say and rank 0 nothing to tell (no checkpoint
+   in flight or being committed, its lock held), ends there: every rank makes the same plan,
+   and rank 0 hands the metrics line to its writer. Any other takes the steps below.
+
 What retention evicts is deleted after the commit, in the background (``experiment.purge``).
 """
 
@@ -33,6 +38,7 @@ from hpckit.run.commit.ledger import Ledger
 from hpckit.run.ending import stop
 from hpckit.run.levels.levels import Levels
 from hpckit.run.mpi.comm import RankFailure, all_reduce, captured
+from hpckit.run.mpi.waiting import quiet_everywhere
 from hpckit.run.validation.validator import Validator
 from hpckit.run.writing.handover import Handed, Staging, Upload, hand_in, release
 from hpckit.run.writing.inflight import InFlight
@@ -44,7 +50,6 @@ from hpckit.run.writing.plan import (
     Persisted,
     Plan,
     make_plan,
-    mixed_modes,
 )
 from hpckit.run.writing.uploads import Meeting
 from hpckit.run.writing.writer import ShareWriter
@@ -91,7 +96,6 @@ class CommitProtocol:
         self.last_validation: dict[str, Any] | None = None  # rank 0's report(validation=...)
         self._mine: dict[str, Any] | None = None
         self._told_of_wait = False
-        self._told_of_mixed = False
         self._broken: HpckitError | None = None
         self._committing: tuple[str, ...] = ()  # in flight, their commits being written
 
@@ -179,7 +183,8 @@ class CommitProtocol:
         if self._broken is not None:
             raise self._broken
         try:
-            plan = all_reduce(self.comm, "report()", lambda: announcement, self._plan, CommitError)
+            plan = self._quiet_plan(announcement) or all_reduce(
+                self.comm, "report()", lambda: announcement, self._plan, CommitError)
         except HpckitError as exc:
             if len(self.in_flight):
                 # InFlight checkpoints may have been committed or dropped without every
@@ -197,6 +202,19 @@ class CommitProtocol:
         if plan.index is not None:
             self.next_index = plan.index + 1
         return plan
+
+    def _quiet_plan(self, announcement: Announcement) -> Plan | None:
+        """A report that no rank has more to tell of than its metrics (and rank 0 nothing to
+        tell them): agreed in one small Iallreduce, its plan made alike on every rank, the
+        metrics line handed to rank 0's writer. None: the full step, gathers and all."""
+        quiet = (announcement.quiet and not len(self.in_flight) and self.levels is None
+                 and self.stop_when is None  # RunConfig(stop=...): rank 0 tells if it was met
+                 and (self.ledger is None or self.ledger.quiet()))
+        if not quiet_everywhere(self.comm, announcement.count, quiet):
+            return None
+        if self.ledger is not None:
+            self.ledger.log(self.next_step, self.last_metrics)
+        return Plan(self.next_step)
 
     def _plan(self, announcements: list[Announcement]) -> Plan:
         ledger = self._ledger()
@@ -216,7 +234,7 @@ class CommitProtocol:
                 r.directory for r in ledger.experiment.manifest.checkpoints) + ledger.pending)
         if announcements[0].kind != REPORT:
             return plan
-        self._say_if_mixed(plan, announcements)
+        ledger.say_if_mixed(plan, announcements, self.levels is not None)
         self.callbacks.heard(plan.step, [a.metrics or {} for a in announcements])
         if plan.directory is None:
             ledger.log(plan.step, self.last_metrics)
@@ -225,19 +243,6 @@ class CommitProtocol:
         met = stop.criterion_met(self.stop_when, self.location.name, self.last_metrics,
                                     plan.step + 1)
         return replace(plan, criterion_met=met)
-
-    def _say_if_mixed(self, plan: Plan, announcements: list[Announcement]) -> None:
-        """Once per run: a report made synchronous because its ranks asked for different
-        upload modes."""
-        if (self._told_of_mixed or plan.directory is None or plan.asynchronous or plan.stop
-                or self.levels is not None):  # with caches, the level decides (Levels.leveled)
-            return
-        mixed = mixed_modes(announcements)
-        if mixed is not None:
-            self._told_of_mixed = True
-            log.warning("step %d: %s is written synchronously: %s; give every rank that hands a "
-                        "checkpoint the same checkpoint_upload_mode (said once)", plan.step,
-                        plan.directory, mixed)
 
     def _drain(self, keep: int = 0) -> None:
         """Wait until at most ``keep`` background checkpoints run, and commit the others."""

@@ -159,6 +159,22 @@ def from_root(comm: Comm, value: Any) -> Any:
     return pickle.loads(data)
 
 
+def quiet_everywhere(comm: Comm, count: int, quiet: bool) -> bool:
+    """Whether every rank is ``quiet`` at the same ``count``: one Iallreduce of three
+    integers (the highest count, minus the lowest, and whether any rank has more to say), so
+    that a step with nothing to tell costs a tree's depth and no pickles. Every step that may
+    take its place starts with it, so that ranks making different calls still meet in the
+    gathers that follow, where the mismatch is told."""
+    from mpi4py import MPI
+
+    mine, agreed = array("q", [count, -count, 0 if quiet else 1]), array("q", bytes(24))
+    _count(1, 24)
+    with _alarming(comm) if comm.rank == 0 else contextlib.nullcontext():
+        _await(comm, [comm.Iallreduce([mine, MPI.INT64_T], [agreed, MPI.INT64_T], op=MPI.MAX)],
+               (mine, agreed))
+    return agreed[2] == 0 and agreed[0] == -agreed[1]
+
+
 def root_work(comm: Comm, work: Callable[[], T]) -> T:
     """Rank 0's part of a step whose result the other ranks await in :func:`from_root`: if
     Ctrl-C stops rank 0 here, it still sends them word, and they stop too."""

@@ -21,6 +21,7 @@ from hpckit.errors import HpckitError
 from hpckit.logs import log
 from hpckit.run.ending import stop
 from hpckit.run.mpi.comm import all_reduce
+from hpckit.run.mpi.waiting import quiet_everywhere
 from hpckit.run.writing.plan import check_agreed
 
 if TYPE_CHECKING:
@@ -82,5 +83,6 @@ def agreed_due(comm: Comm, clock: CheckpointClock, stopping: Callable[[], bool])
             clock.say(interval)
         return due or any(heard)
 
+    quiet_everywhere(comm, -1, False)  # as report() starts: a rank in report() meets it here
     return all_reduce(comm, "get_context().should_checkpoint()",
                       lambda: stop.received() is not None or stopping(), decide, HpckitError)

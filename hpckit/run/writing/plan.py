@@ -61,6 +61,14 @@ class Announcement:
     later: tuple[str, ...] = ()  # in place: files this rank's saves are still writing
     uploading: bool = False  # in place, by this rank's checkpoint_upload_fn
 
+    @property
+    def quiet(self) -> bool:
+        """A report with metrics only and nothing else to tell rank 0."""
+        return (self.kind == REPORT and self.files is None and self.failure is None
+                and self.stop is None and not self.in_place and not self.settled
+                and self.dir_name is None and self.metrics is None and not self.later
+                and not self.uploading)
+
 
 @dataclass(frozen=True)
 class Plan:
