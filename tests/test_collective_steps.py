@@ -44,7 +44,7 @@ def _counted(tmp_path, ranks: int) -> dict:
     script.write_text(COUNTED)
     out = run([MPIEXEC, "-n", str(ranks), sys.executable, str(script), str(tmp_path / str(ranks)),
                str(ranks)], timeout=120)
-    line = next(l for l in out.output.splitlines() if "COUNTED " in l)
+    line = next(text for text in out.output.splitlines() if "COUNTED " in text)
     return json.loads(line.split("COUNTED ", 1)[1])
 
 
@@ -55,5 +55,5 @@ def test_rank_0_starts_as_many_collectives_per_report_at_two_and_five_ranks(tmp_
     assert two == five == {"metrics": [1, 1], "checkpoint": [9]}, (two, five)
     for ranks in (2, 5):
         lines = metrics_lines(tmp_path / str(ranks) / "counted")
-        assert [(l["metrics"]["kind"], l["checkpoint"]) for l in lines] == [
+        assert [(m["metrics"]["kind"], m["checkpoint"]) for m in lines] == [
             ("metrics", None), ("checkpoint", "checkpoint_000000"), ("metrics", None)], lines

@@ -1,0 +1,145 @@
+"""The commit protocol modelled at 1,024 to 102,400 ranks, from the code's own values.
+
+    python benchmarks/scale_model.py [--ranks 1024,10240,102400] [--alpha-us 2] [--beta-gbs 25]
+
+No MPI: for N ranks, each handing two 1 KiB files (``model-rank{r}.bin``,
+``optimizer-rank{r}.bin``), the values hpckit's steps move are built as the ranks would
+build them (``Announcement``, the ``Plan``, each rank's ``Persisted`` records) and rank 0's
+work on them is timed here: unpickling what the gathers bring, making the plan, merging the
+records, rendering the manifest (two checkpoints kept) and writing it. Each report's steps are
+MPI collectives (``run.mpi.waiting``: an Igather of sizes and an Igatherv of pickles to rank
+0, two Ibcasts from it), so rank 0 starts 4 collectives per step, after the Iallreduce that
+asks whether every rank is quiet; a report with a checkpoint has two steps. Network time
+uses a stated alpha-beta model of a binomial tree: ``ceil(log2 N) * alpha`` per collective,
+plus the bytes through rank 0 over beta.
+
+One JSON line per rank count and kind of report (a metrics-only line also models the quiet
+report: one Iallreduce of 24 bytes), with the issue's goals at 10,240 ranks
+(a commit: at most 100 ms of rank 0's time and 10 MB through rank 0; a metrics-only report:
+at most 1 ms) and whether the modelled figures meet them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pickle
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from hpckit.experiment.manifest import CheckpointRecord, FileRecord, Manifest  # noqa: E402
+from hpckit.run.writing.plan import (  # noqa: E402
+    REPORT,
+    Announcement,
+    Persisted,
+    make_plan,
+    merge,
+)
+
+FILE_BYTES = 1024
+COLLECTIVES_PER_STEP = 4
+GOALS = {"checkpoint": {"rank0_ms": 100.0, "rank0_mb": 10.0}, "metrics": {"rank0_ms": 1.0}}
+
+
+def announcements(ranks: int, checkpoint: bool) -> list[bytes]:
+    """Each rank's pickled announcement, as its Igatherv carries it."""
+    return [pickle.dumps(Announcement(
+        REPORT, 7, [(f"model-rank{r}.bin", FILE_BYTES), (f"optimizer-rank{r}.bin", FILE_BYTES)]
+        if checkpoint else None), pickle.HIGHEST_PROTOCOL) for r in range(ranks)]
+
+
+def persisted(ranks: int) -> list[bytes]:
+    """Each rank's pickled records of the files it wrote."""
+    checksum = "sha256:" + "ab" * 32
+    return [pickle.dumps((Persisted([FileRecord(f"{kind}-rank{r}.bin", FILE_BYTES, r, checksum)
+                                     for kind in ("model", "optimizer")]), None),
+                         pickle.HIGHEST_PROTOCOL) for r in range(ranks)]
+
+
+def timed(fn: object) -> tuple[float, object]:
+    started = time.perf_counter()
+    value = fn()  # type: ignore[operator]
+    return time.perf_counter() - started, value
+
+
+def rank0_work(ranks: int, checkpoint: bool, folder: str) -> dict:
+    """Rank 0's seconds per report, part by part, and the bytes through it."""
+    gathered = announcements(ranks, checkpoint)
+    seconds: dict[str, float] = {}
+    seconds["unpickle_announcements"], heard = timed(lambda: [pickle.loads(b) for b in gathered])
+    seconds["plan"], plan = timed(lambda: make_plan(heard, 7, 3))  # type: ignore[arg-type]
+    seconds["pickle_plan"], sent = timed(lambda: pickle.dumps(plan, pickle.HIGHEST_PROTOCOL))
+    through = sum(map(len, gathered)) + len(sent)  # type: ignore[arg-type]
+    if checkpoint:
+        records = persisted(ranks)
+        through += sum(map(len, records))
+        seconds["unpickle_records"], per_rank = timed(
+            lambda: [pickle.loads(b)[0] for b in records])
+        seconds["merge"], written = timed(lambda: merge(plan, per_rank))  # type: ignore[arg-type]
+        seconds["manifest"], _ = timed(lambda: write_manifest(ranks, written, folder))
+    return {"seconds": seconds, "bytes": through, "plan_bytes": len(sent)}  # type: ignore[arg-type]
+
+
+def write_manifest(ranks: int, written: list[FileRecord], folder: str) -> int:
+    """Render a manifest that keeps two such checkpoints and write it, as a commit does."""
+    record = CheckpointRecord(3, "checkpoint_000003", 7, time.time(), {"loss": 0.5},
+                              tuple(written))
+    manifest = Manifest("scale", ranks, {}, {}, {}, time.time(),
+                        (replace(record, index=2, directory="checkpoint_000002"), record), 4, 8)
+    text = manifest.to_json()
+    path = os.path.join(folder, "manifest.json")
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+    return len(text)
+
+
+def modelled(ranks: int, kind: str, work: dict, alpha_s: float, beta_bps: float) -> dict:
+    steps = 2 if kind == "checkpoint" else 1
+    collectives = 1 + steps * COLLECTIVES_PER_STEP  # the quiet check first
+    cpu_s = sum(work["seconds"].values())
+    network_s = collectives * math.ceil(math.log2(ranks)) * alpha_s + work["bytes"] / beta_bps
+    rank0_ms = 1000 * (cpu_s + network_s)
+    goal = GOALS[kind]
+    # a quiet report: one Iallreduce of 24 bytes, up the tree and down again
+    quiet_ms = 1000 * (2 * math.ceil(math.log2(ranks)) * alpha_s + 24 / beta_bps)
+    if kind == "metrics":  # the common report; the full step is shown beside it
+        met = quiet_ms <= goal["rank0_ms"]
+    else:
+        met = rank0_ms <= goal["rank0_ms"] and work["bytes"] / 1e6 <= goal["rank0_mb"]
+    return {"benchmark": "scale_model", "ranks": ranks, "report": kind, "quiet_ms": quiet_ms,
+            "rank0_collectives": collectives,
+            "rank0_mb_through": round(work["bytes"] / 1e6, 3),
+            "plan_bytes": work["plan_bytes"],
+            "rank0_cpu_ms": {k: round(1000 * v, 2) for k, v in work["seconds"].items()},
+            "network_ms": round(1000 * network_s, 2), "rank0_ms": round(rank0_ms, 2),
+            "goal_at_10240": goal, "meets_goal": met if ranks == 10240 else None}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", default="1024,10240,102400",
+                        type=lambda text: [int(n) for n in text.split(",")])
+    parser.add_argument("--alpha-us", type=float, default=2.0, help="latency per tree level")
+    parser.add_argument("--beta-gbs", type=float, default=25.0, help="rank 0's bandwidth")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="hpckit-scale-model-") as folder:
+        for ranks in args.ranks:
+            for kind in ("metrics", "checkpoint"):
+                work = rank0_work(ranks, kind == "checkpoint", folder)
+                line = modelled(ranks, kind, work, args.alpha_us / 1e6, args.beta_gbs * 1e9)
+                line.update(alpha_us=args.alpha_us, beta_gbs=args.beta_gbs)
+                print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    main()
