@@ -84,13 +84,15 @@ def taken(comm: Comm, settings: Settings, error: ExperimentTakenError) -> NoRetu
     restarted and no resume hint, since the experiment is that run's now. Each rank hands
     the error to the process that launched it, and all raise it at once: uncaught, each exits
     :data:`EXIT_TAKEN` without MPI_Finalize, and mpiexec would kill (status 9) the ranks
-    still running when the first one exits so."""
+    still running when the first one exits so: they leave together, each telling hydra first,
+    as a stopped run's ranks do."""
     if settings.worker:
         write_error(settings.worker, ErrorReport(RankFailure.capture(comm.rank, error), True))
     if settings.worker or comm.rank != 0:
         uncaught.shown_elsewhere(error)  # said once: by the launching process, or by rank 0
     _flush()
     wait_for_all(comm, together=True)
+    pmi.finalize_with_hydra()
     raise error
 
 
