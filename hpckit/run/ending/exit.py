@@ -167,10 +167,7 @@ def interrupted(exc: KeyboardInterrupt, meeting: Comm | None = None) -> NoReturn
     if comm is None or comm.size == 1:
         stop.interrupt_handled()
         raise exc
-    _flush()
-    if meet_within(comm, INTERRUPT_GRACE):  # all exit now; one that did not is left to the launcher
-        pmi.finalize_with_hydra()
-    os._exit(stop.EXIT_INTERRUPTED)
+    _leave_together(comm, stop.EXIT_INTERRUPTED)
 
 
 def requeued(comm: Comm) -> NoReturn:
@@ -179,10 +176,17 @@ def requeued(comm: Comm) -> NoReturn:
     others until Slurm's KillWait ran out (30 s and more before the job starts again). The
     ranks meet for a moment first; when all met, each tells hydra it is leaving (``python
     train.py`` in an allocation starts its ranks with mpiexec), as after Ctrl-C."""
+    _leave_together(comm, stop.EXIT_STOPPED)
+
+
+def _leave_together(comm: Comm, status: int) -> NoReturn:
+    """Exit with ``status`` at once, without MPI_Finalize, after meeting the other ranks for
+    at most :data:`INTERRUPT_GRACE`; when all met, each tells hydra first. One that did not
+    come is left to the launcher."""
     _flush()
     if meet_within(comm, INTERRUPT_GRACE):
         pmi.finalize_with_hydra()
-    os._exit(stop.EXIT_STOPPED)
+    os._exit(status)
 
 
 def requeued_now() -> NoReturn:
