@@ -25,6 +25,7 @@ import itertools
 import math
 import os
 import pickle
+import threading
 import time
 from array import array
 from collections.abc import Callable, Iterator
@@ -57,6 +58,7 @@ class Traffic:
 
 
 _traffic = Traffic()
+_counting = threading.Lock()  # background threads start collectives too (wait_for_all)
 
 
 def traffic() -> Traffic:
@@ -66,7 +68,8 @@ def traffic() -> Traffic:
 
 def _count(calls: int, sent: int) -> None:
     global _traffic
-    _traffic = Traffic(_traffic.calls + calls, _traffic.sent + sent)
+    with _counting:
+        _traffic = Traffic(_traffic.calls + calls, _traffic.sent + sent)
 
 
 # A waiting rank yields the CPU for SPIN seconds, then sleeps in steps of at most LONGEST.
