@@ -1,4 +1,4 @@
-"""Pure pieces: metrics conversion, URI redaction, GPU assignment, environment table."""
+"""Pure pieces: metrics conversion, URI redaction, environment table."""
 
 from __future__ import annotations
 
@@ -14,9 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from hpckit.errors import ConfigError, LaunchError, MetricsError, StorageError
+from hpckit.errors import ConfigError, MetricsError, StorageError
 from hpckit.experiment.values import to_json_metrics
-from hpckit.integrations.torch.devices import assign_gpus, cpu_threads
 from hpckit.run.mpi.library import implementation, loaded_version, srun_plugin
 from hpckit.settings import Settings
 from hpckit.storage.location import resolve
@@ -76,27 +75,6 @@ def test_resolve_unknown_scheme_is_a_clear_error():
     with pytest.raises(StorageError, match=r"cannot open storage 'nope://\*\*\*@b/x'") as info:
         resolve("nope://k:secret@b/x")
     assert "secret" not in str(info.value)
-
-
-def test_gpus_split_among_local_ranks():
-    vis = [None] * 4
-    assert [assign_gpus(r, 4, 1, 4, vis, "n") for r in range(4)] == [[0], [1], [2], [3]]
-    assert [assign_gpus(r, 2, 2, 4, vis[:2], "n") for r in range(2)] == [[0, 1], [2, 3]]
-    assert [assign_gpus(r, 4, 0.5, 2, vis, "n") for r in range(4)] == [[0], [0], [1], [1]]
-
-
-def test_gpus_when_the_launcher_gave_each_rank_its_own():
-    vis = ["0", "1", "2"]
-    assert [assign_gpus(r, 3, 1, 1, vis, "n") for r in range(3)] == [[0], [0], [0]]
-
-
-def test_too_few_gpus_on_a_node_names_it():
-    with pytest.raises(LaunchError, match="node gpu07 has 2 visible GPU\\(s\\) but its 4 rank"):
-        assign_gpus(3, 4, 1, 2, [None] * 4, "gpu07")
-
-
-def test_cpu_threads():
-    assert cpu_threads(None, 16, 4) == 4 and cpu_threads(3, 16, 4) == 3 and cpu_threads(None, 2, 4) == 1
 
 
 @pytest.mark.parametrize("environ,launcher,tasks", [

@@ -10,7 +10,7 @@ from typing import Any
 from hpckit.config import ScalingConfig
 from hpckit.errors import LaunchError
 from hpckit.integrations.torch.config import TorchConfig
-from hpckit.integrations.torch.devices import assign_gpus, cpu_threads
+from hpckit.integrations.torch.devices import GpuShare, cpu_threads, share_gpus
 from hpckit.logs import log
 from hpckit.run.job import Backend
 from hpckit.run.mpi.comm import everywhere
@@ -60,7 +60,9 @@ def setup(group: Group, scaling: ScalingConfig, settings: Settings, config: Torc
                           "choosing devices", LaunchError)[group.rank]
     timeout = timedelta(seconds=config.timeout_s)
     if not scaling.use_gpu:
-        threads = cpu_threads(scaling.cpus_per_worker, len(os.sched_getaffinity(0)), topology.local_size)
+        masks = [frozenset(m) for m in share(group.node, sorted(os.sched_getaffinity(0)))]
+        threads = cpu_threads(scaling.cpus_per_worker, masks, topology.local_rank,
+                              settings.slurm_cpus_per_task)
         torch.set_num_threads(threads)
         os.environ["OMP_NUM_THREADS"] = str(threads)  # Accelerate would reset an unset one
     if not dist.is_initialized():
@@ -99,15 +101,34 @@ def _choose_devices(topology: Topology, scaling: ScalingConfig,
 
     if not scaling.use_gpu:
         return [torch.device("cpu")]
-    if not torch.cuda.is_available():
+    count = torch.cuda.device_count()  # counted through NVML: CUDA does not start
+    if count == 0:
         raise LaunchError(
             f"ScalingConfig(use_gpu=True) but rank {topology.world_rank} on {topology.hostname} "
-            "sees no CUDA device (torch.cuda.is_available() is False); run on GPU nodes, install "
+            "sees no CUDA device (torch.cuda.device_count() is 0); run on GPU nodes, install "
             "a CUDA build of torch, or set use_gpu=False.")
-    ids = assign_gpus(topology.local_rank, topology.local_size, scaling.gpus_per_worker,
-                      torch.cuda.device_count(), visible, topology.hostname)
+    share = share_gpus(topology.local_rank, topology.local_size, scaling.gpus_per_worker,
+                       count, visible, topology.hostname)
+    ids = _narrowed(share, topology.world_rank)
     torch.cuda.set_device(ids[0])
     return [torch.device("cuda", i) for i in ids]
+
+
+def _narrowed(share: GpuShare, rank: int) -> list[int]:
+    """Give this rank only its own devices, as Ray does; where CUDA has started already the
+    list can no longer change, and the rank uses its devices among all it sees."""
+    import torch
+
+    if not torch.cuda.is_initialized() or os.environ.get("CUDA_VISIBLE_DEVICES") == share.visible:
+        os.environ["CUDA_VISIBLE_DEVICES"] = share.visible  # a second fit() finds it so
+        return list(range(len(share.entries)))
+    log.warning(
+        "rank %d started CUDA before fit() (torch.cuda.is_initialized() is True), so hpckit "
+        "cannot narrow its CUDA_VISIBLE_DEVICES to its own GPU(s) %s: it trains on cuda:%d "
+        "but still sees every device, and frameworks that count devices (Lightning's "
+        "devices='auto') count them all. Move the CUDA calls into the training function.",
+        rank, share.visible, share.first)
+    return list(range(share.first, share.first + len(share.entries)))
 
 
 def _rendezvous_host(topology: Topology, settings: Settings) -> str:

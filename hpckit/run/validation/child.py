@@ -14,6 +14,7 @@ import sys
 import tempfile
 from typing import Any
 
+from hpckit import settings
 from hpckit.checkpoint import Checkpoint
 from hpckit.config import ValidationConfig
 from hpckit.experiment.validation import FAILED, TIMED_OUT, VALIDATED, Validation
@@ -62,8 +63,14 @@ def write_function(payload: str, config: ValidationConfig) -> None:
 
 
 def environment(threads: int) -> dict[str, str]:
-    """This process's environment, less the launcher's, with ``threads`` CPU threads."""
+    """This process's environment, less the launcher's, with ``threads`` CPU threads and the
+    GPUs the rank was started with (not the one device hpckit narrowed the rank to)."""
     kept = {k: v for k, v in os.environ.items() if not k.startswith(NOT_INHERITED)}
+    started = settings.current().cuda_visible_devices
+    if started is not None:
+        kept["CUDA_VISIBLE_DEVICES"] = started
+    elif kept.get("CUDA_VISIBLE_DEVICES"):  # narrowed from unset; an empty one hides them all
+        del kept["CUDA_VISIBLE_DEVICES"]
     return {**kept, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
             "HPCKIT_VALIDATION": "1", "HPCKIT_EARLY_STOP": "0"}
 
