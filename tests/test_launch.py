@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import textwrap
+import time
 
 import pytest
-from conftest import manifest, mpiexec, python, run
+from conftest import STEADY, manifest, mpiexec, python, run
 
 
 @pytest.mark.parametrize("workers", [2, 3])
@@ -63,3 +65,17 @@ def test_a_lambda_cannot_be_sent_to_spawned_ranks(tmp_path):
     out = run([sys.executable, str(script)], timeout=60)
     assert "LAUNCH-ERROR the trainer cannot be sent to the ranks" in out.output
     assert "module level" in out.output
+
+
+@pytest.mark.parametrize("address, fault", [("no-such-host.invalid", "does not resolve"),
+                                            ("192.0.2.1", "does not answer")])
+def test_a_rendezvous_address_that_fails_is_one_error_within_seconds(tmp_path, address, fault):
+    # torch's store would retry either for its whole timeout (30 minutes); 192.0.2.1 is a
+    # documentation address that no host answers at.
+    started = time.monotonic()
+    out = mpiexec(2, "--storage", str(tmp_path), "--epochs", "1", "--torch", script=STEADY,
+                  env={"HPCKIT_MASTER_ADDR": address}, expect=None, timeout=60)
+    assert out.returncode != 0 and time.monotonic() - started < 45, out.output
+    for rank in (0, 1):
+        assert re.search(rf"rank {rank} on \S+: .*{address}.* {fault}", out.output), out.output
+    assert "HPCKIT_MASTER_ADDR" in out.output and "Traceback" not in out.output, out.output

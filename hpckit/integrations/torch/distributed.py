@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import socket
 from datetime import timedelta
 from typing import Any
 
 from hpckit.config import ScalingConfig
 from hpckit.errors import LaunchError
+from hpckit.integrations.torch import rendezvous
 from hpckit.integrations.torch.config import TorchConfig
 from hpckit.integrations.torch.devices import GpuShare, cpu_threads, share_gpus
 from hpckit.logs import log
@@ -79,10 +79,13 @@ def _join(group: Group, settings: Settings, backend: str, timeout: timedelta) ->
 
     topology = group.topology
     store = None
-    if group.rank == 0:
-        store = dist.TCPStore(_rendezvous_host(topology, settings), 0, topology.world_size,
-                              is_master=True, timeout=timeout, wait_for_workers=False)
-    host, port = from_root(group.world, (store.host, store.port) if store else None)
+    if group.rank == 0:  # it listens on every interface; its own client needs no network
+        store = dist.TCPStore("127.0.0.1", 0, topology.world_size, is_master=True,
+                              timeout=timeout, wait_for_workers=False)
+    host, port = from_root(group.world, (rendezvous.host(topology, settings), store.port)
+                           if store else None)
+    everywhere(group.world, lambda: rendezvous.check(host, port, topology),
+               "reaching the rendezvous", LaunchError)
     if store is None:
         store = dist.TCPStore(host, port, topology.world_size, is_master=False, timeout=timeout)
     dist.init_process_group(backend, store=store, rank=group.rank, world_size=group.size,
@@ -129,11 +132,3 @@ def _narrowed(share: GpuShare, rank: int) -> list[int]:
         "devices='auto') count them all. Move the CUDA calls into the training function.",
         rank, share.visible, share.first)
     return list(range(share.first, share.first + len(share.entries)))
-
-
-def _rendezvous_host(topology: Topology, settings: Settings) -> str:
-    if settings.master_addr:
-        return settings.master_addr
-    if topology.num_nodes == 1:
-        return "127.0.0.1"
-    return socket.getfqdn()
