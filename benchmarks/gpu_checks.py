@@ -13,6 +13,10 @@
 3. Lightning's ``RayFSDPStrategy`` (Lightning's FSDP needs a GPU): a Trainer trains two
    epochs through ``RayTrainReportCallback``, and a second run resumes from the last
    checkpoint at the next epoch.
+4. Each rank's own GPUs, in a process of its own per case: with CUDA_VISIBLE_DEVICES unset,
+   set to the GPU's UUID, and in a script that started CUDA before ``fit()``: what the rank
+   sees (its CUDA_VISIBLE_DEVICES, ``torch.cuda.device_count()``, its device's UUID), what
+   Lightning's ``devices="auto"`` counts, and whether hpckit warned.
 
 One JSON line per check.
 """
@@ -23,6 +27,8 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from typing import Any
@@ -173,6 +179,38 @@ def lightning_loop(config: dict[str, Any]) -> None:
                       "strategy": type(trainer.strategy).__name__}), flush=True)
 
 
+def devices_loop(config: dict[str, Any]) -> None:
+    import lightning.pytorch as pl
+
+    from hpckit.lightning import RayDDPStrategy, RayLightningEnvironment, prepare_trainer
+    from hpckit.torch import get_device
+
+    trainer = prepare_trainer(pl.Trainer(
+        accelerator="gpu", devices="auto", strategy=RayDDPStrategy(),
+        plugins=[RayLightningEnvironment()], logger=False, enable_checkpointing=False,
+        enable_progress_bar=False))
+    print(json.dumps({"visible_in_rank": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                      "device_count": torch.cuda.device_count(), "device": str(get_device()),
+                      "uuid": f"GPU-{torch.cuda.get_device_properties(get_device()).uuid}",
+                      "lightning_auto_devices": trainer.num_devices}), flush=True)
+
+
+def devices_case(case: str, storage: str) -> dict[str, Any]:
+    """One case of check 4 in a process of its own (CUDA reads its device list once)."""
+    uuid = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"],
+                          capture_output=True, text=True).stdout.split()[0]
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    if case == "uuid":
+        env["CUDA_VISIBLE_DEVICES"] = uuid
+    out = subprocess.run([sys.executable, __file__, "--devices-case", case, "--storage", storage],
+                         env=env, capture_output=True, text=True, timeout=300)
+    seen = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {
+        "failed": out.stderr.strip().splitlines()[-3:]}
+    return {"check": "devices_gpu", "case": case, "visible_before": env.get("CUDA_VISIBLE_DEVICES"),
+            **seen, "own_gpu_uuid": seen.get("uuid") == uuid,
+            "warned_cuda_started": "started CUDA before fit()" in out.stderr}
+
+
 def fit(loop: Any, name: str, storage: str, config: dict[str, Any]) -> None:
     TorchTrainer(loop, train_loop_config={**config, "name": name},
                  scaling_config=ScalingConfig(num_workers=1, use_gpu=True),
@@ -183,8 +221,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--storage", default=None)
     parser.add_argument("--mib", type=int, default=1024)
+    parser.add_argument("--devices-case", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     storage = args.storage or tempfile.mkdtemp(prefix="hpckit-gpu-")
+    if args.devices_case:
+        if args.devices_case == "cuda_started":
+            torch.cuda.init()
+        return fit(devices_loop, f"devices_{args.devices_case}", storage, {})
+    for case in ("unset", "uuid", "cuda_started"):
+        print(json.dumps(devices_case(case, storage)), flush=True)
     print(json.dumps({"check": "machine", "torch": torch.__version__,
                       "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name()}),
           flush=True)

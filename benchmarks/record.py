@@ -1,11 +1,12 @@
 """Run a benchmark and keep its figures as the page's source: benchmarks/results/NAME.jsonl.
 
-    python benchmarks/record.py [--as NAME] [--label TEXT] benchmarks/core.py --quick
+    python benchmarks/record.py [--as NAME] [--label TEXT] [--commit REV] benchmarks/core.py --quick
 
 The benchmark's output passes through. When it exits 0, every JSON line it printed (its
-ranks' too) replaces the lines of NAME.jsonl, each with ``date``, ``machine`` and ``command``
-added (and ``label``, a word on the run's conditions, when given). NAME is the script's name,
-with ``-quick`` after it for a ``--quick`` run, so a quick run replaces only a quick run's
+ranks' too) replaces the lines of NAME.jsonl, each with ``date``, ``commit`` (git's, or
+``--commit`` where the tree is a copy without git), ``machine`` and ``command`` added (and
+``label``, a word on the run's conditions, when given). NAME is the script's name, with
+``-quick`` after it for a ``--quick`` run, so a quick run replaces only a quick run's
 figures. Then ``python benchmarks/report.py`` renders docs/performance.md from them.
 """
 
@@ -43,6 +44,21 @@ def machine() -> str:
                               capture_output=True, text=True).stdout.split("\n")
         parts.extend(f"GPU {name.strip()}" for name in gpus if name.strip())
     return ", ".join(parts)
+
+
+def commit() -> str:
+    """HEAD's short hash, with ``+changes`` where tracked files differ from it."""
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=RESULTS.parent, capture_output=True, text=True)
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+    except OSError:
+        return "unknown"
+    if head.returncode != 0:
+        return "unknown"
+    changed = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+    return head.stdout.strip() + ("+changes" if changed else "")
 
 
 def _cpu_model() -> str:
@@ -84,13 +100,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--as", dest="name", default=None, help="the results file's name")
     parser.add_argument("--label", default=None, help="the run's conditions, in a few words")
+    parser.add_argument("--commit", default=None, help="the commit measured (default: git's)")
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     status, output = run([sys.executable, args.script, *args.args])
     if status != 0:
         sys.exit(f"{args.script} exited {status}: nothing recorded")
-    run_fields = {"date": datetime.date.today().isoformat(), "machine": machine(),
+    run_fields = {"date": datetime.date.today().isoformat(), "commit": args.commit or commit(),
+                  "machine": machine(),
                   "command": " ".join(["python", args.script, *args.args])}
     if args.label:
         run_fields["label"] = args.label

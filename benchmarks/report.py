@@ -108,10 +108,11 @@ def shown(value: object, factor: str | None, form: str | None) -> str:
 def run_line(name: str, lines: list[dict]) -> str:
     """'date, machine, command' of a results file, each once, as one sentence."""
     said = {}
-    for field in ("date", "command", "machine", "label"):
+    for field in ("date", "commit", "command", "machine", "label"):
         values = list(dict.fromkeys(str(line[field]) for line in lines if field in line))
         said[field] = " / ".join(values)
-    text = f"Recorded {said['date']} by `{said['command']}` on {said['machine']}"
+    at = f" at {said['commit']}" if said["commit"] else ""
+    text = f"Recorded {said['date']}{at} by `{said['command']}` on {said['machine']}"
     return text + (f"; {said['label']}" if said["label"] else "") + "."
 
 
