@@ -39,6 +39,10 @@ import hpckit
 from hpckit import Checkpoint, RunConfig, ScalingConfig
 from hpckit.torch import TorchTrainer
 
+CUDA_FIRST = "GPU_CHECKS_CUDA_FIRST"  # a script that starts CUDA as its ranks import it
+if os.environ.get(CUDA_FIRST) == "1":
+    torch.cuda.init()
+
 
 def _ms(samples: list[float]) -> float:
     return round(1000 * statistics.median(samples), 1)
@@ -202,10 +206,12 @@ def devices_case(case: str, storage: str) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     if case == "uuid":
         env["CUDA_VISIBLE_DEVICES"] = uuid
+    env[CUDA_FIRST] = "1" if case == "cuda_started" else "0"
     out = subprocess.run([sys.executable, __file__, "--devices-case", case, "--storage", storage],
                          env=env, capture_output=True, text=True, timeout=300)
-    seen = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {
-        "failed": out.stderr.strip().splitlines()[-3:]}
+    said = [line[line.index("{"):] for line in out.stdout.splitlines() if "visible_in_rank" in line]
+    seen = json.loads(said[-1]) if out.returncode == 0 and said else {
+        "failed": (out.stdout + out.stderr).strip().splitlines()[-3:]}
     return {"check": "devices_gpu", "case": case, "visible_before": env.get("CUDA_VISIBLE_DEVICES"),
             **seen, "own_gpu_uuid": seen.get("uuid") == uuid,
             "warned_cuda_started": "started CUDA before fit()" in out.stderr}
@@ -225,8 +231,6 @@ def main() -> None:
     args = parser.parse_args()
     storage = args.storage or tempfile.mkdtemp(prefix="hpckit-gpu-")
     if args.devices_case:
-        if args.devices_case == "cuda_started":
-            torch.cuda.init()
         return fit(devices_loop, f"devices_{args.devices_case}", storage, {})
     for case in ("unset", "uuid", "cuda_started"):
         print(json.dumps(devices_case(case, storage)), flush=True)
