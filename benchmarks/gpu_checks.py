@@ -234,9 +234,6 @@ def main() -> None:
         return fit(devices_loop, f"devices_{args.devices_case}", storage, {})
     for case in ("unset", "uuid", "cuda_started"):
         print(json.dumps(devices_case(case, storage)), flush=True)
-    print(json.dumps({"check": "machine", "torch": torch.__version__,
-                      "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name()}),
-          flush=True)
     checks = [("fsdp", fsdp_loop, {}), ("lightning", lightning_loop, {"epochs": 2}),
               ("lightning", lightning_loop, {"epochs": 4}),
               ("save_state", save_state_loop, {"mib": args.mib, "scratch": storage})]
@@ -247,6 +244,10 @@ def main() -> None:
             print(json.dumps({"check": name, "failed": f"{type(exc).__name__}: {exc}"}),
                   flush=True)
     print(json.dumps({"check": "save_state_gpu_contents", **saved_as_reported(storage)}),
+          flush=True)
+    # Last: the checks run one rank in this process, which must not start CUDA before fit().
+    print(json.dumps({"check": "machine", "torch": torch.__version__,
+                      "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name()}),
           flush=True)
 
 
