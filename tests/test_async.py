@@ -253,7 +253,7 @@ def trains_between_reports(config: dict) -> None:
         config["blocked"].append(time.perf_counter() - started)
 
 
-@pytest.mark.alone  # it times report()
+@pytest.mark.waiting  # it times report()
 def test_rank_0_commits_a_background_checkpoint_while_the_ranks_train(tmp_path, monkeypatch):
     """A manifest write that takes 0.4 s (a loaded filesystem) is not waited for by report():
     the next collective step tells the ranks that the commit landed."""

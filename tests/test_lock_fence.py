@@ -39,9 +39,9 @@ from hpckit.settings import Settings
 from hpckit.storage import files
 from hpckit.storage.location import resolve
 
-# A run is frozen past a stale time of seconds, and refreshes fail for set times: nothing runs
-# beside these tests.
-pytestmark = pytest.mark.alone
+# A run is frozen past a stale time of seconds, and refreshes fail for set times: no busy test
+# runs beside these tests.
+pytestmark = pytest.mark.waiting
 
 SHARDED = HERE / "ranks" / "sharded.py"
 STALE = 3.0  # HPCKIT_LOCK_STALE_SECONDS; the holder refreshes every max(1 s, a fifth of it)

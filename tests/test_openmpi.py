@@ -122,7 +122,7 @@ def test_srun_with_pmix_trains_and_requeues_after_the_stop_signal(tmp_path, slur
     srun_requeues_after_the_stop_signal(tmp_path, slurm, PYTHON, "pmix", ROOT, steady_reference)
 
 
-@pytest.mark.alone  # compares /dev/shm before and after
+@pytest.mark.waiting  # compares /dev/shm before and after: no other Open MPI test beside it
 def test_ranks_stop_when_their_driver_is_killed_and_the_rerun_resumes(tmp_path, steady_reference):
     # Open MPI's launcher aborts the job on SIGTERM; it passes the stop signal on instead.
     driver_killed_then_rerun(tmp_path, steady_reference, str(PYTHON), ROOT, "SIGUSR2")

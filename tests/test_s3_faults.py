@@ -24,8 +24,6 @@ from hpckit.experiment import verify as _verify
 from hpckit.experiment.manifest import Manifest
 from hpckit.storage.location import resolve
 
-# The server is stalled and killed against request timeouts, and the ending is timed.
-pytestmark = pytest.mark.alone
 
 SHARDED = HERE / "ranks" / "sharded.py"
 SHARD = str(1 << 20)  # floats per file: 8 MiB, so an upload takes a while
@@ -58,6 +56,7 @@ def wait_for_a_commit(server, name: str, process: subprocess.Popen) -> Manifest:
     return m
 
 
+@pytest.mark.alone  # three ranks upload while the server is killed; the ending is timed
 def test_a_server_killed_mid_upload_fails_every_rank_and_the_run_resumes(server, tmp_path):
     uri = server[0].uri("runs") + FAST_FAILING
     args = ["--epochs", "4", "--keep", "10", "--shard-floats", SHARD]
@@ -108,6 +107,7 @@ def test_a_server_killed_mid_upload_fails_every_rank_and_the_run_resumes(server,
     assert not end.lost, f"committed checkpoints that retention keeps were lost: {end.lost}"
 
 
+@pytest.mark.waiting  # the server is stalled against the request timeouts
 def test_a_server_that_stalls_briefly_is_waited_for(server, tmp_path):
     """A transient fault: the server stops answering for 3 s mid-upload, then comes back.
     The request is retried and the run finishes as if nothing happened."""

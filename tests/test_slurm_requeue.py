@@ -123,7 +123,7 @@ def test_preemption_requeues_count_apart_from_failures_and_stop_at_max_preemptio
     assert "not requeued: FailureConfig(max_preemption_failures=1)" in attempts[-1]["error"]
 
 
-@pytest.mark.alone  # the job must stop within Slurm's grace time
+@pytest.mark.waiting  # the job must stop within Slurm's grace time
 def test_slurm_preemption_sigterm_stops_at_the_next_report_and_requeues_within_the_grace_time(
         tmp_path, slurm):
     # The job takes the whole node; an "urgent" job preempts it. Slurm sends SIGTERM and sets

@@ -78,7 +78,7 @@ DataParallelTrainer(loop, scaling_config=ScalingConfig(num_workers=2),
 """
 
 
-@pytest.mark.alone  # it times the ending
+@pytest.mark.waiting  # it times the ending
 def test_a_second_sigterm_kills_ranks_that_never_reach_a_report_and_nothing_restarts(tmp_path):
     script = tmp_path / "stuck.py"
     script.write_text(STUCK)

@@ -131,7 +131,7 @@ def upload_fails(config: dict) -> None:
         config["returned"].append(step)
 
 
-@pytest.mark.alone  # counts the reports before a background failure lands
+@pytest.mark.waiting  # counts the reports before a background failure lands
 def test_a_failed_async_upload_fn_is_raised_at_a_later_report(tmp_path):
     returned: list = []
     with pytest.raises(HpckitError, match="the site's upload tool is down") as raised:

@@ -1,12 +1,19 @@
 """Two tests at a time, except where a test must have the machine to itself.
 
-The suite runs on pytest-xdist's workers (setup.cfg: ``-n 2 --dist worksteal``): most tests
+The suite runs on pytest-xdist's workers (setup.cfg: ``-n 2``): most tests
 wait for processes, Slurm or the S3 server much of their time, and a second worker fills the
 idle core. A test marked ``alone`` runs with no other test beside it: one that asserts a
 duration, loads both cores itself (``cpu_burner``), or compares machine-wide state such as
 /dev/shm before and after. Every test holds a shared lock on one file of the run while it
 runs (setup and teardown included); an ``alone`` test holds it exclusively, so it starts once
 the other worker's test has ended, and the other worker waits until it ends.
+
+A test marked ``waiting`` mostly waits (Slurm's grace time, a stale lock, a stalled server)
+and times or counts what it waits for: a busy test beside it would distort that, another
+``waiting`` test does not (two of them use less than one core; measured 2026-11-27: 0.03 to
+0.5 of a core each). They run last, two at a time, behind the ``alone`` tests: those take
+the lock exclusively, so the busy tests have all ended before the first ``waiting`` one
+starts.
 
 The tests are handed out from one queue two at a time (``--dist load --maxschedchunk 2``),
 longest first by the durations a recorded run left in tests/durations.json (``pytest
@@ -70,12 +77,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The ``alone`` tests last: each waits for the other worker's test to end and holds the
-    other worker up while it runs, so they run one after another at the end, while the rest
-    run two at a time before them, longest first."""
+    """The ``alone`` tests after the rest, and the ``waiting`` ones last: each ``alone`` test
+    waits for the other worker's test to end and holds the other worker up while it runs, so
+    they run one after another, while the rest run two at a time before them and the
+    ``waiting`` ones two at a time after them, longest first in each part."""
     known = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
-    items.sort(key=lambda item: (item.get_closest_marker("alone") is not None,
-                                 -known.get(item.nodeid, 0.0)))
+    items.sort(key=lambda item: (_part(item), -known.get(item.nodeid, 0.0)))
+
+
+def _part(item: pytest.Item) -> int:
+    if item.get_closest_marker("waiting") is not None:
+        return 2
+    return 1 if item.get_closest_marker("alone") is not None else 0
 
 
 @pytest.hookimpl(hookwrapper=True)
