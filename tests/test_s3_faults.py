@@ -56,7 +56,7 @@ def wait_for_a_commit(server, name: str, process: subprocess.Popen) -> Manifest:
     return m
 
 
-@pytest.mark.alone  # three ranks upload while the server is killed; the ending is timed
+@pytest.mark.waiting  # the server is killed mid-upload, and the ending is timed (90 s)
 def test_a_server_killed_mid_upload_fails_every_rank_and_the_run_resumes(server, tmp_path):
     uri = server[0].uri("runs") + FAST_FAILING
     args = ["--epochs", "4", "--keep", "10", "--shard-floats", SHARD]
