@@ -32,8 +32,8 @@ print("RECEIVED", stop.received())
 def hook_installed():
     if not HOOK.exists():
         if os.environ.get("CI"):
-            pytest.fail(f"{HOOK} is missing: .ci/install copies it")
-        pytest.skip(f"{HOOK} is missing (.ci/install copies it)")
+            pytest.fail(f"{HOOK} is missing: pip install -e . puts it there (setup.py)")
+        pytest.skip(f"{HOOK} is missing (pip install -e . puts it there)")
 
 
 @pytest.fixture(autouse=True)

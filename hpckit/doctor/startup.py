@@ -17,8 +17,9 @@ def early_stop() -> Finding:
     if not getattr(sys, "hpckit_early_installed", False):
         return Finding("stop signal at start-up", WARN, f"{HOOK} is not in site-packages: a "
                        "stop signal before the script imports hpckit ends the rank",
-                       f"cp {source} {sysconfig.get_paths()['purelib']}/ (pip install -e "
-                       "skips it; a wheel installs it)")
+                       f"reinstall hpckit with this Python (pip install -e . or pip install "
+                       f"., which put it there), or cp {source} "
+                       f"{sysconfig.get_paths()['purelib']}/")
     if os.environ.get("HPCKIT_EARLY_STOP", "1").lower() in ("0", "false", "no", "off"):
         return Finding("stop signal at start-up", INFO, "the hook is off (HPCKIT_EARLY_STOP=0)")
     active = getattr(sys, "hpckit_early_hook", None)
