@@ -151,3 +151,16 @@ def test_a_stop_reaches_the_rank_set_aside_and_the_rerun_validates_what_was_pend
     assert rerun.line("FINAL") is not None, rerun.output
     kept = _kept(tmp_path)
     assert kept and all(c["validation"]["status"] == "VALIDATED" for c in kept.values()), kept
+
+
+def test_hpckit_resume_starts_the_ranks_set_aside_too(tmp_path):
+    # The manifest's world is the training ranks; the rank set aside to validate is launched
+    # beside them, or every rank fails the world check.
+    killed = _run(tmp_path, "--validate-seconds", "0.2", "--validation-ranks", "1",
+                  "--epoch-seconds", "0.1", env={"HPCKIT_FAULT": "committed:0:2"}, expect=None)
+    assert killed.returncode != 0 and killed.line("FINAL") is None, killed.output
+    resumed = run([HPCKIT, "resume", str(tmp_path / "val")], 180)
+    assert "with 2 rank(s) and 1 set aside to validate" in resumed.output, resumed.output
+    assert resumed.line("SERVED 2") is not None, resumed.output
+    attempts = manifest(tmp_path / "val")["attempts"]
+    assert len(attempts) == 2 and attempts[-1]["status"] == "finished", attempts

@@ -38,7 +38,8 @@ def run(ranks: int, max_failures: int, script: str, args: tuple[str, ...]) -> No
 @main.command()
 @click.argument("experiment")
 @click.option("-n", "--ranks", type=click.IntRange(min=1), default=None,
-              help="World size (default: the recorded one; changing it needs rank-0-only checkpoints).")
+              help="World size (default: the recorded one; changing it needs rank-0-only "
+                   "checkpoints). Ranks set aside to validate are started beside it.")
 @click.option("--max-failures", type=click.IntRange(min=-1), default=0, show_default=True,
               help="Restarts after a failure (-1: no limit).")
 @click.option("--sbatch", "sbatch_file", type=click.Path(dir_okay=False), default=None,
@@ -61,6 +62,7 @@ def resume(experiment: str, ranks: int | None, max_failures: int, sbatch_file: s
                                "--sbatch FILE, or leave them out to resume here.")
     location, manifest = require(experiment)
     world = _world_size(manifest, ranks)
+    launched = world + int(manifest.config.get("validation_ranks") or 0)
     command = manifest.command
     argv = [restore_credentials(a, experiment) for a in command.get("argv") or []]
     cwd = command.get("cwd") or os.getcwd()
@@ -72,12 +74,13 @@ def resume(experiment: str, ranks: int | None, max_failures: int, sbatch_file: s
            variable("resume"): str(manifest.config.get("train_loop") or "*")}
     if sbatch_file:
         python = command.get("executable") or sys.executable
-        _submit(sbatch_file, render_sbatch(argv, world, cwd, manifest.experiment, python, env,
+        _submit(sbatch_file, render_sbatch(argv, launched, cwd, manifest.experiment, python, env,
                                            directives=options, srun_mpi=_srun_mpi(python)))
         return
-    click.echo(f"resuming {location.display} with {world} rank(s): {redact(' '.join(argv))}",
-               err=True)
-    sys.exit(run_script(world, argv, RetryPolicy(max_failures), cwd=cwd, extra_env=env))
+    aside = f" and {launched - world} set aside to validate" if launched > world else ""
+    click.echo(f"resuming {location.display} with {world} rank(s){aside}: "
+               f"{redact(' '.join(argv))}", err=True)
+    sys.exit(run_script(launched, argv, RetryPolicy(max_failures), cwd=cwd, extra_env=env))
 
 
 def _world_size(manifest: Manifest, ranks: int | None) -> int:

@@ -132,6 +132,7 @@ class TrainingJob:
             "train_loop": _qualified_name(self.train_loop),
             "train_loop_config": jsonable(self.train_loop_config or {}),
             "scaling_config": jsonable(asdict(self.scaling_config)),
+            "validation_ranks": self.validation_ranks,  # launched beside the world
             "storage_path": root.display,
             "failure_config": asdict(self.run_config.failure_config),
             "resume_from_checkpoint": seed.uri if seed else None,
