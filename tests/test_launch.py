@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
 import sys
 import textwrap
 import time
 
 import pytest
-from conftest import STEADY, manifest, mpiexec, python, run
+from conftest import MPIEXEC, STEADY, manifest, mpiexec, python, run
 
 
 @pytest.mark.parametrize("workers", [2, 3])
@@ -79,3 +82,46 @@ def test_a_rendezvous_address_that_fails_is_one_error_within_seconds(tmp_path, a
     for rank in (0, 1):
         assert re.search(rf"rank {rank} on \S+: .*{address}.* {fault}", out.output), out.output
     assert "HPCKIT_MASTER_ADDR" in out.output and "Traceback" not in out.output, out.output
+
+
+STUCK_IN_START_UP = """
+import sys, time
+import hpckit
+from hpckit import DataParallelTrainer, RunConfig, ScalingConfig
+from hpckit.run.job import Backend
+
+def setup(self, group, scaling, settings):  # as ranks whose rendezvous never completes
+    print("STUCK", flush=True)
+    time.sleep(300)
+
+Backend.setup = setup
+DataParallelTrainer(lambda: hpckit.report({"step": 0}), scaling_config=ScalingConfig(num_workers=2),
+                    run_config=RunConfig(name="stuck", storage_path=sys.argv[1])).fit()
+"""
+
+
+def test_a_sigterm_during_start_up_ends_the_ranks_within_seconds(tmp_path):
+    # timeout(1) and scancel send SIGTERM: ranks still starting take it as the end, not as a
+    # stop request held for a first report that they may never make.
+    script, log = tmp_path / "train.py", tmp_path / "out.log"
+    script.write_text(STUCK_IN_START_UP)
+    with log.open("w") as out:
+        process = subprocess.Popen([MPIEXEC, "-n", "2", sys.executable, str(script), str(tmp_path)],
+                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while log.read_text().count("STUCK") < 2:
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"still running 30 s after SIGTERM:\n{log.read_text()}")
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode != 0, log.read_text()
+    assert "SIGTERM during start-up" in log.read_text(), log.read_text()
+    attempt = manifest(tmp_path / "stuck")["attempts"][-1]
+    assert attempt["status"] == "interrupted", attempt
+    assert "SIGTERM during start-up" in attempt["error"], attempt

@@ -156,10 +156,14 @@ def _start(job: TrainingJob, ranks: Ranks, settings: Settings, number: int,
     """Everything between opening the experiment and the first step; an error here ends
     the attempt as failed (interrupted, for Ctrl-C) with its message, on every rank alike."""
     try:
-        _check_shared(ranks.group, location, start.marker, experiment)
-        job.backend.setup(ranks.group, job.scaling_config, settings)
-        session = _session(job, ranks, settings, number, location, start, experiment, leveled)
+        with stop.ending_at_sigterm(settings.stop_signal):
+            _check_shared(ranks.group, location, start.marker, experiment)
+            job.backend.setup(ranks.group, job.scaling_config, settings)
+            session = _session(job, ranks, settings, number, location, start, experiment,
+                               leveled)
     except BaseException as exc:
+        if isinstance(exc, stop.TerminatedAtStartUp):
+            log.warning("%s", exc)
         if experiment is not None:
             experiment.end_attempt(_ending(exc), f"{type(exc).__name__} at start-up: {exc}", 0)
         raise

@@ -123,6 +123,39 @@ def terminations(stop_signal: signal.Signals) -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+class TerminatedAtStartUp(KeyboardInterrupt):
+    """SIGTERM while the ranks start (the rendezvous, the back-end): the ranks end at once,
+    as for Ctrl-C (the attempt recorded as interrupted, the ranks meeting to leave)."""
+
+
+@contextmanager
+def ending_at_sigterm(stop_signal: signal.Signals) -> Iterator[None]:
+    """Around an attempt's start-up: a SIGTERM there (``timeout``, ``scancel``, a launcher
+    giving up) ends the rank now, instead of waiting for a first report that a rank stuck in
+    start-up may never make. The stop signal keeps its meaning: held, then a stop at the first
+    report. Outside this block :func:`terminations` takes SIGTERM as a stop request."""
+    if stop_signal == signal.SIGTERM or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    owner = os.getpid()
+
+    def terminate(number: int, frame: Any) -> None:
+        if os.getpid() != owner:  # a forked child that inherited the handler
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        raise TerminatedAtStartUp("SIGTERM during start-up, before the first report: the "
+                                  "run ends; the next resumes from its last committed checkpoint")
+
+    if _received == signal.SIGTERM.name:  # it came as the attempt opened its experiment
+        terminate(signal.SIGTERM, None)
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @contextmanager
 def ignored(signum: signal.Signals) -> Iterator[None]:
     """Around starting a child that must inherit ``signum`` ignored (main thread only)."""
