@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -104,6 +104,19 @@ def terminations(stop_signal: signal.Signals) -> Iterator[None]:
     reaches report() is ended by the SIGKILL that follows (or, under ``hpckit run`` and
     ``python train.py``, by a second SIGTERM to that process). Processes the rank forks
     (multiprocessing) keep SIGTERM's default."""
+    def request(number: int, frame: Any) -> None:
+        if _received is None:
+            _record(number, frame)
+
+    with _sigterm_handled(stop_signal, request):
+        yield
+
+
+@contextmanager
+def _sigterm_handled(stop_signal: signal.Signals,
+                     act: Callable[[int, Any], None]) -> Iterator[None]:
+    """SIGTERM handled by ``act`` in this process for the block (where the stop signal is
+    another, and in the main thread); a process it forks keeps SIGTERM's default."""
     if stop_signal == signal.SIGTERM or threading.current_thread() is not threading.main_thread():
         yield  # handling() has it already, or signals cannot be handled here
         return
@@ -113,8 +126,8 @@ def terminations(stop_signal: signal.Signals) -> Iterator[None]:
         if os.getpid() != owner:  # a forked child that inherited the handler
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
-        elif _received is None:
-            _record(number, frame)
+        else:
+            act(number, frame)
 
     previous = signal.signal(signal.SIGTERM, terminate)
     try:
@@ -134,26 +147,14 @@ def ending_at_sigterm(stop_signal: signal.Signals) -> Iterator[None]:
     giving up) ends the rank now, instead of waiting for a first report that a rank stuck in
     start-up may never make. The stop signal keeps its meaning: held, then a stop at the first
     report. Outside this block :func:`terminations` takes SIGTERM as a stop request."""
-    if stop_signal == signal.SIGTERM or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    owner = os.getpid()
-
-    def terminate(number: int, frame: Any) -> None:
-        if os.getpid() != owner:  # a forked child that inherited the handler
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
-            return
+    def end(number: int, frame: Any) -> None:
         raise TerminatedAtStartUp("SIGTERM during start-up, before the first report: the "
                                   "run ends; the next resumes from its last committed checkpoint")
 
-    if _received == signal.SIGTERM.name:  # it came as the attempt opened its experiment
-        terminate(signal.SIGTERM, None)
-    previous = signal.signal(signal.SIGTERM, terminate)
-    try:
+    if _received == signal.SIGTERM.name and stop_signal != signal.SIGTERM:
+        end(signal.SIGTERM, None)  # it came as the attempt opened its experiment
+    with _sigterm_handled(stop_signal, end):
         yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 @contextmanager
