@@ -63,9 +63,10 @@ def test_the_hook_acts_only_in_launched_ranks_and_can_be_turned_off():
     alone = subprocess.run([sys.executable, "-c", SIGNAL_THEN_IMPORT], capture_output=True,
                            text=True, timeout=60, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert alone.returncode == -signal.SIGUSR2, "outside a launch, Python's default stays"
-    off = run([MPIEXEC, "-n", "1", sys.executable, "-c", SIGNAL_THEN_IMPORT], timeout=60,
-              env={"HPCKIT_EARLY_STOP": "0"}, expect=None)
-    assert off.returncode != 0 and "RECEIVED" not in off.output
+    for value in ("0", "OFF"):  # as hpckit doctor reads it: any case
+        off = run([MPIEXEC, "-n", "1", sys.executable, "-c", SIGNAL_THEN_IMPORT], timeout=60,
+                  env={"HPCKIT_EARLY_STOP": value}, expect=None)
+        assert off.returncode != 0 and "RECEIVED" not in off.output, value
 
 
 def test_sigterm_and_other_stop_signals_are_left_to_their_defaults():

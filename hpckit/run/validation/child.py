@@ -72,7 +72,7 @@ def environment(threads: int) -> dict[str, str]:
     elif kept.get("CUDA_VISIBLE_DEVICES"):  # narrowed from unset; an empty one hides them all
         del kept["CUDA_VISIBLE_DEVICES"]
     return {**kept, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-            "HPCKIT_VALIDATION": "1", "HPCKIT_EARLY_STOP": "0"}
+            "HPCKIT_EARLY_STOP": "0"}
 
 
 Running = subprocess.Popen[bytes] | SlurmJob
