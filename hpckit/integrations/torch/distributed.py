@@ -55,12 +55,14 @@ def setup(group: Group, scaling: ScalingConfig, settings: Settings, config: Torc
     import torch.distributed as dist
 
     topology = group.topology
-    visible = share(group.node, settings.cuda_visible_devices)
+    # What each rank of the node was given: its devices and its CPUs, in one exchange.
+    node = share(group.node, (settings.cuda_visible_devices, sorted(os.sched_getaffinity(0))))
+    visible = [devices for devices, _ in node]
     _devices = everywhere(group.world, lambda: _choose_devices(topology, scaling, visible),
                           "choosing devices", LaunchError)[group.rank]
     timeout = timedelta(seconds=config.timeout_s)
     if not scaling.use_gpu:
-        masks = [frozenset(m) for m in share(group.node, sorted(os.sched_getaffinity(0)))]
+        masks = [frozenset(cpus) for _, cpus in node]
         threads = cpu_threads(scaling.cpus_per_worker, masks, topology.local_rank,
                               settings.slurm_cpus_per_task)
         torch.set_num_threads(threads)
