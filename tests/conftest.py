@@ -190,6 +190,23 @@ def slurm(tmp_path_factory: pytest.TempPathFactory):
     cluster.stop()
 
 
+@pytest.fixture(scope="module")
+def slurm_nodes(tmp_path_factory: pytest.TempPathFactory):
+    """A real Slurm of three nodes (n1, n2, n3: tests/slurm_cluster.py), for one module; a test
+    that kills a node brings it back before the next one starts."""
+    import cluster_nodes
+    import slurm_cluster
+
+    absent = [*slurm_cluster.missing(), *filter(None, [cluster_nodes.missing()])]
+    if absent:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must test on a three-node Slurm, but: {', '.join(absent)}")
+        pytest.skip(f"no three-node Slurm here: {', '.join(absent)}")
+    cluster = slurm_cluster.start(tmp_path_factory.mktemp("slurm-nodes"), ("n1", "n2", "n3"))
+    yield cluster
+    cluster.stop()
+
+
 def final_params(output: str) -> list[float]:
     """The parameters steady.py's rank 0 printed when training finished."""
     # mpiexec -prepend-rank may glue another rank's prefix onto the line: take the object only.

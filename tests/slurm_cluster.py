@@ -1,8 +1,15 @@
-"""A real one-node Slurm for the tests: munged, slurmctld and slurmd from a private config
-directory, on free loopback ports, each stopped by its PID. Nothing is installed system-wide."""
+"""A real Slurm for the tests: munged, slurmctld and slurmd from a private config directory, on
+free loopback ports, each stopped by its PID. Nothing is installed system-wide.
+
+One node is this host. Several nodes (``start(root, nodes=("n1", "n2", "n3"))``) are several
+slurmd on this host, each on a port of its own and in namespaces of its own
+(tests/nodes/slurm-node): its own hostname, its own small tmpfs as node-local disk at
+one shared path (``Slurm.local``), and an /etc/hosts where every node resolves to loopback.
+Killing a node's slurmd and every process under it is a node lost."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -12,8 +19,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cluster_nodes import Nodes
+
 DAEMONS = ("munged", "slurmctld", "slurmd", "srun", "sbatch")
 HOLD_S = 2.0  # how long a requeued job stays held before hurry() starts it
+NODE_LAUNCHER = Path(__file__).with_name("nodes") / "slurm-node"
 
 
 def missing() -> list[str]:
@@ -36,6 +46,38 @@ class Slurm:
     env: dict[str, str]
     processes: list[subprocess.Popen] = field(default_factory=list)
     held_since: dict[str, float] = field(default_factory=dict)
+    nodes: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def disks(self) -> Nodes:
+        """The nodes' local disks, laid out as tests/cluster_nodes.py lays out its nodes'."""
+        return Nodes(self.root)
+
+    @property
+    def local(self) -> Path:
+        """The node-local directory as a node's tasks see it: that node's own disk."""
+        return self.disks.local
+
+    def start_node(self, node: str) -> None:
+        """Start (or bring back) one node's slurmd in its namespaces; its disk is kept."""
+        (self.root / "spool" / node).mkdir(parents=True, exist_ok=True)
+        self.disks.mount_disk(node)
+        self.nodes[node] = _spawn([NODE_LAUNCHER, node, self.root, _which("slurmd"), "-D",
+                                   "-f", self.env["SLURM_CONF"], "-N", node], self.env)
+
+    def kill_node(self, node: str) -> None:
+        """The node is lost: its slurmd and every process it started (job steps, ranks: all
+        in the node's UTS namespace, since slurmstepd leaves slurmd's process tree) stopped,
+        then SIGKILLed, so that none forks or answers in between. Its disk survives, as a
+        rebooted node's."""
+        process = self.nodes.pop(node)
+        namespace = _uts_namespace(process.pid)  # unshare(1) enters it before it forks
+        assert namespace != _uts_namespace(os.getpid()), f"{node} runs in this host's namespace"
+        for signum in (signal.SIGSTOP, signal.SIGKILL):
+            for pid in [process.pid, *_in_namespace(namespace)]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signum)
+        process.wait()
 
     def run(self, *command: str, timeout: float = 60, check: bool = True,
             env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -60,10 +102,9 @@ class Slurm:
 
     def logs(self) -> str:
         parts = []
-        for name in ("slurmctld.log", "slurmd.log"):
-            path = self.root / name
+        for path in [self.root / "slurmctld.log", *sorted(self.root.glob("slurmd*.log"))]:
             if path.exists():
-                parts.append(f"--- {name} ---\n" + "\n".join(path.read_text().splitlines()[-40:]))
+                parts.append(f"--- {path.name} ---\n" + "\n".join(path.read_text().splitlines()[-40:]))
         return "\n".join(parts)
 
     def stop(self) -> None:
@@ -74,6 +115,8 @@ class Slurm:
                 self.run("scancel", *jobs, check=False)
                 _wait_for(lambda: not self.run("squeue", "-h", check=False).stdout.strip(), 60,
                           "jobs did not end after scancel")
+        for node in list(self.nodes):
+            self.kill_node(node)
         for process in reversed(self.processes):
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
@@ -83,9 +126,23 @@ class Slurm:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        self.disks.unmount_all()
 
 
-def start(root: Path) -> Slurm:
+def _uts_namespace(pid: int) -> str:
+    return os.readlink(f"/proc/{pid}/ns/uts")
+
+
+def _in_namespace(namespace: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit() and os.readlink(entry / "ns" / "uts") == namespace:
+                found.append(int(entry.name))
+    return found
+
+
+def start(root: Path, nodes: tuple[str, ...] = ()) -> Slurm:
     root.mkdir(parents=True, exist_ok=True)
     for sub in ("munge-key", "munge-run", "state", "spool"):
         (root / sub).mkdir(exist_ok=True)
@@ -97,7 +154,7 @@ def start(root: Path) -> Slurm:
     munge_socket = root / "munge-run" / "munge.socket"
     host = socket.gethostname()
     conf = root / "slurm.conf"
-    conf.write_text(_config(root, host, munge_socket))
+    conf.write_text(_config(root, host, munge_socket, nodes))
     env = {**os.environ, "SLURM_CONF": str(conf)}
     for name in list(env):
         if name.startswith(("SLURM_", "PMI_", "OMPI_")) and name != "SLURM_CONF":
@@ -110,10 +167,17 @@ def start(root: Path) -> Slurm:
              f"--pid-file={root}/munged.pid", f"--seed-file={root}/munged.seed"], env))
         _wait_for(lambda: munge_socket.exists(), 15, "munged did not create its socket")
         slurm.processes.append(_spawn([_which("slurmctld"), "-D", "-f", str(conf)], env))
-        slurm.processes.append(_spawn([_which("slurmd"), "-D", "-f", str(conf), "-N", host], env))
-        _wait_for(lambda: slurm.run("srun", "-N1", "-t", "1", "true", timeout=30,
+        if nodes:
+            (root / "hosts").write_text(f"127.0.0.1 localhost {host} {' '.join(nodes)}\n")
+            for node in nodes:
+                slurm.start_node(node)
+        else:
+            slurm.processes.append(_spawn([_which("slurmd"), "-D", "-f", str(conf), "-N", host],
+                                          env))
+        count = str(len(nodes) or 1)
+        _wait_for(lambda: slurm.run("srun", "-N", count, "-t", "1", "true", timeout=30,
                                     check=False).returncode == 0, 90,
-                  "Slurm never ran `srun -N1 true`")
+                  f"Slurm never ran `srun -N {count} true`")
     except BaseException:
         logs = slurm.logs()
         slurm.stop()
@@ -134,6 +198,12 @@ def _wait_for(ready, timeout: float, message: str) -> None:
         time.sleep(0.5)
 
 
+def _node_lines(host: str, nodes: tuple[str, ...]) -> str:
+    if not nodes:
+        return _node_line(host) + f"\nSlurmdPort={_free_port()}"
+    return "\n".join(f"{_node_line(n)} NodeHostname={host} Port={_free_port()}" for n in nodes)
+
+
 def _node_line(host: str) -> str:
     """8 cores whatever the machine has (config_overrides), so 3- and 4-rank jobs fit on 2."""
     detected = subprocess.run([_which("slurmd"), "-C"], capture_output=True, text=True).stdout
@@ -152,14 +222,13 @@ def _first_job_id() -> int:
     return int(worker.removeprefix("gw")) * 1_000_000 + 1
 
 
-def _config(root: Path, host: str, munge_socket: Path) -> str:
+def _config(root: Path, host: str, munge_socket: Path, nodes: tuple[str, ...]) -> str:
     return f"""\
 ClusterName=hpckit-test
 # Job ids never repeat on a real cluster; MPICH names node-local shared memory after them.
 FirstJobId={_first_job_id()}
 SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
 SlurmUser=root
 SlurmdUser=root
 SlurmdParameters=config_overrides
@@ -175,14 +244,16 @@ MailProg=/bin/true
 ReturnToService=2
 SchedulerParameters=sched_interval=5,bf_interval=5
 StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
+SlurmdSpoolDir={root}/spool/%n
 SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd.pid
+SlurmdPidFile={root}/slurmd-%n.pid
 SlurmctldLogFile={root}/slurmctld.log
-SlurmdLogFile={root}/slurmd.log
+SlurmdLogFile={root}/slurmd-%n.log
+# A node whose slurmd stopped answering is DOWN after 10 s (sites: 300 s by default).
+SlurmdTimeout=10
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
-{_node_line(host)}
+{_node_lines(host, nodes)}
 # An "urgent" job preempts a "test" job as a site's high-priority queue would: Slurm sends
 # the test job's tasks SIGTERM, ends it GraceTime seconds later, and requeues it.
 PreemptType=preempt/partition_prio
