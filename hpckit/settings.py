@@ -139,6 +139,8 @@ TABLE: dict[str, tuple[str, Callable[[str], Any]]] = {
     "slurm_restart_count": ("SLURM_RESTART_COUNT", _text),
     "slurm_nodelist": ("SLURM_JOB_NODELIST", _text),
     "slurm_tasks_per_node": ("SLURM_TASKS_PER_NODE", _text),
+    "slurm_ntasks_per_node": ("SLURM_NTASKS_PER_NODE", _text),
+    "slurm_localid": ("SLURM_LOCALID", _text),
     "slurm_cpus_per_task": ("SLURM_CPUS_PER_TASK", _count),
     "cuda_visible_devices": ("CUDA_VISIBLE_DEVICES", _text),
     # read by the AWS SDK itself; hpckit only needs to know that an endpoint is named
@@ -194,6 +196,8 @@ class Settings:
     slurm_restart_count: str | None = None
     slurm_nodelist: str | None = None
     slurm_tasks_per_node: str | None = None
+    slurm_ntasks_per_node: str | None = None
+    slurm_localid: str | None = None
     slurm_cpus_per_task: int | None = None
     cuda_visible_devices: str | None = None
     aws_endpoint: str | None = None

@@ -12,7 +12,7 @@ import click
 from hpckit.cli.app import main
 from hpckit.cli.common import require
 from hpckit.experiment.manifest import Manifest
-from hpckit.launch.process import run_script
+from hpckit.launch.script import run_script
 from hpckit.launch.slurm import render_sbatch
 from hpckit.run.ending.retry import RetryPolicy
 from hpckit.run.mpi.library import srun_plugin

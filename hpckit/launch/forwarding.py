@@ -39,10 +39,12 @@ class Forwarding:
     """While mpiexec runs: the signals above go where they should. ``terminated`` says
     whether a SIGTERM (or SIGHUP) came, so that the caller does not restart the ranks."""
 
-    def __init__(self, process: subprocess.Popen[bytes], pids: str, stop: signal.Signals):
+    def __init__(self, process: subprocess.Popen[bytes], pids: str, stop: signal.Signals,
+                 launcher_passes_stop: bool = False):
         self.process = process
         self.pids = pids
         self.stop = stop
+        self.launcher_passes_stop = launcher_passes_stop
         self.terminated_at: float | None = None
         self._previous: dict[signal.Signals, Any] = {}
 
@@ -62,7 +64,10 @@ class Forwarding:
 
     def _forward(self, signum: int, _frame: Any) -> None:
         if signum == self.stop and signum != signal.SIGTERM:
-            signal_ranks(self.pids, signum)
+            if self.launcher_passes_stop:
+                self.process.send_signal(signum)
+            else:
+                signal_ranks(self.pids, signum)
             return
         now = time.monotonic()
         if self.terminated_at is None:

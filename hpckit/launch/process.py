@@ -10,31 +10,27 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hpckit import settings as _settings
 from hpckit.errors import LaunchError
-from hpckit.experiment.hangs import HUNG
 from hpckit.launch.forwarding import (
     EXIT_TERMINATED,
     Forwarding,
     signal_ranks,
 )
-from hpckit.logs import log
 from hpckit.processes import ended_with
-from hpckit.run.ending.exit import EXIT_TAKEN, INTERRUPT_GRACE
-from hpckit.run.ending.hang import EXIT_HUNG
-from hpckit.run.ending.retry import RetryPolicy
+from hpckit.run.ending.exit import INTERRUPT_GRACE
 from hpckit.run.ending.stop import EXIT_INTERRUPTED, EXIT_STOPPED, ignored
 from hpckit.run.mpi import library
 from hpckit.run.startup.early import process_started
 from hpckit.run.startup.shm import remove_left_by_ranks
 from hpckit.settings import Settings, variable
-from hpckit.storage.uris import redact
 
 STOP_MARGIN = 5.0  # after Ctrl-C, beyond the ranks' own grace: rank 0 records and closes
+POLL_S = 0.5  # how often a launcher that may wait for lost ranks is asked about
+EXIT_ABANDONED = 128 + signal.SIGKILL  # the launcher was killed: it waited for lost ranks
 
 
 def find_mpiexec(settings: Settings) -> str | None:
@@ -53,10 +49,13 @@ def launcher_version(found: str) -> str:
 @dataclass(frozen=True)
 class Launch:
     """The command that starts the ranks, and the signal its launcher gets when hpckit's
-    driver dies however it dies: a stop request that the launcher passes on to the ranks."""
+    driver dies however it dies: a stop request that the launcher passes on to the ranks.
+    ``signals_tasks``: the launcher passes every signal on to the ranks itself, wherever
+    they run (srun); mpiexec's ranks, all on this node, are signalled by their PIDs."""
 
     command: tuple[str, ...]
     on_driver_death: int = signal.SIGTERM
+    signals_tasks: bool = False
 
 
 def mpiexec(settings: Settings, ranks: int, program: list[str]) -> Launch:
@@ -114,52 +113,14 @@ def _open_mpi(found: str, ranks: int) -> list[str]:
     return ["--oversubscribe"] if ranks > len(os.sched_getaffinity(0)) else []
 
 
-def run_script(ranks: int, argv: list[str], policy: RetryPolicy, cwd: str | None = None,
-               extra_env: dict[str, str] | None = None) -> int:
-    """``hpckit run``: start ``ranks`` ranks of a script under mpiexec, restarting it after a
-    failure as ``policy`` allows; each attempt resumes from the manifest. Returns the exit
-    status: 0, EXIT_STOPPED, EXIT_TAKEN (another run took the experiment over: never
-    restarted), or the last failure's."""
-    settings = _settings.current()
-    launch = mpiexec(settings, ranks, [sys.executable, *argv])
-    ids = {variable("run_id"): settings.run_id or f"run-{uuid.uuid4().hex}"}
-    attempt = 0
-    failed: dict[str, str] = {}
-    seen: list[int] = []
-    while True:
-        log.info("starting %d rank(s): %s", ranks, redact(" ".join(launch.command)))
-        try:
-            code = run_process(launch, {**(extra_env or {}), **ids, **failed,
-                                         variable("attempt"): str(attempt),
-                                         variable("restarts"): str(int(policy.allows(attempt))),
-                                         variable("started_at"): started_for(attempt, settings)},
-                               settings, cwd, seen)
-        except KeyboardInterrupt:
-            return EXIT_INTERRUPTED  # rank 0 said what was kept and how to resume
-        if code in (0, EXIT_STOPPED, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_TAKEN) or \
-                not policy.allows(attempt):
-            return code
-        attempt += 1
-        failed = _failure_of(code, seen)
-        log.warning("the ranks exited with status %d; restarting (%s)", code,
-                    policy.describe(attempt))
-
-
-def _failure_of(code: int, pids: list[int]) -> dict[str, str]:
-    """What the next attempt records of this one, whose ranks ended with ``code``."""
-    said = (HUNG if code == EXIT_HUNG else
-            f"the ranks exited with status {code}; the failed rank's error is in the run's output")
-    return {variable("previous_failure"): said, variable("previous_pids"): ",".join(map(str, pids)),
-            variable("previous_hung"): str(int(code == EXIT_HUNG))}
-
-
 def started_for(attempt: int, settings: Settings) -> str:
     """For the ranks' "ready in": the start of the command, or of this restart."""
     return repr(process_started(settings) if attempt == 0 else time.time())
 
 
 def run_process(launch: Launch, extra_env: dict[str, str], settings: Settings,
-                cwd: str | None = None, seen: list[int] | None = None) -> int:
+                cwd: str | None = None, seen: list[int] | None = None,
+                abandon: Callable[[], bool] | None = None) -> int:
     """Run the ranks' launcher and wait; its exit status, or EXIT_TERMINATED where a SIGTERM
     that reached this process ended the ranks before they stopped by themselves.
 
@@ -167,17 +128,20 @@ def run_process(launch: Launch, extra_env: dict[str, str], settings: Settings,
     alone, which passes it to the ranks themselves (mpiexec would print two lines of its own,
     and take a second Ctrl-C as "force abort" while rank 0 still records the interrupt).
     Other signals: :mod:`hpckit.launch.forwarding`. Ranks record their PIDs in
-    $HPCKIT_PID_DIR; ``seen`` receives them."""
+    $HPCKIT_PID_DIR; ``seen`` receives them. ``abandon``, asked every :data:`POLL_S` while
+    the ranks run, says when to give up waiting for a launcher that waits for lost ranks:
+    it is killed, and the status is :data:`EXIT_ABANDONED`."""
     pids = tempfile.mkdtemp(prefix="hpckit-pids-")
     started = time.time()
+    recorded = {} if launch.signals_tasks else {variable("pid_dir"): pids}
     with ignored(settings.stop_signal):  # the ranks install their own handler
-        process = subprocess.Popen(launch.command, env={**os.environ, **extra_env,
-                                                 variable("pid_dir"): pids}, cwd=cwd,
-                                   start_new_session=True,
+        process = subprocess.Popen(launch.command, env={**os.environ, **extra_env, **recorded},
+                                   cwd=cwd, start_new_session=True,
                                    preexec_fn=ended_with(os.getpid(), launch.on_driver_death))
     try:
-        with Forwarding(process, pids, settings.stop_signal) as forwarding:
-            code = _wait(process, pids)
+        with Forwarding(process, pids, settings.stop_signal,
+                        launch.signals_tasks) as forwarding:
+            code = _wait(process, pids, abandon, launch.signals_tasks)
         stopped = code in (0, EXIT_STOPPED, EXIT_INTERRUPTED)
         return EXIT_TERMINATED if forwarding.terminated and not stopped else code
     finally:
@@ -188,11 +152,12 @@ def run_process(launch: Launch, extra_env: dict[str, str], settings: Settings,
         remove_left_by_ranks(started, ranks)
 
 
-def _wait(process: subprocess.Popen[bytes], pids: str) -> int:
+def _wait(process: subprocess.Popen[bytes], pids: str, abandon: Callable[[], bool] | None,
+          signals_tasks: bool) -> int:
     try:
-        return process.wait()
+        return _ended(process, abandon)
     except KeyboardInterrupt:
-        _interrupted(process, pids)
+        _interrupted(process, pids, signals_tasks)
         raise
     except BaseException:
         process.send_signal(signal.SIGINT)
@@ -203,16 +168,33 @@ def _wait(process: subprocess.Popen[bytes], pids: str) -> int:
         raise
 
 
-def _interrupted(process: subprocess.Popen[bytes], pids: str) -> None:
+def _ended(process: subprocess.Popen[bytes], abandon: Callable[[], bool] | None) -> int:
+    if abandon is None:
+        return process.wait()
+    while True:
+        try:
+            return process.wait(timeout=POLL_S)
+        except subprocess.TimeoutExpired:
+            if abandon():
+                process.kill()
+                process.wait()
+                return EXIT_ABANDONED
+
+
+def _interrupted(process: subprocess.Popen[bytes], pids: str, signals_tasks: bool) -> None:
     """Ctrl-C reached this process: pass it to the ranks, which stop by themselves once rank
-    0 has recorded it. A second Ctrl-C, or ranks that do not end in time, are killed."""
+    0 has recorded it. A second Ctrl-C, or ranks that do not end in time, are killed. srun
+    takes one Ctrl-C as a request for its tasks' state: two within a second pass it on."""
     def kill(*_: Any) -> None:
         signal_ranks(pids, signal.SIGKILL)
         process.kill()
 
     previous = signal.signal(signal.SIGINT, kill)
     try:
-        if not signal_ranks(pids, signal.SIGINT):
+        if signals_tasks:
+            process.send_signal(signal.SIGINT)
+            process.send_signal(signal.SIGINT)
+        elif not signal_ranks(pids, signal.SIGINT):
             process.send_signal(signal.SIGINT)  # no rank is up yet: mpiexec passes it on
         try:
             process.wait(timeout=INTERRUPT_GRACE + STOP_MARGIN)

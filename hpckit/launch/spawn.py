@@ -1,5 +1,6 @@
-"""The parent side of ``python train.py`` with num_workers > 1: start the ranks on this node
-under mpiexec, wait, read what failed, and start them again as the retry policy allows.
+"""The parent side of ``python train.py`` with num_workers > 1: start the ranks (on this node
+under mpiexec, or across a Slurm allocation with srun: :mod:`hpckit.launch.steps`), wait, read
+what failed, and start them again as the retry policy allows.
 
 The ranks are handed the pickled :class:`~hpckit.run.job.TrainingJob` and re-run the user's
 script as multiprocessing's spawn does (see :mod:`hpckit.launch.mainimport`).
@@ -27,8 +28,10 @@ from hpckit.experiment.experiment import end_abandoned_attempt
 from hpckit.experiment.hangs import HUNG
 from hpckit.experiment.opening import prepare
 from hpckit.experiment.reading import read_manifest
+from hpckit.launch import heartbeat
 from hpckit.launch.forwarding import EXIT_TERMINATED
-from hpckit.launch.process import Launch, mpiexec, run_process, started_for
+from hpckit.launch.process import EXIT_ABANDONED, Launch, run_process, started_for
+from hpckit.launch.steps import NoSpareNode, Steps
 from hpckit.logs import log
 from hpckit.result import Result
 from hpckit.run.ending import stop
@@ -47,23 +50,25 @@ from hpckit.storage.location import Location
 RETURNED = "returned.pkl"  # rank 0's return value, in the launch payload
 
 def spawn(job: TrainingJob, settings: Settings) -> Result:
-    """Start the ranks on this node under mpiexec (``num_workers``, and those set aside to
-    validate); restart them on failure."""
+    """Start the ranks (``num_workers``, and those set aside to validate); restart them on
+    failure."""
     configure_logs(0, job, settings)
     n = job.launched_ranks
     job = job.resumed(settings)[0].named(settings)
     experiment = job.storage_root(settings).join(job.name)
     read_manifest(prepare(experiment.parent, job.name))  # storage and manifest, before ranks
-    launch = mpiexec(settings, n, [sys.executable, "-m", "hpckit.launch.worker"])
+    steps = Steps(settings, n, [sys.executable, "-m", "hpckit.launch.worker"])
     policy = RetryPolicy(job.run_config.failure_config.max_failures)
-    payload = tempfile.mkdtemp(prefix="hpckit-launch-", dir=settings.local_dir)
+    payload = tempfile.mkdtemp(prefix=".hpckit-launch-", dir=_payload_dir(steps, experiment,
+                                                                          settings))
     try:
         _write_payload(payload, job)
         attempt = 0
         while True:
+            launch = _step(steps, settings)
             log.debug("starting %d ranks: %s", n, " ".join(launch.command))
             try:
-                code = _run(launch, payload, attempt, settings)
+                code = _run(launch, payload, attempt, settings, steps)
             except KeyboardInterrupt as exc:
                 _interrupted(experiment, exc, not job.timestamped)
             if code == 0:
@@ -76,11 +81,12 @@ def spawn(job: TrainingJob, settings: Settings) -> Result:
                 _terminated(experiment)
             if code == EXIT_TAKEN:  # another run owns the experiment: never retried
                 _taken(payload)
-            failure = _failure(payload, code)
+            failure = _failure(payload, code, steps)
             if isinstance(failure, HpckitError) and not isinstance(failure, TrainingFailedError):
                 raise failure
             end_abandoned_attempt(experiment, str(failure).split("\n", 1)[0],
                                   AttemptStatus.HUNG if code == EXIT_HUNG else AttemptStatus.FAILED)
+            steps.after_failure()
             if not policy.allows(attempt):
                 log.error("%s", job.resume_hint(settings))
                 raise failure
@@ -112,24 +118,53 @@ def _write_payload(payload: str, job: TrainingJob) -> None:
                   "function) and keep train_loop_config picklable")
 
 
-def _run(launch: Launch, payload: str, attempt: int, settings: Settings) -> int:
-    for stale in os.listdir(os.path.join(payload, ERRORS)):
-        os.unlink(os.path.join(payload, ERRORS, stale))
-    return run_process(launch, {variable("worker"): payload, variable("attempt"): str(attempt),
-                                 variable("run_id"): os.path.basename(payload),
-                                 variable("started_at"): started_for(attempt, settings)},
-                       settings)
+def _payload_dir(steps: Steps, experiment: Location, settings: Settings) -> str | None:
+    """Where the ranks find the job: on this node, or, for ranks on several nodes, beside the
+    experiment where it is on a shared filesystem, else in the working directory."""
+    if steps.allocation is None:
+        return settings.local_dir
+    return experiment.parent.path if experiment.is_local else os.getcwd()
 
 
-def _failure(payload: str, code: int) -> BaseException:
+def _step(steps: Steps, settings: Settings) -> Launch:
+    """The next attempt's launch; with no node left to replace a lost one, the job requeued
+    where it allows it, else the run ends."""
+    try:
+        return steps.launch()
+    except NoSpareNode as exc:
+        log.error("%s", exc)
+        if stop.requeue(settings):
+            raise SystemExit(EXIT_STOPPED) from None
+        raise
+
+
+def _run(launch: Launch, payload: str, attempt: int, settings: Settings, steps: Steps) -> int:
+    for folder in (ERRORS, heartbeat.FOLDER):
+        shutil.rmtree(os.path.join(payload, folder), ignore_errors=True)
+        os.makedirs(os.path.join(payload, folder))
+    code = run_process(launch, {variable("worker"): payload, variable("attempt"): str(attempt),
+                                variable("run_id"): os.path.basename(payload),
+                                variable("started_at"): started_for(attempt, settings)},
+                       settings, abandon=steps.watch(os.path.join(payload, heartbeat.FOLDER)))
+    if code == EXIT_ABANDONED:
+        steps.cancel()
+    return code
+
+
+def _failure(payload: str, code: int, steps: Steps) -> BaseException:
     """The exception that fit() raises for the ranks' failure."""
     reports = read_errors(payload)
     if code == EXIT_HUNG:
         return WorkerGroupError(HUNG, {})
+    if code == EXIT_ABANDONED:
+        return WorkerGroupError(
+            f"node(s) {','.join(sorted(steps.lost))} of the run were lost, with their ranks; "
+            "the job step that waited for them was cancelled.", {})
     if not reports:
         return WorkerGroupError(
-            f"mpiexec exited with status {code} and no rank reported an exception: a rank was "
-            "probably killed (by a signal, or the out-of-memory killer); see the output above.", {})
+            f"{steps.launcher} exited with status {code} and no rank reported an exception: a "
+            "rank was probably killed (by a signal, or the out-of-memory killer); see the "
+            "output above.", {})
     first = reports[0]
     if not first.training:
         original = first.failure.original()

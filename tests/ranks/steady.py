@@ -17,6 +17,7 @@ if "--torch" in sys.argv:
 import argparse
 import json
 import os
+import socket
 import tempfile
 import time
 from functools import partial
@@ -24,7 +25,14 @@ from functools import partial
 import numpy as np
 
 import hpckit
-from hpckit import Checkpoint, DataParallelTrainer, RunConfig, ScalingConfig
+from hpckit import (
+    Checkpoint,
+    CheckpointConfig,
+    DataParallelTrainer,
+    FailureConfig,
+    RunConfig,
+    ScalingConfig,
+)
 
 SAMPLES, FEATURES, BATCH = 256, 8, 16
 
@@ -39,6 +47,8 @@ def numpy_loop(config: dict) -> None:
     y = x @ np.arange(1.0, FEATURES + 1)
     ctx = hpckit.get_context()
     rank, size = ctx.get_world_rank(), ctx.get_world_size()
+    if config.get("show_hosts"):
+        print(f"RANK {rank} ON {socket.gethostname()} END", flush=True)
     weights, velocity, start = np.zeros(FEATURES), np.zeros(FEATURES), 0
     if checkpoint := hpckit.get_checkpoint():
         with checkpoint.as_directory() as d:
@@ -140,6 +150,9 @@ def main() -> None:
     p.add_argument("--loader-workers", type=int, default=0, help="with --torch")
     p.add_argument("--preemption-info", action="store_true",
                    help="ask get_preemption_info() every epoch; print it once the job is told")
+    p.add_argument("--show-hosts", action="store_true", help="each rank prints its host")
+    p.add_argument("--max-failures", type=int, default=0, help="FailureConfig(max_failures)")
+    p.add_argument("--cache-dir", default=None, help="CheckpointConfig(cache_dir)")
     args = p.parse_args()
     if args.first_run_epoch_seconds is not None and \
             os.environ.get("SLURM_RESTART_COUNT", "0") == "0":
@@ -151,9 +164,13 @@ def main() -> None:
     Trainer(torch_loop if args.torch else numpy_loop,
             train_loop_config={"epochs": args.epochs, "epoch_seconds": args.epoch_seconds,
                                "lr": args.lr, "preemption_info": args.preemption_info,
-                               "loader_workers": args.loader_workers},
+                               "loader_workers": args.loader_workers,
+                               "show_hosts": args.show_hosts},
             scaling_config=ScalingConfig(num_workers=args.workers),
-            run_config=RunConfig(name=args.name, storage_path=args.storage)).fit()
+            run_config=RunConfig(name=args.name, storage_path=args.storage,
+                                 failure_config=FailureConfig(max_failures=args.max_failures),
+                                 checkpoint_config=CheckpointConfig(cache_dir=args.cache_dir))
+            ).fit()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,108 @@
+"""Where each attempt's ranks start: on this node under mpiexec, or, in a Slurm allocation,
+as a job step across its nodes with the lost ones left out (:mod:`hpckit.launch.allocation`).
+
+A lost node is told while the step runs, not by Slurm marking it DOWN: a node that stopped
+beating (:mod:`hpckit.launch.heartbeat`) is asked (:func:`~hpckit.launch.lost.lost_nodes`),
+and a step that waits for a lost one is given up and cancelled. A rank's exception, or its
+kill by the out-of-memory killer, ends the step by itself and leaves its node in the run:
+only a node whose slurmd is gone is left out.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+
+from hpckit.errors import LaunchError
+from hpckit.launch import heartbeat, lost
+from hpckit.launch.allocation import Allocation, current, srun_command
+from hpckit.launch.process import Launch, mpiexec
+from hpckit.logs import log
+from hpckit.run.mpi.library import srun_plugin
+from hpckit.settings import Settings
+
+
+class NoSpareNode(LaunchError):
+    """A node of the run was lost and the allocation has none left to take its place."""
+
+
+class Steps:
+    """The launch of each attempt; after a failed one, which nodes were lost."""
+
+    def __init__(self, settings: Settings, ranks: int, program: list[str]) -> None:
+        self.ranks = ranks
+        self.allocation: Allocation | None = current(settings)
+        self.lost: frozenset[str] = frozenset()
+        self.nodes: tuple[str, ...] = ()
+        self.name = f"hpckit-{uuid.uuid4().hex[:12]}"
+        self._program = program
+        self._settings = settings
+        self._mpiexec = None if self.allocation else mpiexec(settings, ranks, program)
+        self._mpi = srun_plugin() if self.allocation else ""
+
+    def launch(self) -> Launch:
+        """The command that starts this attempt's ranks."""
+        allocation = self.allocation
+        if allocation is None or self._mpiexec is not None:
+            return self._mpiexec or mpiexec(self._settings, self.ranks, self._program)
+        nodes = allocation.step_nodes(self.ranks, self.lost)
+        if nodes is None:
+            raise NoSpareNode(self._no_spare(allocation))
+        self.nodes = nodes
+        command = srun_command(allocation, nodes, self.ranks, self._mpi, self.name,
+                               self._program, overlap=bool(self.lost))
+        return Launch(command, signals_tasks=True)
+
+    @property
+    def launcher(self) -> str:
+        return "mpiexec" if self.allocation is None else "srun"
+
+    def watch(self, alive: str) -> Callable[[], bool] | None:
+        """For run_process: whether to give up on a step that waits for a lost node, given
+        the folder where the nodes beat."""
+        if self.allocation is None:
+            return None
+        asked: set[str] = set()
+        looked = [0.0]
+
+        def gone() -> bool:
+            if time.monotonic() - looked[0] < heartbeat.BEAT_S:
+                return False
+            looked[0] = time.monotonic()
+            suspects = tuple(n for n in heartbeat.stale(alive, self.nodes) if n not in asked)
+            asked.update(suspects)  # a node that answered is not asked again in this step
+            return bool(suspects) and self._find_lost(suspects)
+        return gone
+
+    def after_failure(self) -> None:
+        """A step failed: leave out its nodes that are gone, so that the next :meth:`launch`
+        uses spares instead."""
+        if self.allocation is not None:
+            self._find_lost(self.nodes)
+
+    def cancel(self) -> None:
+        """End the tasks of a step given up on, on the nodes that still answer."""
+        if self.allocation is not None:
+            lost.cancel_step(self.allocation.job_id, self.name)
+
+    def _find_lost(self, nodes: tuple[str, ...]) -> bool:
+        found = lost.lost_nodes(tuple(n for n in nodes if n not in self.lost))
+        if found:
+            self.lost |= found
+            log.warning("node(s) %s of Slurm job %s lost (their slurmd does not answer); "
+                        "leaving them out", ",".join(sorted(found)),
+                        self.allocation.job_id if self.allocation else "?")
+        return bool(found)
+
+    def _no_spare(self, allocation: Allocation) -> str:
+        alive = len(allocation.nodes) - len(self.lost)
+        return (f"node(s) {','.join(sorted(self.lost))} of Slurm job {allocation.job_id} "
+                f"lost, and no spare node is left: the run needs "
+                f"{allocation.needed(self.ranks)} node(s) for {self.ranks} rank(s), "
+                f"{alive} answer. Nothing committed is lost. To continue, requeue the job "
+                f"(scontrol requeue {allocation.job_id}, where it allows requeues) or "
+                "submit it again: it resumes from the last committed checkpoint. Ask for a "
+                "spare node next time (one more node than the ranks fill, with --no-kill). "
+                "Per-rank shards need the same number of ranks; a run whose checkpoints are "
+                "DCP can be resumed on fewer.")

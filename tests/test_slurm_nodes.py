@@ -1,0 +1,137 @@
+"""``python train.py`` in a Slurm allocation of several nodes (the three-node Slurm of
+tests/slurm_cluster.py): its ranks spread over the allocation with srun, and a lost node is
+replaced by a spare within the same job, from the last committed checkpoint."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+from conftest import HERE, final_params, manifest, metrics_lines
+from slurm_jobs import output_of, sbatch, wait
+
+STEADY = HERE / "ranks" / "steady.py"
+pytestmark = pytest.mark.timeout(300)
+
+
+def driver_script(tmp_path: Path, args: str) -> Path:
+    """The batch script the docs teach for several nodes: the driver form, no srun."""
+    import sys
+
+    script = tmp_path / "train.sbatch"
+    script.write_text(f"#!/bin/bash\n{sys.executable} {STEADY} --storage {tmp_path} {args}\n")
+    return script
+
+
+def hosts_of(output: str) -> dict[int, set[str]]:
+    found: dict[int, set[str]] = {}
+    for rank, host in re.findall(r"RANK (\d+) ON (\S+) END", output):
+        found.setdefault(int(rank), set()).add(host)
+    return found
+
+
+def test_the_ranks_of_a_two_node_run_are_on_two_nodes(tmp_path, slurm_nodes):
+    script = driver_script(tmp_path, "--name two --workers 2 --epochs 2 --show-hosts")
+    job = sbatch(slurm_nodes, tmp_path, script, "--nodes=2", "--ntasks-per-node=1",
+                 HPCKIT_LOCAL_DIR=str(slurm_nodes.local))
+    assert wait(slurm_nodes, tmp_path, job, 120) == {job: "COMPLETED"}, output_of(tmp_path)
+    output = output_of(tmp_path)
+    assert hosts_of(output) == {0: {"n1"}, 1: {"n2"}}, output
+    assert "2 rank(s) on 2 node(s)" in output, output
+
+
+def committed(tmp_path: Path, name: str) -> int:
+    path = tmp_path / name
+    return len(metrics_lines(path)) if (path / "metrics.jsonl").exists() else 0
+
+
+def lose_node_after(slurm, tmp_path: Path, job: str, name: str, node: str, reports: int) -> float:
+    """Kill ``node`` once the run has committed ``reports`` reports; when it was killed."""
+    deadline = time.monotonic() + 120
+    while committed(tmp_path, name) < reports:
+        assert time.monotonic() < deadline, output_of(tmp_path)
+        assert wait_state(slurm, job) in ("PENDING", "RUNNING"), output_of(tmp_path)
+        time.sleep(0.2)
+    slurm.kill_node(node)
+    return time.time()
+
+
+def wait_state(slurm, job: str) -> str:
+    out = slurm.run("scontrol", "show", "job", "-o", job, check=False).stdout
+    found = re.search(r"JobState=(\S+)", out)
+    return found.group(1) if found else "UNKNOWN"
+
+
+@pytest.fixture
+def node_back(slurm_nodes):
+    """The node a test loses (``node_back.append(name)``) is brought back after it, as a site's
+    administrator would: marked DOWN (which ends what Slurm still counts as running there),
+    its slurmd started again, and resumed."""
+    lost: list[str] = []
+    yield lost
+    for node in lost:
+        if node not in slurm_nodes.nodes:
+            bring_back(slurm_nodes, node)
+
+
+def bring_back(slurm, node: str) -> None:
+    slurm.run("scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=lost in a test")
+    slurm.start_node(node)
+    wait_node(slurm, node, lambda state: state.startswith("DOWN"))
+    slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
+    wait_node(slurm, node, lambda state: state == "IDLE")
+
+
+def wait_node(slurm, node: str, wanted) -> None:
+    """Until the node's state (``scontrol``'s: IDLE, DOWN+NOT_RESPONDING, ...) is ``wanted``."""
+    deadline = time.monotonic() + 90
+    while not wanted(state := node_state(slurm, node)):
+        assert time.monotonic() < deadline, f"{node} stays {state}\n{slurm.logs()}"
+        time.sleep(0.5)
+
+
+def node_state(slurm, node: str) -> str:
+    out = slurm.run("scontrol", "show", "node", "-o", node).stdout
+    return re.search(r"State=(\S+)", out).group(1)
+
+
+def test_a_lost_node_is_replaced_by_a_spare_and_the_job_completes_exact(
+        tmp_path, slurm_nodes, node_back, steady_reference):
+    script = driver_script(tmp_path, "--name spare --workers 2 --epochs 8 --epoch-seconds 1 "
+                                     "--max-failures 2 --show-hosts")
+    job = sbatch(slurm_nodes, tmp_path, script, "--nodes=3", "--ntasks-per-node=1", "--no-kill",
+                 HPCKIT_LOCAL_DIR=str(slurm_nodes.local))
+    node_back.append("n2")
+    lose_node_after(slurm_nodes, tmp_path, job, "spare", "n2", 3)
+    assert wait(slurm_nodes, tmp_path, job, 180) == {job: "COMPLETED"}, output_of(tmp_path)
+    output = output_of(tmp_path)
+    assert final_params(output) == steady_reference, output
+    assert hosts_of(output) == {0: {"n1"}, 1: {"n2", "n3"}}, output
+    attempts = manifest(tmp_path / "spare")["attempts"]
+    assert [a["status"] for a in attempts] == ["failed", "finished"], attempts
+    restarts = slurm_nodes.run("scontrol", "show", "job", "-o", job).stdout
+    assert "Restarts=0" in restarts, restarts
+
+
+def test_with_no_spare_node_the_job_is_requeued_and_completes_exact_once_the_node_is_back(
+        tmp_path, slurm_nodes, node_back, steady_reference):
+    script = driver_script(tmp_path, "--name nospare --workers 2 --epochs 8 --epoch-seconds 1 "
+                                     "--max-failures 2")
+    job = sbatch(slurm_nodes, tmp_path, script, "--nodelist=n1,n2", "--ntasks-per-node=1",
+                 "--no-kill", "--requeue", HPCKIT_LOCAL_DIR=str(slurm_nodes.local))
+    node_back.append("n2")
+    lose_node_after(slurm_nodes, tmp_path, job, "nospare", "n2", 3)
+    deadline = time.monotonic() + 60
+    while "no spare node is left" not in output_of(tmp_path):
+        assert time.monotonic() < deadline, output_of(tmp_path)
+        time.sleep(0.5)
+    bring_back(slurm_nodes, "n2")
+    assert wait(slurm_nodes, tmp_path, job, 180) == {job: "COMPLETED"}, output_of(tmp_path)
+    output = output_of(tmp_path)
+    assert final_params(output) == steady_reference, output
+    assert f"scontrol requeue {job}" in output and "Nothing committed is lost" in output, output
+    attempts = manifest(tmp_path / "nospare")["attempts"]
+    assert [a["status"] for a in attempts] == ["failed", "finished"], attempts
+    assert "Restarts=1" in slurm_nodes.run("scontrol", "show", "job", "-o", job).stdout
