@@ -82,3 +82,23 @@ def test_a_manifest_read_while_a_run_replaces_it_is_read_again(tmp_path, monkeyp
     monkeypatch.setattr(files, "read_bytes", lambda location: body[:10])
     with pytest.raises(ManifestError, match="not valid JSON"):
         reading.read_manifest(local(str(tmp_path)))
+
+
+def _record(*files: tuple[str, int]) -> CheckpointRecord:
+    return CheckpointRecord(0, "checkpoint_000000", 0, 0.0, {},
+                            tuple(FileRecord(path, 1, rank, "xxh3-128:0") for path, rank in files))
+
+
+def test_another_world_size_takes_rank0_files_and_dcp_and_refuses_other_shards():
+    from hpckit.experiment.resizing import refusal
+
+    dcp = _record(("model/.metadata", 0), ("model/__0_0.distcp", 0), ("model/__1_0.distcp", 1),
+                  ("extra.pt", 0))
+    assert refusal(dcp, 2, 3) is None, "load_state_dcp reshards DCP checkpoints"
+    assert refusal(_record(("model.pt", 0), ("meta.json", 0)), 2, 3) is None
+    shards = _record(("state-rank0.npy", 0), ("state-rank1.npy", 1))
+    said = refusal(shards, 2, 3)
+    assert said and "ranks [0, 1]" in said and "Use -n 2" in said
+    assert refusal(shards, 2, 2) is None and refusal(None, 2, 3) is None
+    stray = _record(("model/.metadata", 0), ("model/__1_0.distcp", 1), ("opt-rank1.pt", 1))
+    assert refusal(stray, 2, 3), "a per-rank file beside DCP's still needs the same world"

@@ -11,6 +11,7 @@ import click
 
 from hpckit.cli.app import main
 from hpckit.cli.common import require
+from hpckit.experiment import resizing
 from hpckit.experiment.manifest import Manifest
 from hpckit.launch.script import run_script
 from hpckit.launch.slurm import render_sbatch
@@ -38,8 +39,8 @@ def run(ranks: int, max_failures: int, script: str, args: tuple[str, ...]) -> No
 @main.command()
 @click.argument("experiment")
 @click.option("-n", "--ranks", type=click.IntRange(min=1), default=None,
-              help="World size (default: the recorded one; changing it needs rank-0-only "
-                   "checkpoints). Ranks set aside to validate are started beside it.")
+              help="World size (default: the recorded one; changing it needs checkpoints of "
+                   "rank 0's files or DCP's). Ranks set aside to validate are started beside it.")
 @click.option("--max-failures", type=click.IntRange(min=-1), default=0, show_default=True,
               help="Restarts after a failure (-1: no limit).")
 @click.option("--sbatch", "sbatch_file", type=click.Path(dir_okay=False), default=None,
@@ -85,15 +86,11 @@ def resume(experiment: str, ranks: int | None, max_failures: int, sbatch_file: s
 
 def _world_size(manifest: Manifest, ranks: int | None) -> int:
     recorded = manifest.world_size
-    if ranks is None or ranks == recorded:
+    if ranks is None:
         return recorded
-    latest = manifest.latest
-    writers = sorted({f.rank for f in latest.files}) if latest else []
-    if any(r != 0 for r in writers):
-        raise click.UsageError(
-            f"-n {ranks} differs from the recorded world size {recorded}, but "
-            f"{latest.directory if latest else ''} holds files written by ranks {writers}: "
-            f"per-rank shards need the same world size. Use -n {recorded}, or reshard by hand.")
+    refused = resizing.refusal(manifest.latest, recorded, ranks)
+    if refused:
+        raise click.UsageError(refused)
     return ranks
 
 
