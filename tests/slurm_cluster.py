@@ -65,6 +65,10 @@ class Slurm:
         self.nodes[node] = _spawn([NODE_LAUNCHER, node, self.root, _which("slurmd"), "-D",
                                    "-f", self.env["SLURM_CONF"], "-N", node], self.env)
 
+    def pids_on(self, node: str) -> list[int]:
+        """Every process running on ``node`` (in its UTS namespace), slurmd's included."""
+        return _in_namespace(_uts_namespace(self.nodes[node].pid))
+
     def kill_node(self, node: str) -> None:
         """The node is lost: its slurmd and every process it started (job steps, ranks: all
         in the node's UTS namespace, since slurmstepd leaves slurmd's process tree) stopped,
@@ -201,7 +205,10 @@ def _wait_for(ready, timeout: float, message: str) -> None:
 def _node_lines(host: str, nodes: tuple[str, ...]) -> str:
     if not nodes:
         return _node_line(host) + f"\nSlurmdPort={_free_port()}"
-    return "\n".join(f"{_node_line(n)} NodeHostname={host} Port={_free_port()}" for n in nodes)
+    # KillWait: a step's surviving tasks get SIGKILL 5 s after SIGTERM (sites: 30 s). Ranks
+    # whose peer was killed cannot reach the report that a SIGTERM's stop waits for.
+    return "KillWait=5\n" + "\n".join(f"{_node_line(n)} NodeHostname={host} Port={_free_port()}"
+                                      for n in nodes)
 
 
 def _node_line(host: str) -> str:

@@ -4,12 +4,15 @@ replaced by a spare within the same job, from the last committed checkpoint."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import HERE, final_params, manifest, metrics_lines
+from conftest import HERE, HPCKIT, final_params, manifest, metrics_lines
 from slurm_jobs import output_of, sbatch, wait
 
 STEADY = HERE / "ranks" / "steady.py"
@@ -18,8 +21,6 @@ pytestmark = pytest.mark.timeout(300)
 
 def driver_script(tmp_path: Path, args: str) -> Path:
     """The batch script the docs teach for several nodes: the driver form, no srun."""
-    import sys
-
     script = tmp_path / "train.sbatch"
     script.write_text(f"#!/bin/bash\n{sys.executable} {STEADY} --storage {tmp_path} {args}\n")
     return script
@@ -32,14 +33,43 @@ def hosts_of(output: str) -> dict[int, set[str]]:
     return found
 
 
-def test_the_ranks_of_a_two_node_run_are_on_two_nodes(tmp_path, slurm_nodes):
-    script = driver_script(tmp_path, "--name two --workers 2 --epochs 2 --show-hosts")
+@pytest.mark.parametrize("launch", ["python", "hpckit run"])
+def test_the_ranks_of_a_two_node_run_are_on_two_nodes(tmp_path, slurm_nodes, launch):
+    """``python train.py`` and ``hpckit run -n 2 train.py`` in a two-node allocation."""
+    args = f"{STEADY} --storage {tmp_path} --name two --workers 2 --epochs 2 --show-hosts"
+    script = tmp_path / "two.sbatch"
+    script.write_text(f"#!/bin/bash\n{sys.executable} {args}\n" if launch == "python" else
+                      f"#!/bin/bash\n{HPCKIT} run -n 2 {args}\n")
     job = sbatch(slurm_nodes, tmp_path, script, "--nodes=2", "--ntasks-per-node=1",
                  HPCKIT_LOCAL_DIR=str(slurm_nodes.local))
     assert wait(slurm_nodes, tmp_path, job, 120) == {job: "COMPLETED"}, output_of(tmp_path)
     output = output_of(tmp_path)
     assert hosts_of(output) == {0: {"n1"}, 1: {"n2"}}, output
     assert "2 rank(s) on 2 node(s)" in output, output
+
+
+def test_a_killed_rank_is_restarted_on_the_same_nodes(tmp_path, slurm_nodes, steady_reference):
+    """A rank that dies (here SIGKILL, as the out-of-memory killer sends) does not condemn its
+    node: the spare stays idle."""
+    script = driver_script(tmp_path, "--name oom --workers 2 --epochs 8 --epoch-seconds 1 "
+                                     "--max-failures 2 --show-hosts")
+    job = sbatch(slurm_nodes, tmp_path, script, "--nodes=3", "--ntasks-per-node=1", "--no-kill",
+                 HPCKIT_LOCAL_DIR=str(slurm_nodes.local))
+    deadline = time.monotonic() + 120
+    while committed(tmp_path, "oom") < 3:
+        assert time.monotonic() < deadline, output_of(tmp_path)
+        time.sleep(0.2)
+    ranks = [pid for pid in slurm_nodes.pids_on("n2")
+             if b"hpckit.launch.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(ranks) == 1, ranks
+    os.kill(ranks[0], signal.SIGKILL)
+    assert wait(slurm_nodes, tmp_path, job, 180) == {job: "COMPLETED"}, output_of(tmp_path)
+    output = output_of(tmp_path)
+    assert final_params(output) == steady_reference, output
+    assert hosts_of(output) == {0: {"n1"}, 1: {"n2"}}, output
+    assert "lost (their slurmd does not answer)" not in output, output
+    attempts = manifest(tmp_path / "oom")["attempts"]
+    assert [a["status"] for a in attempts] == ["failed", "finished"], attempts
 
 
 def committed(tmp_path: Path, name: str) -> int:
@@ -56,6 +86,20 @@ def lose_node_after(slurm, tmp_path: Path, job: str, name: str, node: str, repor
         time.sleep(0.2)
     slurm.kill_node(node)
     return time.time()
+
+
+def ended(slurm, tmp_path: Path, job: str) -> str:
+    """The job's state once its batch script has ended. A job that lost a node stays
+    COMPLETING until Slurm hears from that node or marks it DOWN: the node is brought back
+    (as node_back would) so that it completes."""
+    deadline = time.monotonic() + 180
+    while (state := wait_state(slurm, job)) in ("PENDING", "RUNNING"):
+        assert time.monotonic() < deadline, output_of(tmp_path)
+        time.sleep(0.2)
+    if state == "COMPLETING":
+        bring_back(slurm, "n2")
+        return wait(slurm, tmp_path, job, 60)[job]
+    return state
 
 
 def wait_state(slurm, job: str) -> str:
@@ -97,22 +141,45 @@ def node_state(slurm, node: str) -> str:
     return re.search(r"State=(\S+)", out).group(1)
 
 
+def spare_takes_over(slurm, tmp_path: Path, name: str, args: str, reports: int,
+                     reference: list[float]) -> str:
+    """A 2-rank run of ``args`` on n1 and n2 of a three-node allocation; n2 killed after
+    ``reports`` reports. The job completes exact, rank 1 on the spare n3; its output."""
+    script = driver_script(tmp_path, f"--name {name} --workers 2 --epochs 8 --epoch-seconds 1 "
+                                     f"--max-failures 2 --show-hosts {args}")
+    job = sbatch(slurm, tmp_path, script, "--nodes=3", "--ntasks-per-node=1", "--no-kill",
+                 HPCKIT_LOCAL_DIR=str(slurm.local))
+    lose_node_after(slurm, tmp_path, job, name, "n2", reports)
+    assert ended(slurm, tmp_path, job) == "COMPLETED", output_of(tmp_path)
+    output = output_of(tmp_path)
+    assert final_params(output) == reference, output
+    assert hosts_of(output) == {0: {"n1"}, 1: {"n2", "n3"}}, output
+    attempts = manifest(tmp_path / name)["attempts"]
+    assert [a["status"] for a in attempts] == ["failed", "finished"], attempts
+    restarts = slurm.run("scontrol", "show", "job", "-o", job).stdout
+    assert "Restarts=0" in restarts, "the job was requeued: " + restarts
+    return output
+
+
 def test_a_lost_node_is_replaced_by_a_spare_and_the_job_completes_exact(
         tmp_path, slurm_nodes, node_back, steady_reference):
-    script = driver_script(tmp_path, "--name spare --workers 2 --epochs 8 --epoch-seconds 1 "
-                                     "--max-failures 2 --show-hosts")
-    job = sbatch(slurm_nodes, tmp_path, script, "--nodes=3", "--ntasks-per-node=1", "--no-kill",
-                 HPCKIT_LOCAL_DIR=str(slurm_nodes.local))
     node_back.append("n2")
-    lose_node_after(slurm_nodes, tmp_path, job, "spare", "n2", 3)
-    assert wait(slurm_nodes, tmp_path, job, 180) == {job: "COMPLETED"}, output_of(tmp_path)
-    output = output_of(tmp_path)
-    assert final_params(output) == steady_reference, output
-    assert hosts_of(output) == {0: {"n1"}, 1: {"n2", "n3"}}, output
-    attempts = manifest(tmp_path / "spare")["attempts"]
-    assert [a["status"] for a in attempts] == ["failed", "finished"], attempts
-    restarts = slurm_nodes.run("scontrol", "show", "job", "-o", job).stdout
-    assert "Restarts=0" in restarts, restarts
+    output = spare_takes_over(slurm_nodes, tmp_path, "spare", "", 3, steady_reference)
+    assert re.search(r"node\(s\) n2 of Slurm job \d+ lost", output), output
+
+
+def test_the_lost_nodes_cached_checkpoint_comes_from_its_partner_and_not_from_storage(
+        tmp_path, slurm_nodes, node_back, steady_reference):
+    cache = slurm_nodes.local / "cache"  # each node's own disk, at the same path
+    node_back.append("n2")
+    output = spare_takes_over(slurm_nodes, tmp_path, "cached", f"--cache-dir {cache} "
+                              "--persist-every 100 --redundancy partner --every-rank-saves", 4,
+                              steady_reference)
+    restart = re.search(r"restarting from checkpoint_\d+ in the node-local caches \(.*from "
+                        r"partner copies: (\d+).*sent between nodes: (\d+)\); nothing read from "
+                        r"storage_path", output)
+    # The spare, n3, held nothing: rank 1's files came from n1, which kept n2's partner copy.
+    assert restart and int(restart.group(1)) > 0 and int(restart.group(2)) > 0, output
 
 
 def test_with_no_spare_node_the_job_is_requeued_and_completes_exact_once_the_node_is_back(

@@ -30,7 +30,9 @@ from hpckit.settings import Settings, variable
 
 STOP_MARGIN = 5.0  # after Ctrl-C, beyond the ranks' own grace: rank 0 records and closes
 POLL_S = 0.5  # how often a launcher that may wait for lost ranks is asked about
-EXIT_ABANDONED = 128 + signal.SIGKILL  # the launcher was killed: it waited for lost ranks
+# The launcher was killed because it waited for lost ranks: never a process's own status
+# (0-255, or a negative signal number), so never taken for srun's 137 when a task was killed.
+EXIT_ABANDONED = 1000
 
 
 def find_mpiexec(settings: Settings) -> str | None:

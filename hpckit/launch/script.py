@@ -10,8 +10,9 @@ from hpckit import settings as _settings
 from hpckit.experiment.hangs import HUNG
 from hpckit.launch.forwarding import EXIT_TERMINATED
 from hpckit.launch.process import run_process, started_for
-from hpckit.launch.steps import Steps
+from hpckit.launch.steps import steps_for
 from hpckit.logs import log
+from hpckit.run.ending import stop
 from hpckit.run.ending.exit import EXIT_TAKEN
 from hpckit.run.ending.hang import EXIT_HUNG
 from hpckit.run.ending.retry import RetryPolicy
@@ -28,7 +29,7 @@ def run_script(ranks: int, argv: list[str], policy: RetryPolicy, cwd: str | None
     EXIT_STOPPED, EXIT_TAKEN (another run took the experiment over: never restarted), or the
     last failure's."""
     settings = _settings.current()
-    steps = Steps(settings, ranks, [sys.executable, *argv])
+    steps = steps_for(settings, ranks, [sys.executable, *argv])
     ids = {variable("run_id"): settings.run_id or f"run-{uuid.uuid4().hex}"}
     attempt = 0
     failed: dict[str, str] = {}
@@ -48,7 +49,9 @@ def run_script(ranks: int, argv: list[str], policy: RetryPolicy, cwd: str | None
                 not policy.allows(attempt):
             return code
         attempt += 1
-        steps.after_failure()
+        if not steps.after_failure():
+            log.error("%s", steps.no_spare())
+            return EXIT_STOPPED if stop.requeue(settings) else code
         failed = _failure_of(code, seen)
         log.warning("the ranks exited with status %d; restarting (%s)", code,
                     policy.describe(attempt))

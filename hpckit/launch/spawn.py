@@ -31,7 +31,7 @@ from hpckit.experiment.reading import read_manifest
 from hpckit.launch import heartbeat
 from hpckit.launch.forwarding import EXIT_TERMINATED
 from hpckit.launch.process import EXIT_ABANDONED, Launch, run_process, started_for
-from hpckit.launch.steps import NoSpareNode, Steps
+from hpckit.launch.steps import NoSpareNode, Steps, steps_for
 from hpckit.logs import log
 from hpckit.result import Result
 from hpckit.run.ending import stop
@@ -57,7 +57,7 @@ def spawn(job: TrainingJob, settings: Settings) -> Result:
     job = job.resumed(settings)[0].named(settings)
     experiment = job.storage_root(settings).join(job.name)
     read_manifest(prepare(experiment.parent, job.name))  # storage and manifest, before ranks
-    steps = Steps(settings, n, [sys.executable, "-m", "hpckit.launch.worker"])
+    steps = steps_for(settings, n, [sys.executable, "-m", "hpckit.launch.worker"])
     policy = RetryPolicy(job.run_config.failure_config.max_failures)
     payload = tempfile.mkdtemp(prefix=".hpckit-launch-", dir=_payload_dir(steps, experiment,
                                                                           settings))
@@ -65,7 +65,7 @@ def spawn(job: TrainingJob, settings: Settings) -> Result:
         _write_payload(payload, job)
         attempt = 0
         while True:
-            launch = _step(steps, settings)
+            launch = steps.launch()
             log.debug("starting %d ranks: %s", n, " ".join(launch.command))
             try:
                 code = _run(launch, payload, attempt, settings, steps)
@@ -86,7 +86,8 @@ def spawn(job: TrainingJob, settings: Settings) -> Result:
                 raise failure
             end_abandoned_attempt(experiment, str(failure).split("\n", 1)[0],
                                   AttemptStatus.HUNG if code == EXIT_HUNG else AttemptStatus.FAILED)
-            steps.after_failure()
+            if not steps.after_failure() and policy.allows(attempt):
+                _no_spare(steps, settings, failure)
             if not policy.allows(attempt):
                 log.error("%s", job.resume_hint(settings))
                 raise failure
@@ -126,16 +127,13 @@ def _payload_dir(steps: Steps, experiment: Location, settings: Settings) -> str 
     return experiment.parent.path if experiment.is_local else os.getcwd()
 
 
-def _step(steps: Steps, settings: Settings) -> Launch:
-    """The next attempt's launch; with no node left to replace a lost one, the job requeued
-    where it allows it, else the run ends."""
-    try:
-        return steps.launch()
-    except NoSpareNode as exc:
-        log.error("%s", exc)
-        if stop.requeue(settings):
-            raise SystemExit(EXIT_STOPPED) from None
-        raise
+def _no_spare(steps: Steps, settings: Settings, failure: BaseException) -> NoReturn:
+    """No node is left to replace a lost one: the job requeued where it allows it, else the
+    run ends."""
+    log.error("%s", steps.no_spare())
+    if stop.requeue(settings):
+        raise SystemExit(EXIT_STOPPED) from None
+    raise uncaught.shown_elsewhere(NoSpareNode(steps.no_spare())) from failure
 
 
 def _run(launch: Launch, payload: str, attempt: int, settings: Settings, steps: Steps) -> int:

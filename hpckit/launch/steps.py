@@ -28,41 +28,61 @@ class NoSpareNode(LaunchError):
 
 
 class Steps:
-    """The launch of each attempt; after a failed one, which nodes were lost."""
+    """The launch of each attempt on this node: mpiexec, the same every time."""
+
+    launcher = "mpiexec"
+    allocation: Allocation | None = None
+    lost: frozenset[str] = frozenset()  # nodes left out
 
     def __init__(self, settings: Settings, ranks: int, program: list[str]) -> None:
         self.ranks = ranks
-        self.allocation: Allocation | None = current(settings)
-        self.lost: frozenset[str] = frozenset()
-        self.nodes: tuple[str, ...] = ()
-        self.name = f"hpckit-{uuid.uuid4().hex[:12]}"
-        self._program = program
-        self._settings = settings
-        self._mpiexec = None if self.allocation else mpiexec(settings, ranks, program)
-        self._mpi = srun_plugin() if self.allocation else ""
+        self._launch = mpiexec(settings, ranks, program)
 
     def launch(self) -> Launch:
         """The command that starts this attempt's ranks."""
-        allocation = self.allocation
-        if allocation is None or self._mpiexec is not None:
-            return self._mpiexec or mpiexec(self._settings, self.ranks, self._program)
-        nodes = allocation.step_nodes(self.ranks, self.lost)
-        if nodes is None:
-            raise NoSpareNode(self._no_spare(allocation))
-        self.nodes = nodes
-        command = srun_command(allocation, nodes, self.ranks, self._mpi, self.name,
-                               self._program, overlap=bool(self.lost))
-        return Launch(command, signals_tasks=True)
-
-    @property
-    def launcher(self) -> str:
-        return "mpiexec" if self.allocation is None else "srun"
+        return self._launch
 
     def watch(self, alive: str) -> Callable[[], bool] | None:
         """For run_process: whether to give up on a step that waits for a lost node, given
-        the folder where the nodes beat."""
-        if self.allocation is None:
-            return None
+        the folder where the nodes beat (None: nothing to watch)."""
+        return None
+
+    def after_failure(self) -> bool:
+        """A step failed: whether the next attempt has the nodes it needs."""
+        return True
+
+    def cancel(self) -> None:
+        """End the tasks of a step given up on."""
+
+    def no_spare(self) -> str:
+        return ""
+
+
+class AllocationSteps(Steps):
+    """Each attempt a job step across the Slurm allocation, without the nodes that were lost."""
+
+    launcher = "srun"
+
+    def __init__(self, settings: Settings, ranks: int, program: list[str],
+                 allocation: Allocation) -> None:
+        self.ranks = ranks
+        self.allocation: Allocation = allocation
+        self.lost = frozenset()
+        self.nodes: tuple[str, ...] = ()
+        self.name = f"hpckit-{uuid.uuid4().hex[:12]}"
+        self._program = program
+        self._mpi = srun_plugin()
+
+    def launch(self) -> Launch:
+        nodes = self.allocation.step_nodes(self.ranks, self.lost)
+        if nodes is None:
+            raise NoSpareNode(self.no_spare())
+        self.nodes = nodes
+        command = srun_command(self.allocation, nodes, self.ranks, self._mpi, self.name,
+                               self._program, overlap=bool(self.lost))
+        return Launch(command, signals_tasks=True)
+
+    def watch(self, alive: str) -> Callable[[], bool] | None:
         asked: set[str] = set()
         looked = [0.0]
 
@@ -75,27 +95,26 @@ class Steps:
             return bool(suspects) and self._find_lost(suspects)
         return gone
 
-    def after_failure(self) -> None:
-        """A step failed: leave out its nodes that are gone, so that the next :meth:`launch`
-        uses spares instead."""
-        if self.allocation is not None:
-            self._find_lost(self.nodes)
+    def after_failure(self) -> bool:
+        """Leave out the step's nodes that are gone, so that the next :meth:`launch` uses
+        spares instead; whether enough nodes are left."""
+        self._find_lost(self.nodes)
+        return self.allocation.step_nodes(self.ranks, self.lost) is not None
 
     def cancel(self) -> None:
-        """End the tasks of a step given up on, on the nodes that still answer."""
-        if self.allocation is not None:
-            lost.cancel_step(self.allocation.job_id, self.name)
+        lost.cancel_step(self.allocation.job_id, self.name)
 
     def _find_lost(self, nodes: tuple[str, ...]) -> bool:
         found = lost.lost_nodes(tuple(n for n in nodes if n not in self.lost))
         if found:
             self.lost |= found
             log.warning("node(s) %s of Slurm job %s lost (their slurmd does not answer); "
-                        "leaving them out", ",".join(sorted(found)),
-                        self.allocation.job_id if self.allocation else "?")
+                        "leaving them out", ",".join(sorted(found)), self.allocation.job_id)
         return bool(found)
 
-    def _no_spare(self, allocation: Allocation) -> str:
+    def no_spare(self) -> str:
+        """What the run says when too few nodes are left."""
+        allocation = self.allocation
         alive = len(allocation.nodes) - len(self.lost)
         return (f"node(s) {','.join(sorted(self.lost))} of Slurm job {allocation.job_id} "
                 f"lost, and no spare node is left: the run needs "
@@ -106,3 +125,11 @@ class Steps:
                 "spare node next time (one more node than the ranks fill, with --no-kill). "
                 "Per-rank shards need the same number of ranks; a run whose checkpoints are "
                 "DCP can be resumed on fewer.")
+
+
+def steps_for(settings: Settings, ranks: int, program: list[str]) -> Steps:
+    """Steps on this node, or across the Slurm allocation this process runs in."""
+    allocation = current(settings)
+    if allocation is None:
+        return Steps(settings, ranks, program)
+    return AllocationSteps(settings, ranks, program, allocation)

@@ -50,9 +50,10 @@ def numpy_loop(config: dict) -> None:
     if config.get("show_hosts"):
         print(f"RANK {rank} ON {socket.gethostname()} END", flush=True)
     weights, velocity, start = np.zeros(FEATURES), np.zeros(FEATURES), 0
+    name = f"state-rank{rank}.npz" if config.get("every_rank_saves") else "state.npz"
     if checkpoint := hpckit.get_checkpoint():
         with checkpoint.as_directory() as d:
-            state = np.load(os.path.join(d, "state.npz"))
+            state = np.load(os.path.join(d, name))
             weights, velocity, start = state["weights"], state["velocity"], int(state["epoch"]) + 1
     for epoch in range(start, config["epochs"]):
         total = 0.0
@@ -65,7 +66,7 @@ def numpy_loop(config: dict) -> None:
             weights = weights - config["lr"] * velocity
             total += MPI.COMM_WORLD.allreduce(float(error @ error)) / len(batch)
         state = {"weights": weights, "velocity": velocity, "epoch": epoch}
-        end_epoch(config, ctx, epoch, total, partial(np.savez, **state), "state.npz")
+        end_epoch(config, ctx, epoch, total, partial(np.savez, **state), name)
     if rank == 0:
         print("FINAL " + json.dumps({"params": [round(float(w), 12) for w in weights]}), flush=True)
 
@@ -115,7 +116,7 @@ def end_epoch(config: dict, ctx, epoch: int, total: float, save, name: str) -> N
     try:
         with tempfile.TemporaryDirectory() as d:
             checkpoint = None
-            if ctx.get_world_rank() == 0:
+            if ctx.get_world_rank() == 0 or config.get("every_rank_saves"):
                 save(os.path.join(d, name))
                 checkpoint = Checkpoint.from_directory(d)
             hpckit.report({"epoch": epoch, "loss": total}, checkpoint=checkpoint)
@@ -153,6 +154,10 @@ def main() -> None:
     p.add_argument("--show-hosts", action="store_true", help="each rank prints its host")
     p.add_argument("--max-failures", type=int, default=0, help="FailureConfig(max_failures)")
     p.add_argument("--cache-dir", default=None, help="CheckpointConfig(cache_dir)")
+    p.add_argument("--persist-every", type=int, default=1, help="CheckpointConfig(persist_every)")
+    p.add_argument("--redundancy", default=None, help="CheckpointConfig(redundancy)")
+    p.add_argument("--every-rank-saves", action="store_true",
+                   help="each rank's checkpoint holds its own copy of the (replicated) state")
     args = p.parse_args()
     if args.first_run_epoch_seconds is not None and \
             os.environ.get("SLURM_RESTART_COUNT", "0") == "0":
@@ -165,11 +170,14 @@ def main() -> None:
             train_loop_config={"epochs": args.epochs, "epoch_seconds": args.epoch_seconds,
                                "lr": args.lr, "preemption_info": args.preemption_info,
                                "loader_workers": args.loader_workers,
-                               "show_hosts": args.show_hosts},
+                               "show_hosts": args.show_hosts,
+                               "every_rank_saves": args.every_rank_saves},
             scaling_config=ScalingConfig(num_workers=args.workers),
             run_config=RunConfig(name=args.name, storage_path=args.storage,
                                  failure_config=FailureConfig(max_failures=args.max_failures),
-                                 checkpoint_config=CheckpointConfig(cache_dir=args.cache_dir))
+                                 checkpoint_config=CheckpointConfig(
+                                     cache_dir=args.cache_dir, persist_every=args.persist_every,
+                                     redundancy=args.redundancy))
             ).fit()
 
 
