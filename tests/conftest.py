@@ -190,10 +190,11 @@ def slurm(tmp_path_factory: pytest.TempPathFactory):
     cluster.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def slurm_nodes(tmp_path_factory: pytest.TempPathFactory):
-    """A real Slurm of three nodes (n1, n2, n3: tests/slurm_cluster.py), for one module; a test
-    that kills a node brings it back before the next one starts."""
+    """A real Slurm of three nodes (n1, n2, n3: tests/slurm_cluster.py), started once for the
+    session (its tests are spread over the run, longest first); a test that kills a node
+    brings it back before the next one starts."""
     import cluster_nodes
     import slurm_cluster
 

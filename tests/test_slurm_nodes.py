@@ -202,3 +202,28 @@ def test_with_no_spare_node_the_job_is_requeued_and_completes_exact_once_the_nod
     attempts = manifest(tmp_path / "nospare")["attempts"]
     assert [a["status"] for a in attempts] == ["failed", "finished"], attempts
     assert "Restarts=1" in slurm_nodes.run("scontrol", "show", "job", "-o", job).stdout
+
+
+def test_the_stop_signal_to_the_driver_reaches_the_ranks_on_every_node_and_the_job_requeues(
+        tmp_path, slurm_nodes, steady_reference):
+    """Slurm's warning (``--signal=B:USR2``) goes to the batch process, here the driver
+    itself (``exec python train.py``): srun passes it to the ranks on both nodes, they stop
+    at the next report and requeue the job, which resumes exact."""
+    script = tmp_path / "train.sbatch"
+    script.write_text(f"#!/bin/bash\nexec {sys.executable} {STEADY} --storage {tmp_path} "
+                      "--name warned --workers 2 --epochs 8 --epoch-seconds 1 --show-hosts\n")
+    job = sbatch(slurm_nodes, tmp_path, script, "--nodes=2", "--ntasks-per-node=1", "--requeue",
+                 HPCKIT_LOCAL_DIR=str(slurm_nodes.local))
+    deadline = time.monotonic() + 120
+    while committed(tmp_path, "warned") < 2:
+        assert time.monotonic() < deadline, output_of(tmp_path)
+        time.sleep(0.2)
+    slurm_nodes.run("scancel", "--batch", "--signal=USR2", job)
+    assert wait(slurm_nodes, tmp_path, job, 180) == {job: "COMPLETED"}, output_of(tmp_path)
+    output = output_of(tmp_path)
+    assert final_params(output) == steady_reference, output
+    assert hosts_of(output) == {0: {"n1"}, 1: {"n2"}}, output
+    statuses = [a["status"] for a in manifest(tmp_path / "warned")["attempts"]]
+    assert statuses == ["requeued", "finished"], statuses
+    # Slurm ends a requeued job's batch process with SIGTERM: the driver says nothing of it.
+    assert "second SIGTERM" not in output, output

@@ -174,11 +174,23 @@ def _failure(payload: str, code: int, steps: Steps) -> BaseException:
 
 
 def _terminated(experiment: Location) -> NoReturn:
+    """SIGTERM ended the ranks. Where they had requeued the job first (Slurm ends a requeued
+    job's steps and its batch process, this one, with SIGTERM) that is a stop, already told."""
+    if _last_attempt_status(experiment) == AttemptStatus.REQUEUED:
+        raise SystemExit(EXIT_STOPPED)
     end_abandoned_attempt(experiment, "killed after a second SIGTERM, before its next report",
                           AttemptStatus.INTERRUPTED)
     log.warning("the ranks were killed after a second SIGTERM. To continue from the last "
                 "committed checkpoint: hpckit resume %s", experiment.display)
     raise SystemExit(EXIT_TERMINATED)
+
+
+def _last_attempt_status(experiment: Location) -> AttemptStatus | None:
+    try:
+        manifest = read_manifest(experiment)
+    except HpckitError:
+        return None
+    return manifest.attempts[-1].status if manifest and manifest.attempts else None
 
 
 def _stopped(payload: str) -> NoReturn:
