@@ -13,15 +13,18 @@ killed (its slurmd and every process on it) once 3 checkpoints are committed, th
 back after the job. The phases, from the manifest and the metrics log:
 
 - detection: from the kill to the end of the failed attempt as hpckit recorded it;
-- relaunch and start-up: from there to the next attempt's start on rank 0;
-- to the first report: from there to the first report after the restart (the restore, and
-  one epoch of training: ``epoch_s``).
+- relaunch: from there to the next attempt's start (the driver's restart);
+- start-up: the restarted ranks' "ready in" (srun, MPI, the experiment opened and its latest
+  checkpoint verified);
+- restore and an epoch: from ready to the first report after the restart (the checkpoint
+  loaded, and one epoch of training: ``epoch_s``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -81,10 +84,12 @@ def phases(folder: Path, form: str, killed: float) -> dict[str, float]:
     reports = [json.loads(line)
                for line in (folder / name / "metrics.jsonl").read_text().splitlines()]
     first = min(r["time"] for r in reports if r["time"] > killed)
-    found = {"training_again_s": first - killed, "first_report_s": first - again["started_at"]}
+    ready = float(re.findall(r"ready in ([\d.]+) s", (folder / f"{name}.out").read_text())[-1])
+    found = {"training_again_s": first - killed, "startup_s": ready,
+             "restore_and_epoch_s": first - again["started_at"] - ready}
     if "ended_at" in failed:
         found["detection_s"] = failed["ended_at"] - killed
-        found["relaunch_and_startup_s"] = again["started_at"] - failed["ended_at"]
+        found["relaunch_s"] = again["started_at"] - failed["ended_at"]
     return found
 
 
