@@ -12,12 +12,15 @@ Each job: 2 ranks of tests/ranks/steady.py on n1 and n2 of a three-node allocati
 killed (its slurmd and every process on it) once 3 checkpoints are committed, then brought
 back after the job. The phases, from the manifest and the metrics log:
 
-- detection: from the kill to the end of the failed attempt as hpckit recorded it;
-- relaunch: from there to the next attempt's start (the driver's restart);
-- start-up: the restarted ranks' "ready in" (srun, MPI, the experiment opened and its latest
-  checkpoint verified);
-- restore and an epoch: from ready to the first report after the restart (the checkpoint
-  loaded, and one epoch of training: ``epoch_s``).
+- detection: from the kill to the end of the failed attempt as hpckit recorded it (E);
+- relaunch: from E to the restart of the ranks, which is the next attempt's start as its
+  manifest entry records it (A) less the ranks' start-up;
+- start-up: the restarted ranks' "ready in", counted from the restart (srun, MPI, the
+  experiment opened and its latest checkpoint verified);
+- restore and an epoch: from A to the first report after the restart (the training function
+  loads the checkpoint and trains one epoch, ``epoch_s``).
+
+The four add up to the kill-to-training-again time.
 """
 
 from __future__ import annotations
@@ -86,10 +89,10 @@ def phases(folder: Path, form: str, killed: float) -> dict[str, float]:
     first = min(r["time"] for r in reports if r["time"] > killed)
     ready = float(re.findall(r"ready in ([\d.]+) s", (folder / f"{name}.out").read_text())[-1])
     found = {"training_again_s": first - killed, "startup_s": ready,
-             "restore_and_epoch_s": first - again["started_at"] - ready}
+             "restore_and_epoch_s": first - again["started_at"]}
     if "ended_at" in failed:
         found["detection_s"] = failed["ended_at"] - killed
-        found["relaunch_s"] = again["started_at"] - failed["ended_at"]
+        found["relaunch_s"] = again["started_at"] - failed["ended_at"] - ready
     return found
 
 
