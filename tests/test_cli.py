@@ -209,6 +209,15 @@ def test_gc_dry_run_deletes_nothing_and_gc_removes_evicted_and_leftovers(experim
     assert invoke("verify", path).exit_code == 0
 
 
+def test_gc_without_keep_says_that_it_keeps_every_committed_checkpoint(experiment):
+    path, read, write, _ = experiment
+    write("checkpoint_000007/partial.bin", b"p" * 50)
+    done = invoke("gc", path)
+    assert done.output.startswith("no --keep: every committed checkpoint is kept"), done.output
+    assert "removed checkpoint_000007 (50 B, named by no manifest)" in done.output
+    assert _dirs(path) == ["checkpoint_000000", "checkpoint_000001", "checkpoint_000002"]
+
+
 def test_gc_refuses_a_running_experiment(tmp_path):
     make(str(tmp_path / "s"), tmp_path)
     manifest_path = tmp_path / "s" / "e" / "manifest.json"

@@ -17,12 +17,13 @@ from hpckit.storage.location import Location, resolve
 @main.command()
 @click.argument("experiment")
 @click.option("--keep", type=click.IntRange(min=1), default=None,
-              help="Keep this many checkpoints (best by the retention score, else most recent).")
+              help="Keep this many checkpoints (best by the retention score, else most recent). "
+                   "Without it, every committed checkpoint is kept and only leftovers go.")
 @click.option("--dry-run", is_flag=True, help="Print what would be removed; remove nothing.")
 @click.option("--force", is_flag=True, help="Run even though a live run seems to hold the experiment.")
 def gc(experiment: str, keep: int | None, dry_run: bool, force: bool) -> None:
-    """Apply a retention policy to EXPERIMENT after the fact, and remove leftovers that no
-    manifest names. The latest committed checkpoint is never deleted.
+    """Apply a retention policy to EXPERIMENT after the fact (--keep), and remove leftovers that
+    no manifest names. The latest committed checkpoint is never deleted.
 
     Example: hpckit gc /lustre/me/runs/resnet --keep 2 --dry-run
     """
@@ -30,6 +31,9 @@ def gc(experiment: str, keep: int | None, dry_run: bool, force: bool) -> None:
     opened = Experiment.for_maintenance(location, settings.current(), force)
     garbage = opened.collect_garbage(keep, dry_run)
     verb = "would remove" if dry_run else "removed"
+    if keep is None:
+        click.echo("no --keep: every committed checkpoint is kept; only leftovers that no "
+                   "manifest names are removed")
     for record in garbage.evicted:
         click.echo(f"{verb} {record.directory} ({record.size} B, evicted by retention)")
     for name, size in garbage.leftovers.items():
