@@ -55,10 +55,7 @@ def test_a_killed_rank_is_restarted_on_the_same_nodes(tmp_path, slurm_nodes, ste
                                      "--max-failures 2 --show-hosts")
     job = sbatch(slurm_nodes, tmp_path, script, "--nodes=3", "--ntasks-per-node=1", "--no-kill",
                  HPCKIT_LOCAL_DIR=str(slurm_nodes.local))
-    deadline = time.monotonic() + 120
-    while committed(tmp_path, "oom") < 3:
-        assert time.monotonic() < deadline, output_of(tmp_path)
-        time.sleep(0.2)
+    wait_committed(slurm_nodes, tmp_path, job, "oom", 3)
     ranks = [pid for pid in slurm_nodes.pids_on("n2")
              if b"hpckit.launch.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()]
     assert len(ranks) == 1, ranks
@@ -77,13 +74,18 @@ def committed(tmp_path: Path, name: str) -> int:
     return len(metrics_lines(path)) if (path / "metrics.jsonl").exists() else 0
 
 
-def lose_node_after(slurm, tmp_path: Path, job: str, name: str, node: str, reports: int) -> float:
-    """Kill ``node`` once the run has committed ``reports`` reports; when it was killed."""
+def wait_committed(slurm, tmp_path: Path, job: str, name: str, reports: int) -> None:
+    """Until the run ``name`` of the running ``job`` has committed ``reports`` reports."""
     deadline = time.monotonic() + 120
     while committed(tmp_path, name) < reports:
         assert time.monotonic() < deadline, output_of(tmp_path)
         assert wait_state(slurm, job) in ("PENDING", "RUNNING"), output_of(tmp_path)
         time.sleep(0.2)
+
+
+def lose_node_after(slurm, tmp_path: Path, job: str, name: str, node: str, reports: int) -> float:
+    """Kill ``node`` once the run has committed ``reports`` reports; when it was killed."""
+    wait_committed(slurm, tmp_path, job, name, reports)
     slurm.kill_node(node)
     return time.time()
 
@@ -214,10 +216,7 @@ def test_the_stop_signal_to_the_driver_reaches_the_ranks_on_every_node_and_the_j
                       "--name warned --workers 2 --epochs 8 --epoch-seconds 1 --show-hosts\n")
     job = sbatch(slurm_nodes, tmp_path, script, "--nodes=2", "--ntasks-per-node=1", "--requeue",
                  HPCKIT_LOCAL_DIR=str(slurm_nodes.local))
-    deadline = time.monotonic() + 120
-    while committed(tmp_path, "warned") < 2:
-        assert time.monotonic() < deadline, output_of(tmp_path)
-        time.sleep(0.2)
+    wait_committed(slurm_nodes, tmp_path, job, "warned", 2)
     slurm_nodes.run("scancel", "--batch", "--signal=USR2", job)
     assert wait(slurm_nodes, tmp_path, job, 180) == {job: "COMPLETED"}, output_of(tmp_path)
     output = output_of(tmp_path)
