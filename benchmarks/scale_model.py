@@ -6,7 +6,8 @@ No MPI: for N ranks, each handing two 1 KiB files (``model-rank{r}.bin``,
 ``optimizer-rank{r}.bin``), the values hpckit's steps move are built as the ranks would
 build them (``Announcement``, the ``Plan``, each rank's ``Persisted`` records) and rank 0's
 work on them is timed here: unpickling what the gathers bring, making the plan, merging the
-records, rendering the manifest (two checkpoints kept) and writing it. Each report's steps are
+records, writing the checkpoint's record file (manifest format 5, past 1,000 files) and the
+manifest that keeps two checkpoints. Each report's steps are
 MPI collectives (``run.mpi.waiting``: an Igather of sizes and an Igatherv of pickles to rank
 0, two Ibcasts from it), so rank 0 starts 4 collectives per step, after the Iallreduce that
 asks whether every rank is quiet; a report with a checkpoint has two steps. Network time
@@ -35,6 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hpckit.experiment.manifest import CheckpointRecord, FileRecord, Manifest  # noqa: E402
+from hpckit.experiment.records import filed, filed_apart, records_name  # noqa: E402
 from hpckit.run.writing.plan import (  # noqa: E402
     REPORT,
     Announcement,
@@ -88,19 +90,30 @@ def rank0_work(ranks: int, checkpoint: bool, folder: str) -> dict:
 
 
 def write_manifest(ranks: int, written: list[FileRecord], folder: str) -> int:
-    """Render a manifest that keeps two such checkpoints and write it, as a commit does."""
+    """Write the checkpoint's record file where it has more files than HPCKIT_INLINE_RECORDS
+    (manifest format 5), then a manifest that keeps two such checkpoints, as a commit does."""
     record = CheckpointRecord(3, "checkpoint_000003", 7, time.time(), {"loss": 0.5},
                               tuple(written))
-    manifest = Manifest("scale", ranks, {}, {}, {}, time.time(),
-                        (replace(record, index=2, directory="checkpoint_000002"), record), 4, 8)
-    text = manifest.to_json()
-    path = os.path.join(folder, "manifest.json")
-    with open(path + ".tmp", "w") as f:
-        f.write(text)
+    if filed_apart(record.files):
+        reference, data = filed(record.directory, record.index, record.files)
+        durable(os.path.join(folder, "records.json"), data)
+        record = replace(record, records=reference)
+    earlier = replace(record, index=2, directory="checkpoint_000002")
+    if record.records is not None:
+        earlier = replace(earlier, records=replace(record.records, name=records_name(2)))
+    manifest = Manifest("scale", ranks, {}, {}, {}, time.time(), (earlier, record), 4, 8)
+    text = manifest.to_json().encode()
+    durable(os.path.join(folder, "manifest.json"), text)
+    return len(text)
+
+
+def durable(path: str, data: bytes) -> None:
+    """Write ``data`` as the experiment's owner does: a temp file, fsync, rename."""
+    with open(path + ".tmp", "wb") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(path + ".tmp", path)
-    return len(text)
 
 
 def modelled(ranks: int, kind: str, work: dict, alpha_s: float, beta_bps: float) -> dict:

@@ -3,8 +3,7 @@
 Ground layer: imports only :mod:`hpckit.errors`. Nothing is read at import time, so importing
 hpckit never fails whatever the environment holds; :func:`current` reads the table on first
 use and raises one :class:`ConfigError` that names each bad variable and what it accepts.
-Entry points (``fit()``, a rank started by hpckit, each ``hpckit`` command) call
-:func:`refresh` so that they see the environment they were started with.
+Entry points (``fit()``, a hpckit rank, each ``hpckit`` command) :func:`refresh` it.
 """
 
 from __future__ import annotations
@@ -121,6 +120,7 @@ TABLE: dict[str, tuple[str, Callable[[str], Any]]] = {
     "run_id": ("HPCKIT_RUN_ID", _text),
     "lock_stale_seconds": ("HPCKIT_LOCK_STALE_SECONDS", _seconds),
     "startup_timeout": ("HPCKIT_STARTUP_TIMEOUT", _seconds),
+    "inline_records": ("HPCKIT_INLINE_RECORDS", _count),
     "pmi_size": ("PMI_SIZE", _text),
     "ompi_size": ("OMPI_COMM_WORLD_SIZE", _text),
     "pmix_rank": ("PMIX_RANK", _text),
@@ -178,6 +178,7 @@ class Settings:
     run_id: str | None = None
     lock_stale_seconds: float = DEFAULT_LOCK_STALE_SECONDS
     startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
+    inline_records: int = 1000  # a checkpoint with more files keeps their records apart
     pmi_size: str | None = None
     ompi_size: str | None = None
     pmix_rank: str | None = None

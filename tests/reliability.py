@@ -13,6 +13,7 @@ import pyarrow.fs
 
 from hpckit import Result
 from hpckit.experiment import verify as _verify
+from hpckit.experiment.leftovers import stray_records
 from hpckit.experiment.manifest import (
     MANIFEST_NAME,
     METRICS_NAME,
@@ -20,6 +21,7 @@ from hpckit.experiment.manifest import (
     Manifest,
     is_checkpoint_dirname,
 )
+from hpckit.experiment.reading import read_manifest
 from hpckit.experiment.retention import rank_best_first
 from hpckit.storage import files as _storage
 from hpckit.storage.location import Location, resolve
@@ -58,7 +60,8 @@ def check_experiment(experiment: Path | str, before: State | None) -> State:
     if _storage.file_type(location.join(MANIFEST_NAME)) == pyarrow.fs.FileType.NotFound:
         assert before is None or before.latest is None, f"the manifest vanished after {before}"
         return State(None, [], lost=earlier_losses)
-    manifest = Manifest.from_json(_storage.read_bytes(location.join(MANIFEST_NAME)), str(experiment))
+    manifest = read_manifest(location)  # with every record file it names, checksums matched
+    assert manifest is not None
     for record in manifest.checkpoints:
         problems = _verify.verify(location, record)
         assert not problems, f"{record.directory} is named by the manifest but damaged: {problems}"
@@ -71,7 +74,8 @@ def check_experiment(experiment: Path | str, before: State | None) -> State:
     entries = sorted(i.base_name for i in _storage.list_dir(location))
     return State(latest, sorted(named),
                  [n for n in entries if is_checkpoint_dirname(n) and n not in named],
-                 [n for n in entries if n.startswith(f".{MANIFEST_NAME}.tmp-")],
+                 [n for n in entries if n.startswith(f".{MANIFEST_NAME}.tmp-")]
+                 + list(stray_records(location, manifest)),
                  opened=True, attempts=len(manifest.attempts),
                  next_index=manifest.next_checkpoint_index,
                  lost=earlier_losses + (lost(before, manifest) if before is not None else []),

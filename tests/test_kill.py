@@ -285,8 +285,12 @@ def test_sigkill_at_each_commit_phase_loses_nothing(phase, tmp_path, reference):
             len([r for r in kept if r.validation]), kept
 
 
-def test_sigkill_at_every_phase_on_s3_loses_nothing(s3, tmp_path, reference):
-    """The same checks with the experiment on the S3 server, each synchronous phase in turn."""
+def test_sigkill_at_every_phase_on_s3_loses_nothing(s3, tmp_path, reference, monkeypatch):
+    """The same checks with the experiment on the S3 server, each synchronous phase in turn,
+    every checkpoint's records in a file of their own (manifest format 5): a kill after that
+    file is written and before the manifest names it leaves a leftover, an eviction removes
+    it after the manifest stops naming it."""
+    monkeypatch.setenv("HPCKIT_INLINE_RECORDS", "0")
     storage = s3.uri(f"kill-{tmp_path.name}")
     experiment = storage.replace("?", "/exp?", 1)
     synchronous = [p for p in STORAGE_PHASES if p not in ASYNC + SAVE_STATE + VALIDATING]
@@ -296,6 +300,8 @@ def test_sigkill_at_every_phase_on_s3_loses_nothing(s3, tmp_path, reference):
     for phase, kill in chain:
         state = kill_trial(storage, experiment, phase, kill, state, "SIGKILL at a hook, on S3")
     finish_chain(storage, experiment, state, reference)
+    kept = read_manifest(resolve(experiment)).checkpoints
+    assert kept and all(r.records is not None for r in kept), kept
 
 
 @pytest.mark.parametrize("phase", ASYNC)

@@ -16,15 +16,16 @@ each write of a run is fenced: it is made only while the lock still holds the ru
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from hpckit import faults
 from hpckit.config import CheckpointConfig, SyncConfig
 from hpckit.errors import CheckpointError, ExperimentTakenError, HpckitError, StorageError
 from hpckit.experiment.attempts import AttemptStatus
-from hpckit.experiment.leftovers import free, leftovers, size_of
+from hpckit.experiment.leftovers import free
 from hpckit.experiment.lock import Lock
-from hpckit.experiment.maintenance import Garbage, refuse_if_running
+from hpckit.experiment.maintenance import Garbage, find_garbage, refuse_if_running, remove_garbage
 from hpckit.experiment.manifest import (
     MANIFEST_NAME,
     PENDING_MARKER,
@@ -38,6 +39,7 @@ from hpckit.experiment.mirror import Mirror
 from hpckit.experiment.opening import Opening, begin
 from hpckit.experiment.purge import Purge
 from hpckit.experiment.reading import read_manifest, require_manifest
+from hpckit.experiment.records import RECORDS_DIR, filed, filed_apart
 from hpckit.experiment.retention import recorded_config, select_evictions
 from hpckit.experiment.validation import Validation
 from hpckit.experiment.writer import ExperimentClosedError, Writer, written
@@ -88,6 +90,7 @@ class Experiment:
         the metrics are never behind the latest committed checkpoint (a resume drops a line
         whose checkpoint did not commit). Then what retention evicts is deleted in the
         background, and the mirror (if any) follows."""
+        record = self._filed(record)
         evicted = select_evictions([*self._manifest.checkpoints, record], config)
         updated = self._manifest.with_checkpoint(record, evicted)
         faults.reached("gathered", 0)
@@ -108,6 +111,17 @@ class Experiment:
         self._purge.start(evicted)
         if self._mirror is not None:
             self._mirror.after_commit(self._manifest)
+
+    def _filed(self, record: CheckpointRecord) -> CheckpointRecord:
+        """A checkpoint of many files keeps its records in a file of their own, written once
+        before the commit names it."""
+        if not filed_apart(record.files):
+            return record
+        reference, data = filed(record.directory, record.index, record.files)
+        self._fence()
+        files.make_dir(self.location.join(RECORDS_DIR))
+        files.write_atomic(self.location.join(reference.name), data)
+        return replace(record, records=reference)
 
     @written
     def reserve(self, directory: str, planned: tuple[str, ...], uploading: bool = False) -> None:
@@ -239,15 +253,13 @@ class Experiment:
         the manifest is written before anything is deleted."""
         manifest = self._manifest
         evicted = select_evictions(list(manifest.checkpoints), recorded_config(manifest, keep))
-        garbage = Garbage(evicted, {name: size_of(self.location.join(name))
-                                    for name in leftovers(self.location, manifest)})
+        garbage = find_garbage(self.location, manifest, evicted)
         if dry_run:
             return garbage
         if evicted:
             self._manifest = manifest.without(evicted)
             _write(self.location, self._manifest)
-        for name in [r.directory for r in evicted] + list(garbage.leftovers):
-            files.delete_dir(self.location.join(name))  # a command: a failure is its error
+        remove_garbage(self.location, garbage)  # a command: a failure is its error
         return garbage
 
     def close(self, promptly: bool = False) -> None:

@@ -14,6 +14,7 @@ from hpckit.experiment.manifest import (
     Manifest,
     is_checkpoint_dirname,
 )
+from hpckit.experiment.records import RECORDS_DIR
 from hpckit.logs import log
 from hpckit.storage import files
 from hpckit.storage.location import Location
@@ -36,12 +37,22 @@ def size_of(location: Location) -> int:
     return sum(size for _, size in files.list_files(location))
 
 
+def stray_records(location: Location, manifest: Manifest) -> dict[str, int]:
+    """Record files (and their temp files) that no manifest names, with their sizes: a commit
+    killed after writing its checkpoint's records, or an eviction cut short."""
+    named = {r.records.name for r in manifest.checkpoints if r.records is not None}
+    found = {f"{RECORDS_DIR}/{i.base_name}": i.size
+             for i in files.list_dir(location.join(RECORDS_DIR)) if i.type == _FT.File}
+    return {name: size for name, size in found.items() if name not in named}
+
+
 def remove_leftovers(location: Location, manifest: Manifest) -> list[str]:
-    """Delete checkpoint directories, staged files and temp files that no manifest names (a
-    crashed commit's)."""
+    """Delete checkpoint directories, staged files, temp files and record files that no
+    manifest names (a crashed commit's)."""
     removed = []
     temp = [i.base_name for i in files.list_dir(location) if i.type == _FT.File
             and i.base_name.startswith(f".{MANIFEST_NAME}.tmp-")]
+    temp += list(stray_records(location, manifest))
     for name in [*leftovers(location, manifest), *temp]:
         target = location.join(name)
         try:

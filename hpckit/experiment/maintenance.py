@@ -6,19 +6,23 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from pyarrow.fs import FileType
+
 from hpckit.errors import ExperimentLockedError
 from hpckit.experiment.attempts import AttemptStatus
+from hpckit.experiment.leftovers import leftovers, size_of, stray_records
 from hpckit.experiment.lock import LOCK_NAME
 from hpckit.experiment.lock import read as read_lock
 from hpckit.experiment.manifest import CheckpointRecord, Manifest
 from hpckit.settings import Settings
+from hpckit.storage import files
 from hpckit.storage.location import Location
 
 
 @dataclass(frozen=True)
 class Garbage:
     """What :meth:`Experiment.collect_garbage` removes (or would): evicted checkpoints, and
-    leftover directories with their sizes."""
+    leftover directories and record files with their sizes."""
 
     evicted: list[CheckpointRecord]
     leftovers: dict[str, int]
@@ -26,6 +30,29 @@ class Garbage:
     @property
     def size(self) -> int:
         return sum(r.size for r in self.evicted) + sum(self.leftovers.values())
+
+
+def find_garbage(location: Location, manifest: Manifest,
+                 evicted: list[CheckpointRecord]) -> Garbage:
+    """The ``evicted`` checkpoints, and what no manifest names: leftover directories and
+    record files."""
+    return Garbage(evicted, {**{name: size_of(location.join(name))
+                                for name in leftovers(location, manifest)},
+                             **stray_records(location, manifest)})
+
+
+def remove_garbage(location: Location, garbage: Garbage) -> None:
+    """Delete the garbage (after the manifest stopped naming it); a failure is raised."""
+    for record in garbage.evicted:
+        files.delete_dir(location.join(record.directory))
+        if record.records is not None:
+            files.delete_file(location.join(record.records.name), missing_ok=True)
+    for name in garbage.leftovers:
+        target = location.join(name)
+        if files.file_type(target) == FileType.File:
+            files.delete_file(target)
+        else:
+            files.delete_dir(target)
 
 
 def refuse_if_running(location: Location, manifest: Manifest, settings: Settings,

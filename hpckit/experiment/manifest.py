@@ -1,7 +1,8 @@
 """The manifest: the experiment's single source of truth, as an immutable value and versioned JSON.
 
-Parsing validates every field and refuses paths that would leave the experiment directory,
-so a damaged or hostile manifest can never make hpckit touch files outside it.
+Rendered here; read back, every field checked, by :mod:`~hpckit.experiment.parsing`. The
+records of a checkpoint of many files are kept in a file of their own
+(:mod:`~hpckit.experiment.records`).
 """
 
 from __future__ import annotations
@@ -9,21 +10,22 @@ from __future__ import annotations
 import json
 import posixpath
 import re
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from hpckit.errors import ManifestError
 from hpckit.experiment.attempts import Attempt, AttemptStatus
+from hpckit.experiment.records import RECORDS_DIR, RecordsFile
+from hpckit.experiment.records import FileRecord as FileRecord
 from hpckit.experiment.validation import Validation
-from hpckit.experiment.validation import parse as parse_validation
-from hpckit.storage.checksum import SHA256
-from hpckit.storage.checksum import problem as checksum_problem
 
 FORMAT = "hpckit.manifest"
 # 2 adds cached checkpoints; 3 records each file's checksum with its algorithm ("checksum")
-# where 1 and 2 had a bare SHA-256 ("sha256"). Written as 1 while there are no checkpoints.
-FORMAT_VERSION = 4
+# where 1 and 2 had a bare SHA-256 ("sha256"); 4 adds validations; 5 keeps the records of a
+# checkpoint of many files in a file of their own (experiment.records). Each manifest is
+# written as the oldest version that holds it: 1 while there are no checkpoints.
+FORMAT_VERSION = 5
 MANIFEST_NAME = "manifest.json"
 STAGING_NAME = ".staging"  # asynchronous checkpoints' files, waiting for the background
 METRICS_NAME = "metrics.jsonl"
@@ -33,8 +35,8 @@ _CUSTOM = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]{0,199}")
 # staging area), and the marker that makes a custom-named checkpoint directory a leftover
 # until its commit.
 LOGS = "logs"  # the hang watchdog's stacks (experiment.hangs)
-RESERVED_NAMES = frozenset({"artifacts", "tensorboard", LOGS, STAGING_NAME, MANIFEST_NAME,
-                            METRICS_NAME})
+RESERVED_NAMES = frozenset({"artifacts", "tensorboard", LOGS, RECORDS_DIR, STAGING_NAME,
+                            MANIFEST_NAME, METRICS_NAME})
 PENDING_MARKER = ".hpckit-pending"
 VISIBLE_PREFIX = ".hpckit-visible-"  # a run's check that every rank sees the experiment
 # Where a committed checkpoint is complete: on storage_path, or only in the node-local caches
@@ -71,14 +73,6 @@ def is_safe_relpath(path: str) -> bool:
 
 
 @dataclass(frozen=True)
-class FileRecord:
-    path: str
-    size: int
-    rank: int
-    checksum: str  # "<algorithm>:<hex>" (hpckit.storage.checksum)
-
-
-@dataclass(frozen=True)
 class CheckpointRecord:
     index: int
     directory: str
@@ -89,6 +83,7 @@ class CheckpointRecord:
     level: str = STORAGE
     hosts: tuple[str, ...] = ()  # a cached checkpoint's writers: the host of each rank
     validation: Validation | None = None  # report(..., validation=...)
+    records: RecordsFile | None = None  # where ``files`` are kept, when not in the manifest
 
     @property
     def size(self) -> int:
@@ -174,7 +169,8 @@ class Manifest:
 
     def to_json(self) -> str:
         body = {"format": FORMAT, "format_version": self._format_version(),
-                **{k: v for k, v in asdict(self).items() if k not in ("attempts", "checkpoints")},
+                **{f.name: getattr(self, f.name) for f in fields(self)
+                   if f.name not in ("attempts", "checkpoints")},
                 "checkpoints": [_checkpoint_json(r) for r in self.checkpoints],
                 "attempts": [a.to_json() for a in self.attempts]}
         latest = self.latest
@@ -183,11 +179,17 @@ class Manifest:
 
     def _format_version(self) -> int:
         """The oldest format that holds this manifest, so that older hpckit reads what it
-        can: 1 without checkpoints, 4 with validations (which an older hpckit would drop)."""
+        can: 1 without checkpoints, 4 with validations (which an older hpckit would drop), 5
+        with records kept apart (which it could not find)."""
+        if any(r.records for r in self.checkpoints):
+            return 5
         return 4 if any(r.validation for r in self.checkpoints) else 3 if self.checkpoints else 1
 
     @classmethod
-    def from_json(cls, text: str | bytes, where: str) -> Manifest:
+    def from_json(cls, text: str | bytes, where: str,
+                  read: Callable[[str], bytes] | None = None) -> Manifest:
+        """The manifest ``text`` (read from ``where``); ``read`` reads a file of the
+        experiment by its relative name, for the records a format 5 manifest keeps apart."""
         try:
             body = json.loads(text)
         except (ValueError, UnicodeDecodeError) as exc:
@@ -195,106 +197,22 @@ class Manifest:
                 f"manifest {where} is not valid JSON ({exc}); it was left untouched. Restore it "
                 "from a backup or move the experiment aside; hpckit never overwrites a corrupt "
                 "manifest.") from None
-        return _parse(body, where)
+        from hpckit.experiment.parsing import parse  # it builds this module's values
 
-
-def _parse(body: Any, where: str) -> Manifest:
-    check = _Checker(where)
-    check.type(body, dict, "the top level")
-    if body.get("format") != FORMAT:
-        raise ManifestError(f"{where} is not an hpckit manifest (format={body.get('format')!r}).")
-    version = body.get("format_version")
-    check.type(version, int, "format_version")
-    if version > FORMAT_VERSION:
-        raise ManifestError(
-            f"manifest {where} has format_version {version}, written by a newer hpckit; this "
-            f"hpckit reads up to version {FORMAT_VERSION}. Upgrade hpckit (git pull in its clone).")
-    checkpoints = [_parse_checkpoint(c, check, f"checkpoints[{i}]")
-                   for i, c in enumerate(check.field(body, "checkpoints", list))]
-    indexes = [c.index for c in checkpoints]
-    if len(set(indexes)) != len(indexes):
-        raise ManifestError(f"manifest {where}: checkpoints lists an index twice: {indexes}.")
-    return Manifest(
-        experiment=check.field(body, "experiment", str),
-        world_size=check.field(body, "world_size", int),
-        command=check.field(body, "command", dict),
-        config=check.field(body, "config", dict),
-        retention=check.field(body, "retention", dict),
-        created_at=check.field(body, "created_at", (int, float)),
-        checkpoints=tuple(checkpoints),
-        next_checkpoint_index=check.field(body, "next_checkpoint_index", int),
-        next_step=check.field(body, "next_step", int),
-        attempts=tuple(Attempt.from_json(a, where) for a in check.field(body, "attempts", list)),
-    )
-
-
-def _parse_checkpoint(raw: Any, check: _Checker, name: str) -> CheckpointRecord:
-    check.type(raw, dict, name)
-    directory = check.field(raw, "directory", str, name)
-    index = check.field(raw, "index", int, name)
-    numbered = is_checkpoint_dirname(directory) and int(directory.split("_")[1]) == index
-    if not numbered and custom_dirname_problem(directory) is not None:
-        check.fail(f"{name}.directory", f"{directory!r} is not checkpoint_{index:06d} (nor a "
-                   "plain directory name given by checkpoint_dir_name)")
-    files = []
-    for i, f in enumerate(check.field(raw, "files", list, name)):
-        where = f"{name}.files[{i}]"
-        check.type(f, dict, where)
-        path = check.field(f, "path", str, where)
-        if not is_safe_relpath(path):
-            check.fail(f"{where}.path", f"{path!r} leaves the checkpoint directory")
-        files.append(FileRecord(path, check.field(f, "size", int, where),
-                                check.field(f, "rank", int, where), _checksum(f, check, where)))
-    level = raw.get("level", STORAGE)
-    if level not in (STORAGE, CACHE):
-        check.fail(f"{name}.level", f"{level!r} is neither {STORAGE!r} nor {CACHE!r}")
-    hosts = raw.get("hosts", [])
-    if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
-        check.fail(f"{name}.hosts", "expected a list of host names")
-    try:
-        validation = parse_validation(raw.get("validation"), f"{name}.validation")
-    except ValueError as exc:
-        check.fail(f"{name}.validation", str(exc))
-    return CheckpointRecord(
-        index=index, directory=directory, step=check.field(raw, "step", int, name),
-        reported_at=check.field(raw, "reported_at", (int, float), name),
-        metrics=check.field(raw, "metrics", dict, name), files=tuple(files), level=level,
-        hosts=tuple(hosts), validation=validation)
+        return parse(body, where, read)
 
 
 def _checkpoint_json(record: CheckpointRecord) -> dict[str, Any]:
-    body = {k: v for k, v in asdict(record).items() if k != "validation"}
-    return {**body, "validation": record.validation.to_json()} if record.validation else body
-
-
-def _checksum(raw: dict[str, Any], check: _Checker, where: str) -> str:
-    if "checksum" not in raw and "sha256" in raw:  # format versions 1 and 2
-        return f"{SHA256}:{check.field(raw, 'sha256', str, where)}"
-    value: str = check.field(raw, "checksum", str, where)
-    if (why := checksum_problem(value)) is not None:
-        check.fail(f"{where}.checksum", why)
-    return value
-
-
-_Kind = type | tuple[type, ...]
-
-
-class _Checker:
-    def __init__(self, where: str) -> None:
-        self.where = where
-
-    def fail(self, name: str, problem: str) -> None:
-        raise ManifestError(f"manifest {self.where}: field {name}: {problem}.")
-
-    def type(self, value: Any, kind: _Kind, name: str) -> None:
-        if isinstance(value, bool) or not isinstance(value, kind):
-            expected = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-            self.fail(name, f"expected {expected}, got {type(value).__name__}")
-
-    def field(self, body: dict[str, Any], key: str, kind: _Kind,
-              parent: str = "") -> Any:
-        name = f"{parent}.{key}" if parent else key
-        if key not in body:
-            self.fail(name, "missing")
-        self.type(body[key], kind, name)
-        return body[key]
+    """A checkpoint's JSON, its files' records inline or, kept apart, a reference to them."""
+    body: dict[str, Any] = {}
+    for name in (f.name for f in fields(record)):
+        value = getattr(record, name)
+        if name == "files" and record.records is not None:
+            body["records"] = record.records.to_json()
+        elif name == "files":
+            body["files"] = [asdict(f) for f in value]
+        elif name == "validation" and value is not None:
+            body["validation"] = value.to_json()
+        elif name not in ("validation", "records"):
+            body[name] = list(value) if name == "hosts" else value
+    return body

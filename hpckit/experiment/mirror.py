@@ -119,6 +119,8 @@ class Mirror:
             for f in record.files:
                 copy_file(self.source.join(record.directory, f.path),
                           target.join(record.directory, f.path))
+            if record.records is not None:  # written once: the mirror's copy, before its manifest
+                copy_file(self.source.join(record.records.name), target.join(record.records.name))
         if files.file_type(self.source.join(METRICS_NAME)) == pyarrow.fs.FileType.File:
             files.write_atomic(target.join(METRICS_NAME),
                                   files.read_bytes(self.source.join(METRICS_NAME)))

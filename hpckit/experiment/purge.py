@@ -44,6 +44,8 @@ def evict(experiment: Location, records: list[CheckpointRecord],
                 files.delete_file(target.join(f.path), missing_ok=True)
                 faults.reached("evicting", 0)
             files.delete_dir(target)
+            if record.records is not None:
+                files.delete_file(experiment.join(record.records.name), missing_ok=True)
             log.debug("retention removed %s in %.3f s", record.directory,
                       time.perf_counter() - started)
         except ExperimentTakenError:

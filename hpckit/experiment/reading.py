@@ -30,12 +30,15 @@ def read_manifest(experiment: Location) -> Manifest | None:
         return None
     if kind != _FT.File:
         raise StorageError(f"{location.display} is not a file; move it aside and run again.")
+    def read(name: str) -> bytes:  # a record file (format 5): written once, never replaced
+        return files.read_bytes(experiment.join(name))
+
     for wait in TORN_READ_WAITS:
         try:
-            return Manifest.from_json(files.read_bytes(location), location.display)
+            return Manifest.from_json(files.read_bytes(location), location.display, read)
         except ManifestError:
             time.sleep(wait)
-    return Manifest.from_json(files.read_bytes(location), location.display)
+    return Manifest.from_json(files.read_bytes(location), location.display, read)
 
 
 def require_manifest(experiment: Location) -> Manifest:

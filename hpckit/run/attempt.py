@@ -20,7 +20,6 @@ from hpckit.experiment import retention
 from hpckit.experiment.artifacts import Artifacts
 from hpckit.experiment.attempts import Attempt, AttemptStatus, previous_failure
 from hpckit.experiment.experiment import Experiment
-from hpckit.experiment.manifest import Manifest
 from hpckit.experiment.opening import Opening
 from hpckit.logs import log
 from hpckit.result import Result
@@ -95,10 +94,9 @@ def run_attempt(job: TrainingJob, ranks: Ranks, settings: Settings, number: int)
         summary = None
         if experiment is not None:
             experiment.end_attempt(AttemptStatus.FINISHED, None, session.protocol.reports)
-            summary = (experiment.manifest.to_json(), experiment.history(), sendable(returned))
-        manifest_json, history, returned = from_root(comm, summary)
-        return Result._build(location, Manifest.from_json(manifest_json, location.display),
-                             history, returned)
+            summary = (experiment.manifest, experiment.history(), sendable(returned))
+        manifest, history, returned = from_root(comm, summary)
+        return Result._build(location, manifest, history, returned)
     except KeyboardInterrupt:
         opened, experiment = experiment, None
         if opened is not None:

@@ -1,0 +1,130 @@
+"""A manifest's JSON read back into its values, every field checked.
+
+A damaged or hostile manifest fails here with the field it got wrong, and a path that would
+leave the experiment directory is refused, so that reading a manifest can never make hpckit
+touch files outside it. Formats 1 to 5 are read; a newer one is refused with the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from hpckit.errors import ManifestError
+from hpckit.experiment.attempts import Attempt
+from hpckit.experiment.manifest import (
+    CACHE,
+    FORMAT,
+    FORMAT_VERSION,
+    STORAGE,
+    CheckpointRecord,
+    FileRecord,
+    Manifest,
+    custom_dirname_problem,
+    is_checkpoint_dirname,
+    is_safe_relpath,
+)
+from hpckit.experiment.records import parse_reference, read_records
+from hpckit.experiment.validation import parse as parse_validation
+from hpckit.storage.checksum import SHA256
+from hpckit.storage.checksum import problem as checksum_problem
+
+
+def parse(body: Any, where: str, read: Callable[[str], bytes] | None) -> Manifest:
+    check = _Checker(where, read)
+    check.type(body, dict, "the top level")
+    if body.get("format") != FORMAT:
+        raise ManifestError(f"{where} is not an hpckit manifest (format={body.get('format')!r}).")
+    version = body.get("format_version")
+    check.type(version, int, "format_version")
+    if version > FORMAT_VERSION:
+        raise ManifestError(
+            f"manifest {where} has format_version {version}, written by a newer hpckit; this "
+            f"hpckit reads up to version {FORMAT_VERSION}. Upgrade hpckit (git pull in its clone).")
+    checkpoints = [_parse_checkpoint(c, check, f"checkpoints[{i}]")
+                   for i, c in enumerate(check.field(body, "checkpoints", list))]
+    indexes = [c.index for c in checkpoints]
+    if len(set(indexes)) != len(indexes):
+        raise ManifestError(f"manifest {where}: checkpoints lists an index twice: {indexes}.")
+    return Manifest(
+        experiment=check.field(body, "experiment", str),
+        world_size=check.field(body, "world_size", int),
+        command=check.field(body, "command", dict),
+        config=check.field(body, "config", dict),
+        retention=check.field(body, "retention", dict),
+        created_at=check.field(body, "created_at", (int, float)),
+        checkpoints=tuple(checkpoints),
+        next_checkpoint_index=check.field(body, "next_checkpoint_index", int),
+        next_step=check.field(body, "next_step", int),
+        attempts=tuple(Attempt.from_json(a, where) for a in check.field(body, "attempts", list)),
+    )
+
+
+def _parse_checkpoint(raw: Any, check: _Checker, name: str) -> CheckpointRecord:
+    check.type(raw, dict, name)
+    directory = check.field(raw, "directory", str, name)
+    index = check.field(raw, "index", int, name)
+    numbered = is_checkpoint_dirname(directory) and int(directory.split("_")[1]) == index
+    if not numbered and custom_dirname_problem(directory) is not None:
+        check.fail(f"{name}.directory", f"{directory!r} is not checkpoint_{index:06d} (nor a "
+                   "plain directory name given by checkpoint_dir_name)")
+    records = (parse_reference(raw["records"], index, f"{check.where}: {name}.records")
+               if "records" in raw else None)
+    files = [*read_records(records, check.read, check.where, is_safe_relpath)] if records else []
+    for i, f in enumerate(check.field(raw, "files", list, name) if records is None else ()):
+        where = f"{name}.files[{i}]"
+        check.type(f, dict, where)
+        path = check.field(f, "path", str, where)
+        if not is_safe_relpath(path):
+            check.fail(f"{where}.path", f"{path!r} leaves the checkpoint directory")
+        files.append(FileRecord(path, check.field(f, "size", int, where),
+                                check.field(f, "rank", int, where), _checksum(f, check, where)))
+    level = raw.get("level", STORAGE)
+    if level not in (STORAGE, CACHE):
+        check.fail(f"{name}.level", f"{level!r} is neither {STORAGE!r} nor {CACHE!r}")
+    hosts = raw.get("hosts", [])
+    if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
+        check.fail(f"{name}.hosts", "expected a list of host names")
+    try:
+        validation = parse_validation(raw.get("validation"), f"{name}.validation")
+    except ValueError as exc:
+        check.fail(f"{name}.validation", str(exc))
+    return CheckpointRecord(
+        index=index, directory=directory, step=check.field(raw, "step", int, name),
+        reported_at=check.field(raw, "reported_at", (int, float), name),
+        metrics=check.field(raw, "metrics", dict, name), files=tuple(files), level=level,
+        hosts=tuple(hosts), validation=validation, records=records)
+
+
+def _checksum(raw: dict[str, Any], check: _Checker, where: str) -> str:
+    if "checksum" not in raw and "sha256" in raw:  # format versions 1 and 2
+        return f"{SHA256}:{check.field(raw, 'sha256', str, where)}"
+    value: str = check.field(raw, "checksum", str, where)
+    if (why := checksum_problem(value)) is not None:
+        check.fail(f"{where}.checksum", why)
+    return value
+
+
+_Kind = type | tuple[type, ...]
+
+
+class _Checker:
+    def __init__(self, where: str, read: Callable[[str], bytes] | None = None) -> None:
+        self.where = where
+        self.read = read
+
+    def fail(self, name: str, problem: str) -> None:
+        raise ManifestError(f"manifest {self.where}: field {name}: {problem}.")
+
+    def type(self, value: Any, kind: _Kind, name: str) -> None:
+        if isinstance(value, bool) or not isinstance(value, kind):
+            expected = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            self.fail(name, f"expected {expected}, got {type(value).__name__}")
+
+    def field(self, body: dict[str, Any], key: str, kind: _Kind,
+              parent: str = "") -> Any:
+        name = f"{parent}.{key}" if parent else key
+        if key not in body:
+            self.fail(name, "missing")
+        self.type(body[key], kind, name)
+        return body[key]
