@@ -4,7 +4,9 @@
 
 No MPI: for N ranks, each handing two 1 KiB files (``model-rank{r}.bin``,
 ``optimizer-rank{r}.bin``), the values hpckit's steps move are built as the ranks would
-build them (``Announcement``, the ``Plan``, each rank's ``Persisted`` records) and rank 0's
+build them (``Announcement``, the ``Plan``, each rank's ``Persisted`` records; in the steady
+state, where each rank hands the same names and sizes as at the last checkpoint, so that it
+sends their digest and rank 0 reuses the last assignment) and rank 0's
 work on them is timed here: unpickling what the gathers bring, making the plan, merging the
 records, writing the checkpoint's record file (manifest format 5, past 1,000 files) and the
 manifest that keeps two checkpoints. Each report's steps are
@@ -37,24 +39,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hpckit.experiment.manifest import CheckpointRecord, FileRecord, Manifest  # noqa: E402
 from hpckit.experiment.records import filed, filed_apart, records_name  # noqa: E402
-from hpckit.run.writing.plan import (  # noqa: E402
-    REPORT,
-    Announcement,
-    Persisted,
-    make_plan,
-    merge,
-)
+from hpckit.run.writing.assignment import HandedFiles, SentFiles, merge  # noqa: E402
+from hpckit.run.writing.plan import REPORT, Announcement, Persisted, make_plan  # noqa: E402
 
 FILE_BYTES = 1024
 COLLECTIVES_PER_STEP = 4
 GOALS = {"checkpoint": {"rank0_ms": 100.0, "rank0_mb": 10.0}, "metrics": {"rank0_ms": 1.0}}
 
 
-def announcements(ranks: int, checkpoint: bool) -> list[bytes]:
-    """Each rank's pickled announcement, as its Igatherv carries it."""
-    return [pickle.dumps(Announcement(
-        REPORT, 7, [(f"model-rank{r}.bin", FILE_BYTES), (f"optimizer-rank{r}.bin", FILE_BYTES)]
-        if checkpoint else None), pickle.HIGHEST_PROTOCOL) for r in range(ranks)]
+def announcements(ranks: int, checkpoint: bool, memory: HandedFiles) -> list[bytes]:
+    """Each rank's pickled announcement, as its Igatherv carries it. A checkpoint's ranks hand
+    the same names and sizes as at the last one (the steady state), so each sends their digest;
+    the last one's lists, sent in full, are what ``memory`` (rank 0's) holds, untimed."""
+    files = [[(f"model-rank{r}.bin", FILE_BYTES), (f"optimizer-rank{r}.bin", FILE_BYTES)]
+             if checkpoint else None for r in range(ranks)]
+    sent = [SentFiles() for _ in range(ranks)]
+    first = [s.compact(f) for s, f in zip(sent, files, strict=True)]
+    make_plan([Announcement(REPORT, 6, listed) for listed, _ in first], 6, 2, memory)
+    steady = [s.compact(f) for s, f in zip(sent, files, strict=True)]
+    return [pickle.dumps(Announcement(REPORT, 7, listed, same_files=same), pickle.HIGHEST_PROTOCOL)
+            for listed, same in steady]
 
 
 def persisted(ranks: int) -> list[bytes]:
@@ -73,10 +77,11 @@ def timed(fn: object) -> tuple[float, object]:
 
 def rank0_work(ranks: int, checkpoint: bool, folder: str) -> dict:
     """Rank 0's seconds per report, part by part, and the bytes through it."""
-    gathered = announcements(ranks, checkpoint)
+    memory = HandedFiles()
+    gathered = announcements(ranks, checkpoint, memory)
     seconds: dict[str, float] = {}
     seconds["unpickle_announcements"], heard = timed(lambda: [pickle.loads(b) for b in gathered])
-    seconds["plan"], plan = timed(lambda: make_plan(heard, 7, 3))  # type: ignore[arg-type]
+    seconds["plan"], plan = timed(lambda: make_plan(heard, 7, 3, memory))  # type: ignore[arg-type]
     seconds["pickle_plan"], sent = timed(lambda: pickle.dumps(plan, pickle.HIGHEST_PROTOCOL))
     through = sum(map(len, gathered)) + len(sent)  # type: ignore[arg-type]
     if checkpoint:

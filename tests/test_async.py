@@ -14,15 +14,14 @@ from hpckit import CheckpointConfig, CheckpointUploadMode, ConfigError
 from hpckit.errors import CommitError
 from hpckit.experiment.manifest import FileRecord
 from hpckit.run.mpi.comm import RankFailure
+from hpckit.run.writing.assignment import merge, unrecorded
 from hpckit.run.writing.plan import (
     Announcement,
     Persisted,
     Plan,
     Settled,
-    merge,
     raise_background_failure,
     settled_everywhere,
-    unrecorded,
 )
 from hpckit.run.writing.shares import share_hashing
 from hpckit.storage import files

@@ -375,3 +375,34 @@ def test_sigkill_at_random_times_loses_nothing(tmp_path, reference):
     end = reliability.check_experiment(experiment, state)
     assert not end.leftovers and not end.temp_files, end
     assert not end.lost, f"committed checkpoints that retention keeps were lost: {end.lost}"
+
+
+WIDE = HERE / "ranks" / "wide.py"
+WIDE_RANKS, WIDE_EPOCHS = 64, 4
+
+
+def test_sixty_four_ranks_one_killed_mid_commit_rerun_is_exact(tmp_path):
+    """64 oversubscribed ranks, each with state of its own, hand a checkpoint every epoch (65
+    files: each rank's, and one every rank hands alike); rank 37 is SIGKILLed after writing its
+    share of the second checkpoint, before the commit. The rerun resumes from the first, the
+    second never became visible, and every rank ends with exactly the state of a run that was
+    never killed, each step logged once."""
+    sys.path.insert(0, str(WIDE.parent))
+    from wide import expected
+
+    args = ("--storage", str(tmp_path), "--epochs", str(WIDE_EPOCHS))
+    killed = mpiexec(WIDE_RANKS, *args, script=WIDE, expect=None, timeout=240,
+                     env={**QUICK, "HPCKIT_FAULT": "written:37:2"})
+    assert killed.returncode != 0 and killed.line("FINAL") is None, \
+        f"rank 37 was not killed:\n{killed.output}"
+    state = reliability.check_experiment(tmp_path / "wide", None)
+    assert state.committed == ["checkpoint_000000"], state
+    rerun = mpiexec(WIDE_RANKS, *args, script=WIDE, env=QUICK, timeout=240)
+    check_resumed(rerun, state)
+    line = rerun.line("FINAL")
+    assert line is not None and json.loads(line) == \
+        [expected(rank, WIDE_EPOCHS) for rank in range(WIDE_RANKS)], rerun.output
+    end = reliability.check_experiment(tmp_path / "wide", state)
+    assert not end.leftovers and not end.temp_files and not end.lost, end
+    text = (tmp_path / "wide" / "metrics.jsonl").read_text()
+    assert [json.loads(entry)["step"] for entry in text.splitlines()] == list(range(WIDE_EPOCHS))

@@ -11,6 +11,7 @@ from hpckit.errors import CheckpointError, ReportMismatchError
 from hpckit.experiment.manifest import FileRecord
 from hpckit.run.ending.retry import RetryPolicy
 from hpckit.run.mpi.comm import RankFailure
+from hpckit.run.writing.assignment import HandedFiles, SentFiles, every_part, merge, own_part
 from hpckit.run.writing.plan import (
     REPORT,
     RETURNED,
@@ -19,7 +20,6 @@ from hpckit.run.writing.plan import (
     Plan,
     in_background,
     make_plan,
-    merge,
     mixed_modes,
 )
 
@@ -32,8 +32,12 @@ def test_a_report_with_files_gets_a_directory_and_one_writer_per_name():
                       Announcement(REPORT, 3, [("b.pt", 4), ("shared.json", 2)], stop="SIGUSR2")],
                      step=7, next_index=12)
     assert plan.directory == "checkpoint_000012" and plan.step == 7 and plan.stop == "SIGUSR2"
-    assert plan.writes == {0: ["a.pt", "shared.json"], 2: ["b.pt"]}
-    assert plan.hashes == {2: ["shared.json"]}
+    assert plan.shared == {"shared.json": 0}, "only names several ranks hand travel"
+    files = {0: [("a.pt", 4), ("shared.json", 2)], 2: [("b.pt", 4), ("shared.json", 2)]}
+    assert own_part(plan, 0, files[0]).writes == {0: ["a.pt", "shared.json"]}
+    assert own_part(plan, 2, files[2]).writes == {2: ["b.pt"]}
+    assert own_part(plan, 2, files[2]).hashes == {2: ["shared.json"]}
+    assert own_part(plan, 1, None) == plan
 
 
 def test_a_report_without_files_or_the_return_plans_no_checkpoint():
@@ -66,7 +70,7 @@ def test_bad_hand_ins_are_refused_before_anything_is_written(files, fragment):
 
 
 def test_merge_keeps_the_writers_records_and_catches_differing_duplicates():
-    plan = Plan(0, None, "checkpoint_000000", {0: ["a", "s"], 1: ["b"]}, {1: ["s"]})
+    plan = Plan(0, None, "checkpoint_000000", shared={"s": 0})
     same = [[FileRecord("a", 1, 0, "x"), FileRecord("s", 1, 0, "h")],
             [FileRecord("b", 1, 1, "y"), FileRecord("s", 1, 1, "h")]]
     assert [(r.path, r.rank) for r in merge(plan, [Persisted(r) for r in same])] == [("a", 0), ("b", 1), ("s", 0)]
@@ -112,3 +116,42 @@ def test_a_stop_makes_every_level_synchronous():
     stopped = [replace(a, stop="SIGUSR2") for a in _handing([True, True])]
     assert not make_plan(stopped, 0, 0).asynchronous
     assert not in_background("SIGUSR2", True) and in_background(None, True)
+
+
+def test_the_same_files_again_travel_as_a_digest_and_reuse_the_assignment(monkeypatch):
+    """In the steady state no list of names crosses the network and rank 0 assigns nothing:
+    a rank that hands the same names and sizes sends their digest, and rank 0 reuses the
+    last assignment; a rank whose list changed sends it, and rank 0 assigns again."""
+    from hpckit.run.writing import assignment
+
+    lists = [[("m0.pt", 8), ("cfg.json", 2)], [("m1.pt", 8), ("cfg.json", 2)], None]
+    sent, memory = [SentFiles() for _ in lists], HandedFiles()
+    made = []
+    monkeypatch.setattr(assignment, "assign_writers",
+                        lambda handed: made.append(handed) or {"cfg.json": 0})
+
+    def report(count: int, lists) -> Plan:
+        compact = [s.compact(files) for s, files in zip(sent, lists)]
+        return make_plan([Announcement(REPORT, count, files, same_files=same)
+                          for files, same in compact], count, count, memory)
+
+    first = report(1, lists)
+    again = [s.compact(files) for s, files in zip(sent, lists)]
+    assert [files for files, _ in again] == [None, None, None], "sent once, then digests"
+    assert report(2, lists) == replace(first, step=2, index=2, directory="checkpoint_000002")
+    assert len(made) == 1
+    assert own_part(report(3, lists), 1, lists[1]).hashes == {1: ["cfg.json"]}
+    changed = [lists[0], [("m1.pt", 9), ("cfg.json", 2)], None]
+    report(4, changed)
+    assert len(made) == 2 and made[-1][1] == [("m1.pt", 9), ("cfg.json", 2)]
+    report(5, [lists[0], None, None])
+    assert len(made) == 3, "a rank that stopped handing changes the assignment"
+    assert every_part(first, memory.now).writes == {0: ["m0.pt", "cfg.json"]}
+
+
+def test_a_digest_rank_0_does_not_know_is_a_protocol_error():
+    from hpckit.errors import ProtocolError
+
+    with pytest.raises(ProtocolError, match="rank 1 handed the files it handed last time"):
+        make_plan([Announcement(REPORT, 1, [("a", 1)]), Announcement(REPORT, 1, same_files=7)],
+                  0, 0, HandedFiles())

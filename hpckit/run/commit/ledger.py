@@ -32,16 +32,14 @@ from hpckit.logs import human_size, log, metrics_summary
 from hpckit.run.commit.callbacks import Callbacks
 from hpckit.run.commit.committer import Committer
 from hpckit.run.validation.validator import Validator
+from hpckit.run.writing.assignment import check_copies, merge, unrecorded
 from hpckit.run.writing.plan import (
     Announcement,
     Persisted,
     Plan,
-    check_copies,
-    merge,
     mixed_modes,
     raise_background_failure,
     settled_everywhere,
-    unrecorded,
 )
 from hpckit.storage.copy import checksum_file, checksum_stored
 from hpckit.storage.location import Location

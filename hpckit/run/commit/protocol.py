@@ -3,8 +3,8 @@
 1. Announce and plan. Every rank lists the files it hands in (or says it wrote them in place)
    and which of its background checkpoints have finished; rank 0 checks that all ranks are at
    the same report, commits the background checkpoints every rank has finished, assigns each
-   new file name to one writer and a level (storage_path, or the node-local caches: see
-   ``run.levels``), and sends the plan.
+   name several ranks hand to one writer (``writing.assignment``: each rank derives its own
+   part) and a level (storage_path, or the node caches: ``run.levels``), and sends the plan.
 2. Synchronous: persist and commit. Writers persist their files (hashing as they write); ranks
    holding a duplicate name only hash theirs. Rank 0 gathers every outcome; only if all
    succeeded does its :class:`~hpckit.experiment.Experiment` replace the manifest (the commit).
@@ -40,6 +40,7 @@ from hpckit.run.levels.levels import Levels
 from hpckit.run.mpi.comm import RankFailure, all_reduce, captured
 from hpckit.run.mpi.waiting import quiet_everywhere
 from hpckit.run.validation.validator import Validator
+from hpckit.run.writing.assignment import HandedFiles, SentFiles, every_part, own_part
 from hpckit.run.writing.handover import Handed, Staging, Upload, hand_in, release
 from hpckit.run.writing.inflight import InFlight
 from hpckit.run.writing.plan import (
@@ -98,6 +99,7 @@ class CommitProtocol:
         self._told_of_wait = False
         self._broken: HpckitError | None = None
         self._committing: tuple[str, ...] = ()  # in flight, their commits being written
+        self._sent, self._handed = SentFiles(), HandedFiles()  # rank 0's: every rank's files
 
     def checkpoint_dir(self) -> str:
         """Where this rank writes the next checkpoint in place."""
@@ -109,10 +111,12 @@ class CommitProtocol:
         handed, failure = captured(rank, lambda: self._prepare(metrics, checkpoint, upload))
         failure = failure or self._callback_failure()
         handed = handed or Handed()
-        plan = self._announce(Announcement(
-            REPORT, self.reports, handed.files, failure, stop.received(), handed.in_place,
+        files, same_files = self._sent.compact(handed.files)
+        plan = own_part(self._announce(Announcement(
+            REPORT, self.reports, files, failure, stop.received(), handed.in_place,
             self.in_flight.settled(), upload.mode is CheckpointUploadMode.ASYNC, upload.dir_name,
-            self._mine if self.callbacks else None, handed.later, handed.upload_fn is not None))
+            self._mine if self.callbacks else None, handed.later, handed.upload_fn is not None,
+            same_files)), rank, handed.files)
         if self.levels is not None:
             self.levels.tidy(plan)
         if plan.directory is None:
@@ -220,7 +224,7 @@ class CommitProtocol:
         ledger = self._ledger()
         ledger.experiment.check_lock()  # a run that lost its lock fails here, on every rank
         ledger.check_validations()  # so does one whose validation could not be recorded
-        plan = make_plan(announcements, self.next_step, self.next_index)
+        plan = make_plan(announcements, self.next_step, self.next_index, self._handed)
         if announcements[0].kind == REPORT and plan.directory is not None:
             ledger.prepare(plan, self.next_index)  # may refuse the report: before anything commits
             ledger.ask_validation(plan.directory, self.last_validation)
@@ -232,6 +236,8 @@ class CommitProtocol:
         if self.levels is not None:
             plan = self.levels.leveled(plan, tuple(
                 r.directory for r in ledger.experiment.manifest.checkpoints) + ledger.pending)
+            if plan.level == CACHE:  # a partner node receives every rank's files
+                plan = every_part(plan, self._handed.now)
         if announcements[0].kind != REPORT:
             return plan
         ledger.say_if_mixed(plan, announcements, self.levels is not None)

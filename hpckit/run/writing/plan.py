@@ -14,10 +14,9 @@ from hpckit.experiment.manifest import (
     FileRecord,
     checkpoint_dirname,
     custom_dirname_problem,
-    is_safe_relpath,
 )
 from hpckit.run.mpi.comm import RankFailure, raise_failures
-from hpckit.storage.checksum import short
+from hpckit.run.writing.assignment import HandedFiles
 
 # REPORT: a report() call; RETURNED: the training function returned; DRAIN: every rank waited for
 # its background checkpoints (the in-flight limit was reached, or a stop was agreed).
@@ -60,11 +59,17 @@ class Announcement:
     metrics: dict[str, Any] | None = None  # this rank's, sent only for UserCallbacks
     later: tuple[str, ...] = ()  # in place: files this rank's saves are still writing
     uploading: bool = False  # in place, by this rank's checkpoint_upload_fn
+    same_files: int | None = None  # files: the digest of the list, the same as last time
+
+    @property
+    def hands(self) -> bool:
+        """This rank hands a directory of files (listed, or the same as last time)."""
+        return self.files is not None or self.same_files is not None
 
     @property
     def quiet(self) -> bool:
         """A report with metrics only and nothing else to tell rank 0."""
-        return (self.kind == REPORT and self.files is None and self.failure is None
+        return (self.kind == REPORT and not self.hands and self.failure is None
                 and self.stop is None and not self.in_place and not self.settled
                 and self.dir_name is None and self.metrics is None and not self.later
                 and not self.uploading)
@@ -73,13 +78,17 @@ class Announcement:
 @dataclass(frozen=True)
 class Plan:
     """Rank 0's decision for one report, sent to every rank: the checkpoint to write (if any),
-    and the background checkpoints committed on the way."""
+    and the background checkpoints committed on the way. ``shared``: the names several ranks
+    hand, with the rank that writes each; ``writes`` and ``hashes``, by rank, are filled in by
+    each rank for itself (``assignment.own_part``), by rank 0 for every rank only for the
+    node-local caches."""
 
     step: int
     stop: str | None = None
     directory: str | None = None
     writes: dict[int, list[str]] = field(default_factory=dict)
     hashes: dict[int, list[str]] = field(default_factory=dict)
+    shared: dict[str, int] = field(default_factory=dict)
     in_place: bool = False
     asynchronous: bool = False
     index: int | None = None
@@ -99,15 +108,18 @@ class Plan:
         return self.directory, self.index
 
 
-def make_plan(announcements: list[Announcement], step: int, next_index: int) -> Plan:
+def make_plan(announcements: list[Announcement], step: int, next_index: int,
+              handed_before: HandedFiles | None = None) -> Plan:
     """The plan for this report: a checkpoint directory and its writers when any rank handed
-    files, else a metrics-only report. Raises when ranks disagree or one failed to prepare."""
+    files, else a metrics-only report. Raises when ranks disagree or one failed to prepare.
+    ``handed_before``: rank 0's memory of the files each rank handed last."""
+    memory = handed_before or HandedFiles()
+    handed = memory.of(announcements)
     check_counts(announcements)
     failures = [a.failure for a in announcements if a.failure]
     if failures:
         raise_failures(failures, "report()", CommitError)
     stop = next((a.stop for a in announcements if a.stop), None)
-    handed = {rank: a.files for rank, a in enumerate(announcements) if a.files is not None}
     in_place = [rank for rank, a in enumerate(announcements) if a.in_place]
     if announcements[0].kind != REPORT or not (handed or in_place):
         return Plan(step, stop)
@@ -118,21 +130,20 @@ def make_plan(announcements: list[Announcement], step: int, next_index: int) -> 
             f"{min(handed)} handed a directory of its own; in one report every rank either writes "
             "into get_checkpoint_dir() or hands its own directory. Write the extra files into "
             "get_checkpoint_dir() too.")
-    writes, hashes = assign_writers(handed)
-    asked = [a.asynchronous for a in announcements if a.files is not None or a.in_place]
+    asked = [a.asynchronous for a in announcements if a.hands or a.in_place]
     asynchronous = in_background(stop, all(asked))
     named = _directory_name(announcements, bool(in_place) and not uploaded)
     directory = named or checkpoint_dirname(next_index)
     later = {rank: a.later for rank, a in enumerate(announcements) if a.later}
-    return Plan(step, stop, directory, writes, hashes, bool(in_place), asynchronous, next_index,
-                later=later, uploaded=uploaded)
+    return Plan(step, stop, directory, shared=memory.writers(handed), in_place=bool(in_place),
+                asynchronous=asynchronous, index=next_index, later=later, uploaded=uploaded)
 
 
 def _uploaded(announcements: list[Announcement]) -> bool:
     """Whether checkpoint_upload_fn uploads this checkpoint: then on every rank handing one."""
     uploading = [rank for rank, a in enumerate(announcements) if a.uploading]
     other = [rank for rank, a in enumerate(announcements)
-             if (a.files is not None or a.in_place) and not a.uploading]
+             if (a.hands or a.in_place) and not a.uploading]
     if uploading and other:
         raise CheckpointError(
             f"rank(s) {_ranks(uploading)} passed checkpoint_upload_fn and rank(s) {_ranks(other)} "
@@ -152,7 +163,7 @@ def mixed_modes(announcements: list[Announcement]) -> str | None:
     """Which ranks that hand a checkpoint asked ASYNC and which did not, when they disagree (a
     rank that hands none has nothing to upload, and no say, as in Ray)."""
     handing = [(rank, a.asynchronous) for rank, a in enumerate(announcements)
-               if a.files is not None or a.in_place]
+               if a.hands or a.in_place]
     chose = {mode for _, mode in handing}
     if len(chose) < 2:
         return None
@@ -235,66 +246,3 @@ def check_counts(announcements: list[Announcement]) -> None:
 def _ordinal(n: int) -> str:
     suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{suffix}"
-
-
-def assign_writers(handed: dict[int, list[tuple[str, int]]]
-                   ) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
-    """The lowest rank handing a name writes it; the others hash theirs for comparison."""
-    holders: dict[str, list[tuple[int, int]]] = {}
-    for rank, files in sorted(handed.items()):
-        for path, size in files:
-            if not is_safe_relpath(path):
-                raise CheckpointError(f"rank {rank} handed checkpoint file {path!r}, which would "
-                                      "leave the checkpoint directory; refused.")
-            holders.setdefault(path, []).append((rank, size))
-    writes: dict[int, list[str]] = {rank: [] for rank in handed}
-    hashes: dict[int, list[str]] = {}
-    for path, held in holders.items():
-        if len({size for _, size in held}) > 1:
-            sizes = ", ".join(f"rank {r}: {s} bytes" for r, s in held)
-            raise CheckpointError(collision(path, [r for r, _ in held], f"({sizes})"))
-        writes[held[0][0]].append(path)
-        for rank, _ in held[1:]:
-            hashes.setdefault(rank, []).append(path)
-    return writes, hashes
-
-
-def collision(path: str, ranks: list[int], detail: str) -> str:
-    return (f"ranks {', '.join(map(str, ranks))} each handed checkpoint file {path!r} with "
-            f"different contents {detail}; give each rank its own file name (e.g. "
-            f"'model-rank={ranks[-1]}.pt') or hand the file from one rank only.")
-
-
-def merge(plan: Plan, per_rank: list[Persisted]) -> list[FileRecord]:
-    """One record per written name, after checking every duplicate's hash against it: the
-    writer's record, or for a checkpoint written in place whichever rank hashed the name."""
-    records = [r for persisted in per_rank for r in persisted.records]
-    kept: dict[str, FileRecord] = {}
-    for r in records:
-        if plan.in_place or r.path in plan.writes.get(r.rank, []):
-            kept.setdefault(r.path, r)
-    for r in records:
-        first = kept[r.path]
-        if r.checksum != first.checksum:
-            raise CheckpointError(collision(
-                r.path, [first.rank, r.rank],
-                f"({short(first.checksum)} vs {short(r.checksum)})"))
-    return sorted(kept.values(), key=lambda r: r.path)
-
-
-def check_copies(plan: Plan, per_rank: list[Persisted]) -> None:
-    """Every partner copy a rank received hashes as its writer hashed it."""
-    written = {r.path: r.checksum for r in merge(plan, per_rank)}
-    for rank, persisted in enumerate(per_rank):
-        for name, checksum in persisted.copies:
-            if written.get(name) != checksum:
-                raise CheckpointError(f"rank {rank}: the partner copy of {plan.directory}/"
-                                      f"{name} differs from what its writer hashed (a damaged "
-                                      "transfer or local disk); the checkpoint is not committed")
-
-
-def unrecorded(per_rank: list[Persisted]) -> list[str]:
-    """Names some rank listed in an in-place checkpoint that no rank hashed (a rank whose view
-    of a shared directory lagged): rank 0 hashes them before the commit."""
-    recorded = {r.path for p in per_rank for r in p.records}
-    return sorted({name for p in per_rank for name in p.listed} - recorded)
