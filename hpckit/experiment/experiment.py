@@ -113,8 +113,7 @@ class Experiment:
             self._mirror.after_commit(self._manifest)
 
     def _filed(self, record: CheckpointRecord) -> CheckpointRecord:
-        """A checkpoint of many files keeps its records in a file of their own, written once
-        before the commit names it."""
+        """A checkpoint of many files keeps its records apart, written before its commit."""
         if not filed_apart(record.files):
             return record
         reference, data = filed(record.directory, record.index, record.files)
@@ -227,7 +226,9 @@ class Experiment:
             self._fence()
             self._metrics.append(step, metrics, None)
 
+    @written
     def history(self) -> list[dict[str, Any]]:
+        """Every metrics line, after the lines handed to the writer are written."""
         return self._metrics.history() if self._metrics is not None else []
 
     @written

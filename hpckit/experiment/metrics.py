@@ -1,5 +1,6 @@
-"""metrics.jsonl: one line per report, appended (or rewritten where storage cannot append),
-and mirrored as TensorBoard scalars where tensorboard is installed."""
+"""metrics.jsonl: one line per report, appended (or, where storage cannot append, its last
+segment replaced: ``experiment.segments``), and mirrored as TensorBoard scalars where
+tensorboard is installed."""
 
 from __future__ import annotations
 
@@ -8,11 +9,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import pyarrow.fs
-
 from hpckit.errors import HpckitError
 from hpckit.experiment.manifest import METRICS_NAME, CheckpointRecord
-from hpckit.experiment.reading import parse_line, read_lines, read_manifest
+from hpckit.experiment.reading import parse_line, read_manifest, read_metrics
+from hpckit.experiment.segments import SEGMENT_LINES, read_log, rewrite_log, segment_name
 from hpckit.experiment.tensorboard import Scalars
 from hpckit.logs import log
 from hpckit.storage import files
@@ -21,10 +21,13 @@ from hpckit.storage.location import Location
 
 @dataclass
 class MetricsLog:
-    """The metrics log of an open experiment; held by its :class:`Experiment` only."""
+    """The metrics log of an open experiment; held by its :class:`Experiment` only. Where the
+    storage appends, lines are appended to ``metrics.jsonl`` and none is kept here; else only
+    the last segment's lines are (``experiment.segments``)."""
 
-    location: Location
-    lines: list[str]
+    experiment: Location
+    count: int  # lines in the log
+    tail: list[str]  # the last segment's lines, where the storage cannot append
     scalars: Scalars | None = None
 
     @classmethod
@@ -35,8 +38,7 @@ class MetricsLog:
         metrics behind the manifest; an experiment written by an earlier hpckit (manifest
         first) may lack the line of its ``latest`` checkpoint: it is written again from the
         manifest."""
-        location = experiment.join(METRICS_NAME)
-        raw_lines = read_lines(location) if files.file_type(location) != pyarrow.fs.FileType.NotFound else []
+        raw_lines = read_log(experiment)
         kept, steps = [], set()
         for raw in raw_lines:
             entry = parse_line(raw)
@@ -53,24 +55,31 @@ class MetricsLog:
                      "ended between committing %s and logging it)", latest.step, latest.directory)
             kept.append(_line(latest.step, latest.reported_at, latest.metrics, latest.directory))
         if dropped or restored:
-            files.write_atomic(location, "".join(kept).encode())
-        return cls(location, kept, Scalars.open(experiment))
+            rewrite_log(experiment, kept)
+        return cls(experiment, len(kept), _tail(experiment, kept), Scalars.open(experiment))
 
     def append(self, step: int, metrics: dict[str, Any], checkpoint: str | None) -> None:
         line = _line(step, time.time(), metrics, checkpoint)
-        files.append_text(self.location, line, lambda: "".join([*self.lines, line]))
-        self.lines.append(line)
+        if self.experiment.is_local:
+            files.append_text(self.experiment.join(METRICS_NAME), line, lambda: line)
+        else:
+            tail = [] if self.count % SEGMENT_LINES == 0 else self.tail
+            segment = self.experiment.join(segment_name(self.count // SEGMENT_LINES))
+            files.write_atomic(segment, "".join([*tail, line]).encode())
+            self.tail = [*tail, line]
+        self.count += 1
         if self.scalars is not None:
             self.scalars.add(step, metrics)
 
     def retract(self) -> None:
         """Take back the last line (its checkpoint did not commit); best-effort, since a
         resume drops such a line anyway."""
-        if not self.lines:
+        if not self.count:
             return
-        self.lines.pop()
         try:
-            files.write_atomic(self.location, "".join(self.lines).encode())
+            lines = [line + "\n" for line in read_log(self.experiment)][:self.count - 1]
+            rewrite_log(self.experiment, lines)
+            self.count, self.tail = len(lines), _tail(self.experiment, lines)
         except HpckitError as exc:
             log.warning("could not take back the metrics line of a checkpoint that was not "
                         "committed (%s); a resume drops it", exc)
@@ -89,11 +98,19 @@ class MetricsLog:
             self.retract()
 
     def history(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.lines]
+        """Every line, read back from storage (the log is not held here)."""
+        return read_metrics(self.experiment)
 
     def close(self) -> None:
         if self.scalars is not None:
             self.scalars.close()
+
+
+def _tail(experiment: Location, lines: list[str]) -> list[str]:
+    """The last segment's lines, where the storage cannot append."""
+    if experiment.is_local or not lines:
+        return []
+    return lines[(len(lines) - 1) // SEGMENT_LINES * SEGMENT_LINES:]
 
 
 def _line(step: int, at: float, metrics: dict[str, Any], checkpoint: str | None) -> str:

@@ -23,8 +23,9 @@ import pyarrow.fs
 from hpckit.background import NORMAL, Worker
 from hpckit.config import SyncConfig
 from hpckit.errors import HpckitError, ProtocolError
-from hpckit.experiment.manifest import MANIFEST_NAME, METRICS_NAME, Manifest, is_checkpoint_dirname
+from hpckit.experiment.manifest import MANIFEST_NAME, Manifest, is_checkpoint_dirname
 from hpckit.experiment.reading import read_manifest
+from hpckit.experiment.segments import segments
 from hpckit.logs import log
 from hpckit.storage import files, uris
 from hpckit.storage.copy import copy_file
@@ -121,9 +122,8 @@ class Mirror:
                           target.join(record.directory, f.path))
             if record.records is not None:  # written once: the mirror's copy, before its manifest
                 copy_file(self.source.join(record.records.name), target.join(record.records.name))
-        if files.file_type(self.source.join(METRICS_NAME)) == pyarrow.fs.FileType.File:
-            files.write_atomic(target.join(METRICS_NAME),
-                                  files.read_bytes(self.source.join(METRICS_NAME)))
+        for segment in segments(self.source):  # metrics.jsonl, and its segments on S3
+            files.write_atomic(target.join(segment.name), files.read_bytes(segment))
         files.write_atomic(target.join(MANIFEST_NAME), manifest.to_json().encode())
         kept = {r.directory for r in manifest.checkpoints}
         for name in present - kept:

@@ -12,7 +12,8 @@ from typing import Any
 import pyarrow.fs
 
 from hpckit.errors import ManifestError, StorageError
-from hpckit.experiment.manifest import MANIFEST_NAME, METRICS_NAME, Manifest
+from hpckit.experiment.manifest import MANIFEST_NAME, Manifest
+from hpckit.experiment.segments import read_log, segments
 from hpckit.storage import files
 from hpckit.storage.location import Location
 
@@ -76,27 +77,20 @@ def list_experiments(root: Location) -> list[tuple[str, Manifest | None]]:
 
 
 def read_metrics(experiment: Location) -> list[dict[str, Any]]:
-    """Every line of metrics.jsonl; a torn last line (a crash mid-append) is skipped."""
-    location = experiment.join(METRICS_NAME)
-    if files.file_type(location) == _FT.NotFound:
-        return []
-    return [e for e in map(parse_line, read_lines(location)) if e is not None]
+    """Every line of metrics.jsonl (and its later segments, on object storage); a torn last
+    line (a crash mid-append) is skipped."""
+    return [e for e in map(parse_line, read_log(experiment)) if e is not None]
 
 
 def read_last_metrics(experiment: Location) -> dict[str, Any] | None:
-    """The last whole line of metrics.jsonl (``hpckit ls`` needs no more of a long log)."""
-    location = experiment.join(METRICS_NAME)
-    if files.file_type(location) == _FT.NotFound:
-        return None
-    for raw in reversed(read_lines(location)):
-        entry = parse_line(raw)
-        if entry is not None:
-            return entry
+    """The last whole line of the log (``hpckit ls`` needs no more of a long log)."""
+    found = segments(experiment)
+    for place in reversed(found[-2:]):  # the last segment may hold only a torn line
+        for raw in reversed(files.read_bytes(place).decode(errors="replace").splitlines()):
+            entry = parse_line(raw)
+            if entry is not None:
+                return entry
     return None
-
-
-def read_lines(location: Location) -> list[str]:
-    return files.read_bytes(location).decode(errors="replace").splitlines()
 
 
 def parse_line(raw: str) -> dict[str, Any] | None:
