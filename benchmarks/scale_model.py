@@ -29,6 +29,7 @@ import json
 import math
 import os
 import pickle
+import statistics
 import sys
 import tempfile
 import time
@@ -44,6 +45,7 @@ from hpckit.run.writing.plan import REPORT, Announcement, Persisted, make_plan  
 
 FILE_BYTES = 1024
 COLLECTIVES_PER_STEP = 4
+REPEATS = 5
 GOALS = {"checkpoint": {"rank0_ms": 100.0, "rank0_mb": 10.0}, "metrics": {"rank0_ms": 1.0}}
 
 
@@ -70,9 +72,14 @@ def persisted(ranks: int) -> list[bytes]:
 
 
 def timed(fn: object) -> tuple[float, object]:
-    started = time.perf_counter()
-    value = fn()  # type: ignore[operator]
-    return time.perf_counter() - started, value
+    """The median of REPEATS runs of ``fn`` (this machine's timings vary by 2x from one run to
+    the next: the first pays for fresh memory), and its value."""
+    runs = []
+    for _ in range(REPEATS):
+        started = time.perf_counter()
+        value = fn()  # type: ignore[operator]
+        runs.append(time.perf_counter() - started)
+    return statistics.median(runs), value
 
 
 def rank0_work(ranks: int, checkpoint: bool, folder: str) -> dict:

@@ -113,7 +113,7 @@ def test_ranks_that_hand_checkpoints_in_different_modes_are_named():
 
 
 def test_a_stop_makes_every_level_synchronous():
-    stopped = [replace(a, stop="SIGUSR2") for a in _handing([True, True])]
+    stopped = [a._replace(stop="SIGUSR2") for a in _handing([True, True])]
     assert not make_plan(stopped, 0, 0).asynchronous
     assert not in_background("SIGUSR2", True) and in_background(None, True)
 

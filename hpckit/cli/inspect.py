@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import dataclasses
 import json
 import sys
 from collections import Counter
@@ -16,7 +15,7 @@ from hpckit.cli.common import find_record, require
 from hpckit.cli.tables import duration, echo_json, echo_table, moment, number, size
 from hpckit.experiment import verify as _verify
 from hpckit.experiment.attempts import config_changes, effective_configs
-from hpckit.experiment.manifest import Manifest
+from hpckit.experiment.manifest import Manifest, checkpoint_json
 from hpckit.experiment.reading import read_manifest, read_metrics
 from hpckit.storage.checksum import algorithm_of
 from hpckit.storage.location import Location, resolve
@@ -38,7 +37,7 @@ def show(experiment: str, checkpoint: str | None, as_json: bool) -> None:
     if checkpoint is not None:
         record = find_record(location, manifest, checkpoint)
         if as_json:
-            click.echo(json.dumps(dataclasses.asdict(record), indent=1))
+            click.echo(json.dumps(checkpoint_json(record, inline=True), indent=1))
             return
         click.echo(f"{location.join(record.directory).display}  step {record.step}  "
                    f"{moment(record.reported_at)}  {size(record.size)}  metrics "

@@ -11,7 +11,7 @@ import json
 import posixpath
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from hpckit.errors import ManifestError
@@ -171,7 +171,7 @@ class Manifest:
         body = {"format": FORMAT, "format_version": self._format_version(),
                 **{f.name: getattr(self, f.name) for f in fields(self)
                    if f.name not in ("attempts", "checkpoints")},
-                "checkpoints": [_checkpoint_json(r) for r in self.checkpoints],
+                "checkpoints": [checkpoint_json(r) for r in self.checkpoints],
                 "attempts": [a.to_json() for a in self.attempts]}
         latest = self.latest
         body["latest"] = latest.directory if latest else None
@@ -202,17 +202,18 @@ class Manifest:
         return parse(body, where, read)
 
 
-def _checkpoint_json(record: CheckpointRecord) -> dict[str, Any]:
-    """A checkpoint's JSON, its files' records inline or, kept apart, a reference to them."""
+def checkpoint_json(record: CheckpointRecord, inline: bool = False) -> dict[str, Any]:
+    """A checkpoint's JSON: its files' records, or where they are kept apart a reference to
+    them (with ``inline``, both)."""
     body: dict[str, Any] = {}
     for name in (f.name for f in fields(record)):
         value = getattr(record, name)
+        if name == "files" and (inline or record.records is None):
+            body["files"] = [f._asdict() for f in value]
         if name == "files" and record.records is not None:
             body["records"] = record.records.to_json()
-        elif name == "files":
-            body["files"] = [asdict(f) for f in value]
         elif name == "validation" and value is not None:
             body["validation"] = value.to_json()
-        elif name not in ("validation", "records"):
+        elif name not in ("files", "validation", "records"):
             body[name] = list(value) if name == "hosts" else value
     return body

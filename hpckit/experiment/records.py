@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from hpckit import settings
 from hpckit.errors import ManifestError
@@ -25,8 +25,11 @@ RECORDS_DIR = "records"
 RECORDS_FORMAT = "hpckit.records"
 
 
-@dataclass(frozen=True)
-class FileRecord:
+class FileRecord(NamedTuple):
+    """One file of a checkpoint. A tuple, not a dataclass: a commit at 10,000 ranks makes,
+    sends and renders tens of thousands of them, and a tuple is made and read back from a
+    pickle several times faster."""
+
     path: str
     size: int
     rank: int
@@ -58,8 +61,7 @@ def filed_apart(files: Sequence[FileRecord]) -> bool:
 
 def render_records(directory: str, files: Sequence[FileRecord]) -> bytes:
     """A record file's bytes: one compact array per file, in the manifest's order."""
-    body = {"format": RECORDS_FORMAT, "directory": directory,
-            "files": [[f.path, f.size, f.rank, f.checksum] for f in files]}
+    body = {"format": RECORDS_FORMAT, "directory": directory, "files": files}
     return (json.dumps(body, separators=(",", ":"), allow_nan=False) + "\n").encode()
 
 

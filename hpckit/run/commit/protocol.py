@@ -214,7 +214,7 @@ class CommitProtocol:
         quiet = (announcement.quiet and not len(self.in_flight) and self.levels is None
                  and self.stop_when is None  # RunConfig(stop=...): rank 0 tells if it was met
                  and (self.ledger is None or self.ledger.quiet()))
-        if not quiet_everywhere(self.comm, announcement.count, quiet):
+        if not quiet_everywhere(self.comm, announcement.number, quiet):
             return None
         if self.ledger is not None:
             self.ledger.log(self.next_step, self.last_metrics)

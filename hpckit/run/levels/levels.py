@@ -101,7 +101,7 @@ class Levels:
             if mine is None:
                 raise CheckpointError(f"rank {rank} on {self.host}: caching {directory}: "
                                       f"{failure.error if failure else 'failed'}")
-            return replace(mine, copies=tuple((r.name, r.checksum) for r in copies))
+            return mine._replace(copies=tuple((r.name, r.checksum) for r in copies))
 
         in_flight.start(directory, target, copy if self._copies is not None else done_now(copy))
         return None, mine is not None

@@ -6,7 +6,7 @@ ranks wrote."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from hpckit.errors import CheckpointError, CommitError, ProtocolError, ReportMismatchError
 from hpckit.experiment.manifest import (
@@ -23,8 +23,13 @@ from hpckit.run.writing.assignment import HandedFiles
 REPORT, RETURNED, DRAIN = "report", "returned", "drain"
 
 
-@dataclass(frozen=True)
-class Persisted:
+# What the ranks send rank 0 at every step are named tuples, not dataclasses: rank 0 unpickles
+# one from every rank, and at 10,000 ranks a dataclass's reconstruction costs it more than the
+# rest of a commit. Each pickles as a plain tuple (``__reduce__``) and is rebuilt without
+# running Python code per field.
+
+
+class Persisted(NamedTuple):
     """What one rank persisted of one checkpoint: its file records; for a checkpoint
     written in place, the names it found in the directory; for a cached one, the partner
     copies this rank received, as (name, checksum) pairs."""
@@ -32,6 +37,14 @@ class Persisted:
     records: list[FileRecord]
     listed: tuple[str, ...] = ()
     copies: tuple[tuple[str, str], ...] = ()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _persisted, ([tuple(r) for r in self.records], self.listed, self.copies)
+
+
+def _persisted(records: list[tuple[str, int, int, str]], listed: tuple[str, ...],
+               copies: tuple[tuple[str, str], ...]) -> Persisted:
+    return tuple.__new__(Persisted, ([FileRecord._make(r) for r in records], listed, copies))
 
 
 @dataclass(frozen=True)
@@ -43,12 +56,11 @@ class Settled:
     failure: RankFailure | None = None
 
 
-@dataclass(frozen=True)
-class Announcement:
+class Announcement(NamedTuple):
     """What one rank tells rank 0 at a report (or at the end of the training function)."""
 
     kind: str
-    count: int
+    number: int  # of report() calls so far
     files: list[tuple[str, int]] | None = None
     failure: RankFailure | None = None
     stop: str | None = None
@@ -60,6 +72,9 @@ class Announcement:
     later: tuple[str, ...] = ()  # in place: files this rank's saves are still writing
     uploading: bool = False  # in place, by this rank's checkpoint_upload_fn
     same_files: int | None = None  # files: the digest of the list, the same as last time
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _announcement, (tuple(self),)
 
     @property
     def hands(self) -> bool:
@@ -73,6 +88,10 @@ class Announcement:
                 and self.stop is None and not self.in_place and not self.settled
                 and self.dir_name is None and self.metrics is None and not self.later
                 and not self.uploading)
+
+
+def _announcement(values: tuple[Any, ...]) -> Announcement:
+    return tuple.__new__(Announcement, values)
 
 
 @dataclass(frozen=True)
@@ -231,11 +250,11 @@ def _ranks(ranks: list[int]) -> str:
 
 def check_counts(announcements: list[Announcement]) -> None:
     check_agreed(announcements, Announcement, "report()")
-    kinds = {(a.kind, a.count) for a in announcements}
+    kinds = {(a.kind, a.number) for a in announcements}
     if len(kinds) == 1:
         return
-    lines = [f"rank {r}: called report() for the {_ordinal(a.count)} time" if a.kind == REPORT
-             else f"rank {r}: returned from the training function after {a.count} report() call(s)"
+    lines = [f"rank {r}: called report() for the {_ordinal(a.number)} time" if a.kind == REPORT
+             else f"rank {r}: returned from the training function after {a.number} report() call(s)"
              for r, a in enumerate(announcements)]
     raise ReportMismatchError(
         "ranks disagree on the number of report() calls; every rank must call report() the same "
