@@ -19,7 +19,9 @@ plus the bytes through rank 0 over beta.
 One JSON line per rank count and kind of report (a metrics-only line also models the quiet
 report: one Iallreduce of 24 bytes), with the issue's goals at 10,240 ranks
 (a commit: at most 100 ms of rank 0's time and 10 MB through rank 0; a metrics-only report:
-at most 1 ms) and whether the modelled figures meet them.
+at most 1 ms) and whether the modelled figures meet them. The model runs in three rounds
+(this machine's timings vary by 10-20% from one to the next): a line shows the median
+round, every round's total, and meets the goal only where the slowest round does.
 """
 
 from __future__ import annotations
@@ -42,10 +44,12 @@ from hpckit.experiment.manifest import CheckpointRecord, FileRecord, Manifest  #
 from hpckit.experiment.records import filed, filed_apart, records_name  # noqa: E402
 from hpckit.run.writing.assignment import HandedFiles, SentFiles, merge  # noqa: E402
 from hpckit.run.writing.plan import REPORT, Announcement, Persisted, make_plan  # noqa: E402
+from hpckit.storage.checksum import checksum_of  # noqa: E402
 
 FILE_BYTES = 1024
 COLLECTIVES_PER_STEP = 4
-REPEATS = 5
+REPEATS = 5  # each part's time is the median of these
+ROUNDS = 3  # the whole model, each round measured afresh; the goal must hold in every one
 GOALS = {"checkpoint": {"rank0_ms": 100.0, "rank0_mb": 10.0}, "metrics": {"rank0_ms": 1.0}}
 
 
@@ -65,8 +69,8 @@ def announcements(ranks: int, checkpoint: bool, memory: HandedFiles) -> list[byt
 
 def persisted(ranks: int) -> list[bytes]:
     """Each rank's pickled records of the files it wrote."""
-    checksum = "sha256:" + "ab" * 32
-    return [pickle.dumps((Persisted([FileRecord(f"{kind}-rank{r}.bin", FILE_BYTES, r, checksum)
+    return [pickle.dumps((Persisted([FileRecord(f"{kind}-rank{r}.bin", FILE_BYTES, r,
+                                                checksum_of(f"{kind}{r}".encode()))
                                      for kind in ("model", "optimizer")]), None),
                          pickle.HIGHEST_PROTOCOL) for r in range(ranks)]
 
@@ -157,12 +161,17 @@ def main() -> None:
     parser.add_argument("--alpha-us", type=float, default=2.0, help="latency per tree level")
     parser.add_argument("--beta-gbs", type=float, default=25.0, help="rank 0's bandwidth")
     args = parser.parse_args()
+    alpha_s, beta_bps = args.alpha_us / 1e6, args.beta_gbs * 1e9
     with tempfile.TemporaryDirectory(prefix="hpckit-scale-model-") as folder:
         for ranks in args.ranks:
             for kind in ("metrics", "checkpoint"):
-                work = rank0_work(ranks, kind == "checkpoint", folder)
-                line = modelled(ranks, kind, work, args.alpha_us / 1e6, args.beta_gbs * 1e9)
-                line.update(alpha_us=args.alpha_us, beta_gbs=args.beta_gbs)
+                rounds = sorted((modelled(ranks, kind, rank0_work(ranks, kind == "checkpoint",
+                                                                  folder), alpha_s, beta_bps)
+                                 for _ in range(ROUNDS)), key=lambda line: line["rank0_ms"])
+                line = rounds[len(rounds) // 2]  # the median round, its parts beside it
+                line.update(rank0_ms_rounds=[r["rank0_ms"] for r in rounds],
+                            meets_goal=rounds[-1]["meets_goal"],  # in the slowest round too
+                            alpha_us=args.alpha_us, beta_gbs=args.beta_gbs)
                 print(json.dumps(line), flush=True)
 
 
