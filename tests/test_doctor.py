@@ -49,6 +49,27 @@ def test_under_mpiexec_rank_0_reports_for_every_rank(tmp_path):
     assert found["storage"]["found"].endswith("the same directory on all 3 rank(s)")
 
 
+def table_rows(table: str) -> list[tuple[str, str]]:
+    """(check, status) of each row of doctor's table; a timing's status varies, so not its."""
+    found = []
+    for line in table.splitlines():
+        row = re.match(r"(\S.*?)\s{2,}(ok|info|warn|FAIL)\s", line)
+        if row:
+            found.append((row[1], "" if row[1] == "import torch" else row[2]))
+    return found
+
+
+def test_the_sample_in_site_md_has_the_checks_doctor_prints(tmp_path):
+    """docs/site.md's sample: the checks doctor makes, in its order, with the statuses it
+    gives under ``mpiexec -n 3`` with a missing cache directory."""
+    out = run([MPIEXEC, "-n", "3", HPCKIT, "doctor", "--storage", str(tmp_path), "--cache-dir",
+               "/nonexistent"], timeout=120, expect=1)
+    page = (HERE.parent / "docs" / "site.md").read_text()
+    sample = page.split("```console\n", 1)[1].split("```", 1)[0]
+    assert table_rows(sample) == table_rows(out.output), out.output
+    assert len(table_rows(sample)) >= 12
+
+
 def test_a_launcher_of_another_mpi_fails_with_the_fix(tmp_path):
     fake = tmp_path / "mpiexec"
     fake.write_text("#!/bin/sh\necho 'mpiexec (Open MPI) 5.0.11'\n")

@@ -324,3 +324,14 @@ def test_a_rank_set_aside_answers_even_when_it_cannot_validate(tmp_path):
                         pending)
         assert ended is not None and ended.status == FAILED, ended
         assert ended.error.startswith("on validation rank 3: "), ended.error
+
+
+def test_a_slow_import_of_torch_is_told_to_forward_an_early_stop_signal():
+    """The advice for a slow shared filesystem gives the batch-shell signal with the trap that
+    forwards it: --signal=B:... alone reaches the batch script, never the ranks."""
+    from hpckit.doctor.framework import SLOW_IMPORT_S, torch_build
+
+    build, timing = torch_build([{"version": "2.13.0", "cuda": None,
+                                  "import_s": SLOW_IMPORT_S + 1}])
+    assert build.status == "ok" and timing.status == "warn"
+    assert "--signal=B:USR2@300" in timing.fix and "trap 'kill -USR2" in timing.fix
