@@ -93,6 +93,13 @@ def test_hpckit_resume_continues_the_experiment_it_names_and_says_so(tmp_path):
     assert len(said) == 1 and f"continues {tmp_path / 'a'}, not {tmp_path / 'b'}" in said[0], out.output
     assert not (tmp_path / "b").exists()
     assert [a["status"] for a in manifest(tmp_path / "a")["attempts"]] == ["finished", "finished"]
+    assert "outside any Slurm allocation" not in out.output, "one rank on this node: no warning"
+    recorded = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    recorded["attempts"][-1]["launcher"] = "srun"  # as a job step would have recorded it
+    (tmp_path / "a" / "manifest.json").write_text(json.dumps(recorded))
+    out = run([HPCKIT, "resume", str(tmp_path / "a")], timeout=90)
+    assert "starting all 1 rank(s) on this node" in out.output and \
+        "its last attempt ran under srun" in out.output and "--sbatch FILE" in out.output, out.output
 
 
 def test_to_resume_is_said_once_when_no_restart_follows(tmp_path):

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 
 import click
 
+from hpckit import settings
 from hpckit.cli.app import main
 from hpckit.cli.common import require
 from hpckit.experiment import resizing
 from hpckit.experiment.manifest import Manifest
+from hpckit.launch import allocation
 from hpckit.launch.script import run_script
 from hpckit.launch.slurm import render_sbatch
 from hpckit.run.ending.retry import RetryPolicy
@@ -78,10 +81,27 @@ def resume(experiment: str, ranks: int | None, max_failures: int, sbatch_file: s
         _submit(sbatch_file, render_sbatch(argv, launched, cwd, manifest.experiment, python, env,
                                            directives=options, srun_mpi=_srun_mpi(python)))
         return
+    _warn_outside_an_allocation(manifest, launched)
     aside = f" and {launched - world} set aside to validate" if launched > world else ""
     click.echo(f"resuming {location.display} with {world} rank(s){aside}: "
                f"{redact(' '.join(argv))}", err=True)
     sys.exit(run_script(launched, argv, RetryPolicy(max_failures), cwd=cwd, extra_env=env))
+
+
+def _warn_outside_an_allocation(manifest: Manifest, launched: int) -> None:
+    """Resuming here starts every rank on this node: on a login node, a world larger than
+    its CPUs, or one that srun spread over nodes, belongs in an allocation."""
+    if allocation.current(settings.current()) is not None:
+        return
+    cpus = len(os.sched_getaffinity(0))
+    last = manifest.last_attempt
+    under_srun = last is not None and last.launcher == "srun"
+    if launched > cpus or under_srun:
+        why = "its last attempt ran under srun" if under_srun else f"this node has {cpus} CPU(s)"
+        click.echo(f"warning: starting all {launched} rank(s) on this node "
+                   f"({socket.gethostname()}), outside any Slurm allocation, and {why}. On a "
+                   "cluster, resume inside an allocation (salloc, then hpckit resume) or as a "
+                   "job (hpckit resume --sbatch FILE).", err=True)
 
 
 def _world_size(manifest: Manifest, ranks: int | None) -> int:
