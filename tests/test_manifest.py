@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -102,3 +103,20 @@ def test_another_world_size_takes_rank0_files_and_dcp_and_refuses_other_shards()
     assert refusal(shards, 2, 2) is None and refusal(None, 2, 3) is None
     stray = _record(("model/.metadata", 0), ("model/__1_0.distcp", 1), ("opt-rank1.pt", 1))
     assert refusal(stray, 2, 3), "a per-rank file beside DCP's still needs the same world"
+
+
+def test_every_reserved_name_is_named_by_the_error_and_the_docs():
+    """A name hpckit keeps for itself is refused as a checkpoint_dir_name with the whole list,
+    and docs/checkpoints.md lists the same names."""
+    from pathlib import Path
+
+    from hpckit.experiment.manifest import RESERVED_NAMES, custom_dirname_problem
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "checkpoints.md").read_text()
+    listed = re.search(r"not one of hpckit's own \(([^)]*)\)", page.replace("\n", " "))
+    assert listed is not None
+    for name in RESERVED_NAMES:
+        assert f"`{name}`" in listed[1], f"docs/checkpoints.md does not list {name}"
+        problem = custom_dirname_problem(name) if name[0].isalnum() else None
+        if problem is not None:
+            assert all(other in problem for other in RESERVED_NAMES), problem

@@ -59,8 +59,8 @@ def custom_dirname_problem(name: str) -> str | None:
         return ("use one directory name of letters, digits and . _ = + - (not starting with a "
                 "dot or a dash, at most 200 characters), e.g. 'checkpoint_epoch_3'")
     if name in RESERVED_NAMES or is_checkpoint_dirname(name):
-        return (f"{name!r} is hpckit's own (its numbered checkpoints, artifacts, tensorboard, "
-                "logs); choose another name, e.g. 'epoch_3'")
+        return (f"{name!r} is hpckit's own (its numbered checkpoints, "
+                f"{', '.join(sorted(RESERVED_NAMES))}); choose another name, e.g. 'epoch_3'")
     return None
 
 
