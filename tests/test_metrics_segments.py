@@ -69,3 +69,17 @@ def test_on_a_filesystem_the_log_is_one_file_appended_to(tmp_path, small_segment
     log.retract()
     assert steps(experiment) == list(range(4)) and log.count == 4
     assert not (tmp_path / "metrics.000001.jsonl").exists()
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_resume_that_drops_every_line_leaves_an_empty_log(where, tmp_path, request):
+    """Nothing committed yet: every line describes work being redone, on either storage."""
+    experiment = (resolve(request.getfixturevalue("s3").uri("segments/empty")) if where == "s3"
+                  else resolve(str(tmp_path)))
+    log = MetricsLog(experiment, 0, [])
+    for step in range(3):
+        log.append(step, {"loss": 1.0}, None)
+    resumed = MetricsLog.resume(experiment, 0, None)
+    assert steps(experiment) == [] and resumed.count == 0 and resumed.tail == []
+    resumed.append(0, {"loss": 0.5}, None)
+    assert steps(experiment) == [0]

@@ -42,7 +42,7 @@ def read_log(experiment: Location) -> list[str]:
 def rewrite_log(experiment: Location, lines: list[str]) -> None:
     """Replace the log with ``lines`` (each ending in a newline): one object where the storage
     appends, else in segments, the segments beyond the last one removed."""
-    size = len(lines) if experiment.is_local else SEGMENT_LINES
+    size = max(len(lines), 1) if experiment.is_local else SEGMENT_LINES
     chunks = [lines[i:i + size] for i in range(0, len(lines), size)] or [[]]
     for number, chunk in enumerate(chunks):
         files.write_atomic(experiment.join(segment_name(number)), "".join(chunk).encode())
