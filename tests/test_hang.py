@@ -118,7 +118,11 @@ def test_a_rank_stuck_in_a_collective_ends_the_attempt_as_hung_and_it_restarts(t
 def test_under_mpirun_the_job_ends_and_the_next_run_records_the_attempt_as_hung(tmp_path):
     script = Path(_script(tmp_path, STUCK_IN_A_COLLECTIVE))
     hung = mpiexec(2, str(tmp_path), script=script, timeout=120, expect=None)
-    assert hung.returncode == 124, hung.output  # nobody restarts ranks that mpirun started
+    # Nobody restarts ranks that mpirun started: the job ends. Each rank ends itself with 124;
+    # MPICH's mpiexec kills the others once one ended, and reports 9 where it killed one
+    # before it ended itself (ci32, beside the 64-rank test).
+    assert hung.returncode in (124, 9), hung.output
+    assert "no report() completed within 5 s" in hung.output, hung.output
     mpiexec(2, str(tmp_path), script=script, timeout=120)
     attempts = json.loads((tmp_path / "stuck" / "manifest.json").read_text())["attempts"]
     assert [a["status"] for a in attempts] == ["hung", "finished"], attempts
