@@ -45,6 +45,7 @@ def test_on_s3_each_report_replaces_only_the_last_segment(s3, small_segments):
         [("metrics.000002.jsonl", n) for n in (1, 2)], "a full segment is never written again"
     assert steps(experiment) == list(range(8)) and read_last_metrics(experiment)["step"] == 7
     assert len(log.tail) == 2 and log.history() == read_metrics(experiment)
+    before = len(small_segments)
     log.retract()
     log.retract()  # the last segment's last line: the segment goes, the one before is the tail
     assert steps(experiment) == list(range(6)) and len(log.tail) == 3
@@ -53,6 +54,8 @@ def test_on_s3_each_report_replaces_only_the_last_segment(s3, small_segments):
     log.append(6, {"loss": 0.1}, "checkpoint_000000")
     assert steps(experiment) == list(range(7)) and small_segments[-1] == ("metrics.000002.jsonl", 1)
     resumed = MetricsLog.resume(experiment, 4, None)
+    assert "metrics.jsonl" not in [name for name, _ in small_segments[before:]], \
+        "taking lines back and resuming rewrite only the segments that change"
     assert steps(experiment) == [0, 1, 2, 3] and resumed.count == 4 and len(resumed.tail) == 1
     assert [p.name for p in segments.segments(experiment)] == ["metrics.jsonl",
                                                                "metrics.000001.jsonl"]

@@ -39,12 +39,14 @@ class MetricsLog:
         first) may lack the line of its ``latest`` checkpoint: it is written again from the
         manifest."""
         raw_lines = read_log(experiment)
-        kept, steps = [], set()
-        for raw in raw_lines:
+        kept, steps, unchanged = [], set(), None  # unchanged: the lines before the first dropped
+        for number, raw in enumerate(raw_lines):
             entry = parse_line(raw)
             if entry is not None and entry.get("step", next_step) < next_step:
                 kept.append(raw + "\n")
                 steps.add(entry["step"])
+            elif unchanged is None:
+                unchanged = number
         dropped = sum(1 for raw in raw_lines if raw.strip()) - len(kept)
         if dropped:
             log.info("metrics.jsonl: dropped %d line(s) reported after the last committed "
@@ -55,7 +57,7 @@ class MetricsLog:
                      "ended between committing %s and logging it)", latest.step, latest.directory)
             kept.append(_line(latest.step, latest.reported_at, latest.metrics, latest.directory))
         if dropped or restored:
-            rewrite_log(experiment, kept)
+            rewrite_log(experiment, kept, len(raw_lines) if unchanged is None else unchanged)
         return cls(experiment, len(kept), _tail(experiment, kept), Scalars.open(experiment))
 
     def append(self, step: int, metrics: dict[str, Any], checkpoint: str | None) -> None:
@@ -78,7 +80,7 @@ class MetricsLog:
             return
         try:
             lines = [line + "\n" for line in read_log(self.experiment)][:self.count - 1]
-            rewrite_log(self.experiment, lines)
+            rewrite_log(self.experiment, lines, len(lines))  # only the last segment changes
             self.count, self.tail = len(lines), _tail(self.experiment, lines)
         except HpckitError as exc:
             log.warning("could not take back the metrics line of a checkpoint that was not "

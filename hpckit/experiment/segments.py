@@ -39,12 +39,14 @@ def read_log(experiment: Location) -> list[str]:
             for line in files.read_bytes(place).decode(errors="replace").splitlines()]
 
 
-def rewrite_log(experiment: Location, lines: list[str]) -> None:
+def rewrite_log(experiment: Location, lines: list[str], unchanged: int = 0) -> None:
     """Replace the log with ``lines`` (each ending in a newline): one object where the storage
-    appends, else in segments, the segments beyond the last one removed."""
+    appends, else in segments, the segments beyond the last one removed. The first
+    ``unchanged`` lines are those already stored: the segments they fill are not written again."""
     size = max(len(lines), 1) if experiment.is_local else SEGMENT_LINES
     chunks = [lines[i:i + size] for i in range(0, len(lines), size)] or [[]]
     for number, chunk in enumerate(chunks):
-        files.write_atomic(experiment.join(segment_name(number)), "".join(chunk).encode())
+        if (number + 1) * size > unchanged or experiment.is_local:
+            files.write_atomic(experiment.join(segment_name(number)), "".join(chunk).encode())
     for extra in segments(experiment)[len(chunks):]:
         files.delete_file(extra)

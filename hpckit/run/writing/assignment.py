@@ -132,7 +132,6 @@ class HandedFiles:
         return self._assigned[1]
 
 
-
 def collision(path: str, ranks: list[int], detail: str) -> str:
     return (f"ranks {', '.join(map(str, ranks))} each handed checkpoint file {path!r} with "
             f"different contents {detail}; give each rank its own file name (e.g. "
