@@ -119,6 +119,7 @@ def test_importing_hpckit_never_fails_whatever_the_environment():
     ("HPCKIT_FAULT", "written:one:1", "PHASE:RANK:N"),
     ("HPCKIT_TENSORBOARD", "maybe", "one of 1, true"),
     ("HPCKIT_LOG_LEVEL", "LOUD", "DEBUG, INFO"),
+    ("HPCKIT_INLINE_RECORDS", "many", "a whole number >= 0"),
 ])
 def test_a_bad_variable_is_one_line_naming_it_and_what_is_accepted(tmp_path, variable, value,
                                                                    accepted):
