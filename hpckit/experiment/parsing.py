@@ -70,15 +70,8 @@ def _parse_checkpoint(raw: Any, check: _Checker, name: str) -> CheckpointRecord:
                    "plain directory name given by checkpoint_dir_name)")
     records = (parse_reference(raw["records"], index, f"{check.where}: {name}.records")
                if "records" in raw else None)
-    files = [*read_records(records, check.read, check.where, is_safe_relpath)] if records else []
-    for i, f in enumerate(check.field(raw, "files", list, name) if records is None else ()):
-        where = f"{name}.files[{i}]"
-        check.type(f, dict, where)
-        path = check.field(f, "path", str, where)
-        if not is_safe_relpath(path):
-            check.fail(f"{where}.path", f"{path!r} leaves the checkpoint directory")
-        files.append(FileRecord(path, check.field(f, "size", int, where),
-                                check.field(f, "rank", int, where), _checksum(f, check, where)))
+    files = (read_records(records, check.read, check.where, is_safe_relpath) if records
+             else _inline_files(raw, check, name))
     level = raw.get("level", STORAGE)
     if level not in (STORAGE, CACHE):
         check.fail(f"{name}.level", f"{level!r} is neither {STORAGE!r} nor {CACHE!r}")
@@ -92,8 +85,22 @@ def _parse_checkpoint(raw: Any, check: _Checker, name: str) -> CheckpointRecord:
     return CheckpointRecord(
         index=index, directory=directory, step=check.field(raw, "step", int, name),
         reported_at=check.field(raw, "reported_at", (int, float), name),
-        metrics=check.field(raw, "metrics", dict, name), files=tuple(files), level=level,
+        metrics=check.field(raw, "metrics", dict, name), files=files, level=level,
         hosts=tuple(hosts), validation=validation, records=records)
+
+
+def _inline_files(raw: dict[str, Any], check: _Checker, name: str) -> tuple[FileRecord, ...]:
+    """A checkpoint's file records as the manifest itself holds them."""
+    files = []
+    for i, f in enumerate(check.field(raw, "files", list, name)):
+        where = f"{name}.files[{i}]"
+        check.type(f, dict, where)
+        path = check.field(f, "path", str, where)
+        if not is_safe_relpath(path):
+            check.fail(f"{where}.path", f"{path!r} leaves the checkpoint directory")
+        files.append(FileRecord(path, check.field(f, "size", int, where),
+                                check.field(f, "rank", int, where), _checksum(f, check, where)))
+    return tuple(files)
 
 
 def _checksum(raw: dict[str, Any], check: _Checker, where: str) -> str:
