@@ -74,7 +74,26 @@ class S3Server:
         self._remove_sockets()
 
     def restart(self) -> S3Server:
-        return start(self.root, self.ports)
+        """The same server on its ports and data, once it serves what it held: for a moment
+        after a restart SeaweedFS takes a bucket but answers a GetObject of a stored object
+        with INTERNAL_FAILURE (ci35, reading the manifest a killed run left)."""
+        server = start(self.root, self.ports)
+        fs = server.filesystem()
+        stored = sorted((i for i in fs.get_file_info(pyarrow.fs.FileSelector(BUCKET, recursive=True))
+                         if i.type == pyarrow.fs.FileType.File), key=lambda i: i.size)
+        deadline = time.monotonic() + 60
+        while stored:
+            try:
+                with fs.open_input_stream(stored[0].path) as stream:
+                    stream.read()
+                return server
+            except OSError:
+                if time.monotonic() > deadline:
+                    server.stop()
+                    raise RuntimeError(f"SeaweedFS restarted but serves none of its objects:\n"
+                                       f"{(self.root / 'weed.out').read_text()[-2000:]}") from None
+                time.sleep(0.2)
+        return server
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after a few seconds: `weed mini` can take 20 s to shut down
