@@ -1,12 +1,13 @@
 """Core benchmarks: JSON lines, each figure beside a baseline measured in the same run.
 
-    python benchmarks/core.py [--storage DIR] [--quick]
+    python benchmarks/core.py [--storage DIR] [--quick] [--no-ray]
 
 Figures: fit() to the first training step (beside the time to import torch); report()
 without a checkpoint at 2 and 4 ranks (beside a bare MPI gather+bcast); report() with a
 64 MiB and a 1 GiB rank-0 checkpoint (beside Python writing and fsyncing the same bytes);
-the Ray Train comparison workload (beside the same compute with no framework), the time to
-recover from a worker failure, and the checksum verification a resume does (beside reading
+the Ray Train comparison workload (beside the same compute with no framework, and beside
+the same program on Ray Train 2.60, see ray_env.py), the time to recover from a worker
+failure, and the checksum verification a resume does (beside reading
 the same bytes without hashing them, and beside persisting them).
 """
 
@@ -22,13 +23,12 @@ import sys
 import tempfile
 import time
 
+from ray_env import ray_python
 from scratch import scratch_storage
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKLOAD = os.path.join(HERE, "workload.py")
 MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or "mpiexec"
-RAY_TRAIN_2_60 = {"whole_job_s": 45.6, "fit_to_first_step_s": 14.3, "blocked_per_report_s": 1.26,
-                  "recovery_s": 9.4}
 
 
 def emit(**figures: object) -> None:
@@ -63,12 +63,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--storage", default=None, help="where checkpoints go (default: a temp dir)")
     parser.add_argument("--quick", action="store_true", help="skip the 1 GiB checkpoint")
+    parser.add_argument("--no-ray", action="store_true",
+                        help="skip Ray Train's side (which needs a virtualenv made on first use)")
     args = parser.parse_args()
+    ray = None if args.no_ray else ray_python()
     with scratch_storage(args.storage, "hpckit-bench-") as storage:
-        run_all(storage, args.quick)
+        run_all(storage, args.quick, ray)
 
 
-def run_all(storage: str, quick: bool) -> None:
+def on_ray(ray: str | None, storage: str, mode: str) -> tuple[list[dict], float]:
+    """The workload run again on Ray Train 2.60, the same program with Ray's imports."""
+    if ray is None:
+        return [], 0.0
+    return bench_lines([ray, WORKLOAD, mode, "--framework", "ray", "--storage", storage,
+                        "--workers", "2"])
+
+
+def figure(lines: list[dict], name: str) -> dict:
+    return next((line for line in lines if line["figure"] == name), {})
+
+
+def run_all(storage: str, quick: bool, ray: str | None) -> None:
     py = sys.executable
     startup = timed([py, "-c", "pass"])
     torch_import = timed([py, "-c", "import torch"])
@@ -79,9 +94,11 @@ def run_all(storage: str, quick: bool) -> None:
          baseline="already imported torch in each rank", target_s=1.5)
     (line,), wall = bench_lines([py, WORKLOAD, "first-step", "--storage", storage, "--workers", "2"])
     spent = line["first_step"] - line["fit_called"]
+    ray_first = figure(on_ray(ray, storage, "first-step")[0], "fit_to_first_step")
     emit(figure="fit_to_first_step", launch="python train.py (hpckit starts 2 ranks)", seconds=spent,
          beyond_import_torch_s=spent - torch_import, baseline_import_torch_s=torch_import,
-         target_beyond_s=1.5, ray_train_2_60_s=RAY_TRAIN_2_60["fit_to_first_step_s"])
+         target_beyond_s=1.5,
+         ray_train_2_60_s=ray_first and ray_first["first_step"] - ray_first["fit_called"])
 
     for n in (2, 4):
         (line,), _ = bench_lines(ranks(n, "report-empty", "--storage", storage, "--reports", "300"))
@@ -98,17 +115,21 @@ def run_all(storage: str, quick: bool) -> None:
 
     plain_wall = timed([py, WORKLOAD, "plain", "--storage", storage], repeat=1)
     lines, wall = bench_lines([py, WORKLOAD, "ray", "--storage", storage, "--workers", "2"])
-    epochs = next(l for l in lines if l["figure"] == "ray_workload_epochs")
+    epochs = figure(lines, "ray_workload_epochs")
+    ray_lines, ray_wall = on_ray(ray, storage, "ray")
+    ray_side = {"whole_job_s": ray_wall,
+                "blocked_per_report_s": figure(ray_lines, "ray_workload_epochs").get("blocked_per_report_s")}
     emit(figure="ray_train_workload", description="2 ranks, 64 MiB model, checkpoint each of 10 "
          "epochs, top-2 by loss, python train.py", whole_job_s=wall,
          blocked_per_report_s=epochs["blocked_per_report_s"],
          baseline="same compute and torch.save+fsync in one process, no framework",
-         baseline_whole_job_s=plain_wall, ray_train_2_60=RAY_TRAIN_2_60)
+         baseline_whole_job_s=plain_wall, ray_train_2_60=ray_side if ray else None)
 
     lines, wall = bench_lines([py, WORKLOAD, "ray-fail", "--storage", storage, "--workers", "2"])
-    recovery = next(l for l in lines if l["figure"] == "recovery_after_worker_failure")
+    recovery = figure(lines, "recovery_after_worker_failure")
+    ray_recovery = figure(on_ray(ray, storage, "ray-fail")[0], "recovery_after_worker_failure")
     emit(**recovery, whole_job_with_one_failure_s=wall,
-         ray_train_2_60_s=RAY_TRAIN_2_60["recovery_s"])
+         ray_train_2_60_s=ray_recovery.get("failure_to_resumed_training_s"))
 
 
 def bench_verify(storage: str, mib: int, files: int = 4) -> None:

@@ -1,4 +1,8 @@
-"""Workloads timed by benchmarks/core.py; each prints ``BENCH {json}`` lines from rank 0."""
+"""Workloads timed by benchmarks/core.py; each prints ``BENCH {json}`` lines from rank 0.
+
+``--framework ray`` runs the same program on Ray Train (in the virtualenv that
+benchmarks/ray_env.py makes): only the imports differ, as hpckit promises.
+"""
 
 from __future__ import annotations
 
@@ -15,13 +19,30 @@ import torch  # noqa: E402
 
 T_TORCH = time.perf_counter()
 
-import hpckit  # noqa: E402
-from hpckit import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig  # noqa: E402
-from hpckit.torch import TorchTrainer, prepare_model  # noqa: E402
+
+def chosen_framework(argv: list[str]) -> str:
+    """Read before argparse runs, because the imports below depend on it."""
+    for i, arg in enumerate(argv):
+        if arg.startswith("--framework="):
+            return arg.split("=", 1)[1]
+        if arg == "--framework" and i + 1 < len(argv):
+            return argv[i + 1]
+    return "hpckit"
+
+
+FRAMEWORK = chosen_framework(sys.argv)
+if FRAMEWORK == "ray":
+    from ray import train as api
+    from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer, prepare_model
+else:
+    import hpckit as api  # noqa: E402
+    from hpckit import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig  # noqa: E402
+    from hpckit.torch import TorchTrainer, prepare_model  # noqa: E402
 
 
 def emit(**figures: object) -> None:
-    if hpckit.get_context().get_world_rank() == 0:
+    if api.get_context().get_world_rank() == 0:
         print("BENCH " + json.dumps(figures), flush=True)
 
 
@@ -31,11 +52,11 @@ def report_empty(config: dict) -> None:
     comm = MPI.COMM_WORLD.Dup()
     n = config["reports"]
     for _ in range(10):
-        hpckit.report({"loss": 1.0})
+        api.report({"loss": 1.0})
     times, base = [], []
     for i in range(n):
         t = time.perf_counter()
-        hpckit.report({"loss": 1.0 / (i + 1), "step": i})
+        api.report({"loss": 1.0 / (i + 1), "step": i})
         times.append(time.perf_counter() - t)
         t = time.perf_counter()
         comm.bcast(comm.gather({"loss": 1.0 / (i + 1), "step": i}, root=0), root=0)
@@ -50,7 +71,7 @@ def report_checkpoint(config: dict) -> None:
     """Interleave report() and a raw write+fsync of the same bytes, alternating which goes
     first: VM disks swing between absorbing writes in a host cache and writing at disk speed,
     so only paired, interleaved samples compare fairly."""
-    ctx = hpckit.get_context()
+    ctx = api.get_context()
     rank0 = ctx.get_world_rank() == 0
     data = os.urandom(config["mib"] << 20) if rank0 else b""
     ours, raw = [], []
@@ -64,7 +85,7 @@ def report_checkpoint(config: dict) -> None:
                 checkpoint = Checkpoint.from_directory(d)
             os.sync()  # no dirty pages from staging: fsync must not flush others' writes
             t = time.perf_counter()
-            hpckit.report({"rep": rep}, checkpoint=checkpoint)
+            api.report({"rep": rep}, checkpoint=checkpoint)
             ours.append(time.perf_counter() - t)
 
     def write_raw(rep: int) -> None:
@@ -95,7 +116,7 @@ def report_checkpoint(config: dict) -> None:
 def first_step(config: dict) -> None:
     now = time.time()
     emit(figure="fit_to_first_step", fit_called=config["fit_called"], first_step=now)
-    hpckit.report({"loss": 0.0})
+    api.report({"loss": 0.0})
 
 
 def ray_workload(config: dict) -> None:
@@ -103,9 +124,9 @@ def ray_workload(config: dict) -> None:
     torch.manual_seed(0)
     model = prepare_model(torch.nn.Sequential(torch.nn.Linear(2048, 4096), torch.nn.Linear(4096, 2048)))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    ctx = hpckit.get_context()
+    ctx = api.get_context()
     start = 0
-    ckpt = hpckit.get_checkpoint()
+    ckpt = api.get_checkpoint()
     if ckpt:
         with ckpt.as_directory() as d:
             state = torch.load(os.path.join(d, "model.pt"), weights_only=True)
@@ -125,7 +146,8 @@ def ray_workload(config: dict) -> None:
             loss = model(x).pow(2).mean()
             loss.backward()
             optimizer.step()
-        if config.get("fail_epoch") == epoch and ctx.get_attempt() == 0 and ctx.get_world_rank() == 1:
+        failing = config.get("fail_epoch") == epoch and not os.path.exists(config["fail_file"])
+        if failing and ctx.get_world_rank() == 1:
             with open(config["fail_file"], "w") as f:
                 f.write(str(time.time()))
             raise RuntimeError("injected worker failure")
@@ -135,7 +157,7 @@ def ray_workload(config: dict) -> None:
                 torch.save({"model": model.state_dict(), "epoch": epoch}, os.path.join(d, "model.pt"))
                 checkpoint = Checkpoint.from_directory(d)
             t = time.perf_counter()
-            hpckit.report({"loss": loss.item(), "epoch": epoch}, checkpoint=checkpoint)
+            api.report({"loss": loss.item(), "epoch": epoch}, checkpoint=checkpoint)
             blocked.append(time.perf_counter() - t)
     emit(figure="ray_workload_epochs", blocked_per_report_s=statistics.fmean(blocked))
 
@@ -166,10 +188,12 @@ def main() -> None:
     p.add_argument("--reports", type=int, default=300)
     p.add_argument("--mib", type=int, default=64)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--framework", choices=["hpckit", "ray"], default="hpckit",
+                   help="the same program on hpckit or on Ray Train (its imports chosen above)")
     args = p.parse_args()
     if args.mode == "plain":
         return plain(args.storage)
-    name = f"{args.mode}-{args.workers}-{args.mib}"
+    name = f"{args.mode}-{args.workers}-{args.mib}-{args.framework}"
     loops = {"report-empty": report_empty, "report-checkpoint": report_checkpoint,
              "first-step": first_step, "ray": ray_workload, "ray-fail": ray_workload}
     config = {"reports": args.reports, "mib": args.mib, "reps": args.reps,
@@ -180,8 +204,10 @@ def main() -> None:
         keep = CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="loss",
                                 checkpoint_score_order="min")
     if args.mode == "ray-fail":
-        config.update(fail_epoch=5, fail_file=os.path.join(args.storage, "failed-at"))
+        config.update(fail_epoch=5, fail_file=os.path.join(args.storage, f"{name}-failed-at"))
         failures = FailureConfig(max_failures=1)
+        if os.path.exists(config["fail_file"]):
+            os.remove(config["fail_file"])
     trainer = TorchTrainer(loops[args.mode], train_loop_config=config,
                            scaling_config=ScalingConfig(num_workers=args.workers),
                            run_config=RunConfig(name=name, storage_path=args.storage,
