@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 import pytest
 import reliability
@@ -14,7 +15,7 @@ from hpckit import CheckpointConfig, CheckpointUploadMode, ConfigError
 from hpckit.errors import CommitError
 from hpckit.experiment.manifest import FileRecord
 from hpckit.run.mpi.comm import RankFailure
-from hpckit.run.writing.assignment import merge, unrecorded
+from hpckit.run.writing.assignment import attributed, merge, unrecorded
 from hpckit.run.writing.plan import (
     Announcement,
     Persisted,
@@ -137,6 +138,18 @@ def test_files_written_in_place_are_committed_where_they_are(tmp_path):
         seen["no_upload_elsewhere"]
 
 
+def test_the_manifest_records_who_wrote_each_file_written_in_place(tmp_path):
+    """Every rank hashes a share of an in-place checkpoint, but the manifest names the rank
+    that wrote each file: rank 0 where it alone handed the directory, and no rank (null)
+    where every rank handed it, since hpckit cannot tell which of them wrote a file there."""
+    scenario("writers", tmp_path)
+    first, second = json.loads((tmp_path / "writers" / "manifest.json").read_text())["checkpoints"]
+    assert {f["path"]: f["rank"] for f in first["files"]} == {
+        "extra.json": 0, "model.pt": 0, "optim.pt": 0}
+    assert {f["path"]: f["rank"] for f in second["files"]} == {
+        "part-0.bin": None, "part-1.bin": None, "part-2.bin": None}
+
+
 def test_a_failed_background_persist_fails_the_next_report_on_every_rank(tmp_path):
     run, _ = scenario("failing", tmp_path, expect=None)
     assert run.returncode != 0
@@ -233,6 +246,19 @@ def test_in_place_records_merge_by_name_and_late_names_are_found():
     per_rank[1].records.append(FileRecord("a", 1, 1, "other"))
     with pytest.raises(Exception, match="different contents"):
         merge(plan, per_rank)
+
+
+def test_in_place_records_name_the_rank_whose_save_wrote_the_file():
+    """A file a rank's own save wrote (save_state, announced as ``later``) is that rank's,
+    whoever else handed the directory; the rest are the sole handing rank's, or no rank's."""
+    records = [FileRecord("state-1.pt", 1, 1, "h"), FileRecord("model.pt", 1, 2, "h")]
+    listed = [Persisted([], ("state-1.pt", "model.pt"))]
+    several = Plan(0, directory="checkpoint_000000", in_place=True, later={1: ("state-1.pt",)})
+    assert [r.rank for r in attributed(several, listed, records)] == [1, None]
+    alone = replace(several, placed_by=0)
+    assert [r.rank for r in attributed(alone, listed, records)] == [1, 0]
+    uploaded_own = [Persisted(records)]  # object storage: each rank uploads its own staging
+    assert attributed(several, uploaded_own, records) == records
 
 
 def trains_between_reports(config: dict) -> None:

@@ -120,3 +120,18 @@ def test_every_reserved_name_is_named_by_the_error_and_the_docs():
         problem = custom_dirname_problem(name) if name[0].isalnum() else None
         if problem is not None:
             assert all(other in problem for other in RESERVED_NAMES), problem
+
+
+def test_files_of_unknown_writers_are_refused_at_another_size_but_dcp_is_not():
+    """A file written in place by one of several ranks that handed the directory (rank None)
+    may be a per-rank shard: another world size is refused, saying why and how to let rank 0
+    alone write; DCP's files are resharded whoever hashed its .metadata."""
+    from hpckit.experiment.resizing import refusal
+
+    said = refusal(_record(("model.pt", None), ("optim.pt", None)), 2, 3)
+    assert said and "cannot tell which rank wrote them" in said and "Use -n 2" in said
+    assert "model.pt" in said and "checkpoint=None on the other ranks" in said
+    assert refusal(_record(("model/.metadata", None), ("model/__0_0.distcp", None),
+                           ("model/__1_0.distcp", None)), 2, 3) is None
+    assert refusal(_record(("model/.metadata", 1), ("model/__0_0.distcp", 0)), 2, 3) is None
+    assert refusal(_record(("model.pt", 0), ("optim.pt", 0)), 2, 3) is None

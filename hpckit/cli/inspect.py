@@ -46,7 +46,8 @@ def show(experiment: str, checkpoint: str | None, as_json: bool) -> None:
             reason = f": {record.validation.error}" if record.validation.error else ""
             click.echo(f"validation {record.validation.status}{reason}")
         echo_table(["  FILE", "SIZE", "RANK", "CHECKSUM"],
-                   [["  " + f.path, size(f.size), str(f.rank), f.checksum] for f in record.files],
+                   [["  " + f.path, size(f.size), "?" if f.rank is None else str(f.rank),
+                     f.checksum] for f in record.files],
                    [False, True, True, False])
         return
     body = json.loads(manifest.to_json())

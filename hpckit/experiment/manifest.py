@@ -180,8 +180,9 @@ class Manifest:
     def _format_version(self) -> int:
         """The oldest format that holds this manifest, so that older hpckit reads what it
         can: 1 without checkpoints, 4 with validations (which an older hpckit would drop), 5
-        with records kept apart (which it could not find)."""
-        if any(r.records for r in self.checkpoints):
+        with records kept apart (which it could not find) or a file whose writer is not known
+        (which it would take for a damaged record)."""
+        if any(r.records or any(f.rank is None for f in r.files) for r in self.checkpoints):
             return 5
         return 4 if any(r.validation for r in self.checkpoints) else 3 if self.checkpoints else 1
 

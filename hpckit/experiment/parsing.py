@@ -99,7 +99,8 @@ def _inline_files(raw: dict[str, Any], check: _Checker, name: str) -> tuple[File
         if not is_safe_relpath(path):
             check.fail(f"{where}.path", f"{path!r} leaves the checkpoint directory")
         files.append(FileRecord(path, check.field(f, "size", int, where),
-                                check.field(f, "rank", int, where), _checksum(f, check, where)))
+                                check.field(f, "rank", (int, type(None)), where),
+                                _checksum(f, check, where)))
     return tuple(files)
 
 

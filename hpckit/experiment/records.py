@@ -32,7 +32,7 @@ class FileRecord(NamedTuple):
 
     path: str
     size: int
-    rank: int
+    rank: int | None  # that wrote it; None: one of several that handed an in-place directory
     checksum: str  # "<algorithm>:<hex>" (hpckit.storage.checksum)
 
 
@@ -114,7 +114,7 @@ def read_records(reference: RecordsFile, read: Callable[[str], bytes] | None, wh
 
 def _record(entry: Any, is_safe: Callable[[str], bool], where: str) -> FileRecord:
     if not (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], str)
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in entry[1:3])
+            and _is_int(entry[1]) and (entry[2] is None or _is_int(entry[2]))
             and isinstance(entry[3], str)):
         raise ManifestError(f"{where}: expected [path, size, rank, checksum].")
     path, size, rank, checksum = entry
@@ -123,3 +123,7 @@ def _record(entry: Any, is_safe: Callable[[str], bool], where: str) -> FileRecor
     if (why := checksum_problem(checksum)) is not None:
         raise ManifestError(f"{where}: {why}.")
     return FileRecord(path, size, rank, checksum)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -2,14 +2,15 @@
 
 Files that rank 0 alone wrote are read the same by any world. Torch DCP's files (a
 ``.metadata`` beside its ``.distcp`` shards) are resharded by ``load_state_dcp`` to the world
-that loads them. Per-rank shards of any other kind belong to the ranks that wrote them.
+that loads them. Per-rank shards of any other kind belong to the ranks that wrote them, and a
+file written in place by one of several ranks (its record's rank ``None``) may be one.
 """
 
 from __future__ import annotations
 
 import posixpath
 
-from hpckit.experiment.manifest import CheckpointRecord
+from hpckit.experiment.manifest import CheckpointRecord, FileRecord
 
 DCP_METADATA = ".metadata"
 DCP_SHARD = ".distcp"
@@ -21,18 +22,31 @@ def dcp_directories(record: CheckpointRecord) -> set[str]:
             if posixpath.basename(f.path) == DCP_METADATA}
 
 
+def _dcp_file(f: FileRecord, dcp: set[str]) -> bool:
+    name = posixpath.basename(f.path)
+    return posixpath.dirname(f.path) in dcp and (name == DCP_METADATA or name.endswith(DCP_SHARD))
+
+
 def refusal(record: CheckpointRecord | None, recorded: int, ranks: int) -> str | None:
     """Why ``record`` cannot be resumed by ``ranks`` ranks instead of ``recorded``; None
     where it can."""
     if record is None or ranks == recorded:
         return None
     dcp = dcp_directories(record)
-    shards = sorted({f.rank for f in record.files if f.rank != 0 and not (
-        posixpath.dirname(f.path) in dcp and f.path.endswith(DCP_SHARD))})
-    if not shards:
+    others = [f for f in record.files if not _dcp_file(f, dcp)]
+    unknown = sorted(f.path for f in others if f.rank is None)
+    shards = sorted({f.rank for f in others if f.rank is not None and f.rank != 0})
+    if not shards and not unknown:
         return None
-    writers = sorted({f.rank for f in record.files})
-    return (f"-n {ranks} differs from the recorded world size {recorded}, but "
-            f"{record.directory} holds files written by ranks {writers}: per-rank "
-            f"shards need the same world size. Use -n {recorded}; or save the state with "
-            "hpckit.torch.save_state_dcp, whose checkpoints load at any world size.")
+    differs = f"-n {ranks} differs from the recorded world size {recorded}, but "
+    fix = (f"Use -n {recorded}; or save the state with hpckit.torch.save_state_dcp, whose "
+           "checkpoints load at any world size.")
+    if shards:
+        writers = sorted({f.rank for f in record.files if f.rank is not None})
+        return (f"{differs}{record.directory} holds files written by ranks {writers}: per-rank "
+                f"shards need the same world size. {fix}")
+    named = ", ".join(unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
+    return (f"{differs}{record.directory} holds files written in place by ranks that all handed "
+            f"get_checkpoint_dir() ({named}): hpckit cannot tell which rank wrote them, so they "
+            f"may be per-rank shards. {fix} Where rank 0 alone writes a checkpoint in place, "
+            "report checkpoint=None on the other ranks, and it resumes at any size.")

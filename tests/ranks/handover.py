@@ -157,6 +157,22 @@ def solo(parent: str) -> None:
     hpckit.report({"n": 1})
 
 
+def writers(parent: str) -> None:
+    """An in-place checkpoint that rank 0 alone writes and hands, every rank hashing a share
+    of its files; then one that every rank writes into and hands."""
+    rank = hpckit.get_context().get_world_rank()
+    d = hpckit.get_context().get_checkpoint_dir()
+    if rank == 0:
+        for name, size in (("model.pt", 3000), ("optim.pt", 2000), ("extra.json", 1000)):
+            with open(os.path.join(d, name), "wb") as f:
+                f.write(b"x" * size)
+    hpckit.report({"n": 0}, Checkpoint.from_directory(d) if rank == 0 else None)
+    d = hpckit.get_context().get_checkpoint_dir()
+    with open(os.path.join(d, f"part-{rank}.bin"), "wb") as f:
+        f.write(bytes([rank]) * 1000)
+    hpckit.report({"n": 1}, Checkpoint.from_directory(d))
+
+
 def rehand(parent: str) -> None:
     """Handing a committed checkpoint to an asynchronous report copies it: the committed one
     stays whole."""
@@ -169,14 +185,15 @@ def rehand(parent: str) -> None:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("scenario", choices=["modes", "in_place", "failing", "slow", "named", "mixed", "solo",
-                                         "rehand"])
+                                         "rehand", "writers"])
     p.add_argument("--storage", required=True)
     p.add_argument("--handed", required=True, help="where the handed directories are made")
     args = p.parse_args()
     from mpi4py import MPI
 
     scenario = {"modes": modes, "in_place": in_place, "failing": failing, "slow": slow, "named": named,
-                "mixed": mixed, "solo": solo, "rehand": rehand}[args.scenario]
+                "mixed": mixed, "solo": solo, "rehand": rehand,
+                "writers": writers}[args.scenario]
     DataParallelTrainer(lambda: scenario(args.handed),
                         scaling_config=ScalingConfig(num_workers=MPI.COMM_WORLD.size),
                         run_config=RunConfig(name=args.scenario, storage_path=args.storage)).fit()

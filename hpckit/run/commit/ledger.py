@@ -32,7 +32,7 @@ from hpckit.logs import human_size, log, metrics_summary
 from hpckit.run.commit.callbacks import Callbacks
 from hpckit.run.commit.committer import Committer
 from hpckit.run.validation.validator import Validator
-from hpckit.run.writing.assignment import check_copies, merge, unrecorded
+from hpckit.run.writing.assignment import attributed, check_copies, merge, unrecorded
 from hpckit.run.writing.plan import (
     Announcement,
     Persisted,
@@ -210,6 +210,7 @@ class Ledger:
         try:
             written = merge(plan, per_rank)
             written += [_hash_late(target, name) for name in unrecorded(per_rank)]
+            written = attributed(plan, per_rank, written)
             check_copies(plan, per_rank)
         except (HpckitError, OSError):
             self.experiment.discard(directory)

@@ -224,7 +224,8 @@ def locate(comm: Comm, cache: NodeCache, nodes: Nodes, record: CheckpointRecord,
                           f"finding {record.directory} in the node-local caches", CheckpointError)
     where = {}
     for f in record.files:
-        writer = record.hosts[f.rank] if f.rank < len(record.hosts) else None
+        writer = (record.hosts[f.rank] if f.rank is not None and f.rank < len(record.hosts)
+                  else None)
         choices = sorted((PREFERENCE.index(h[f.path]), nodes.hosts[rank] != writer, rank)
                          for rank, h in enumerate(holdings) if f.path in h)
         if choices:

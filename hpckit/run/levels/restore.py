@@ -157,6 +157,7 @@ def _relink_own(cache: NodeCache, record: CheckpointRecord, host: str) -> None:
     """A node whose disk was lost gets its own files back, from the assembled copy."""
     for f in record.files:
         own = cache.path(OWN, record.directory, f.path)
-        if f.rank < len(record.hosts) and record.hosts[f.rank] == host and not os.path.isfile(own):
+        mine = f.rank is not None and f.rank < len(record.hosts) and record.hosts[f.rank] == host
+        if mine and not os.path.isfile(own):
             os.makedirs(os.path.dirname(own), exist_ok=True)
             os.link(cache.path(RESTORE, record.directory, f.path), own)

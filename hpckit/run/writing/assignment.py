@@ -132,7 +132,7 @@ class HandedFiles:
         return self._assigned[1]
 
 
-def collision(path: str, ranks: list[int], detail: str) -> str:
+def collision(path: str, ranks: list[int | None], detail: str) -> str:
     return (f"ranks {', '.join(map(str, ranks))} each handed checkpoint file {path!r} with "
             f"different contents {detail}; give each rank its own file name (e.g. "
             f"'model-rank={ranks[-1]}.pt') or hand the file from one rank only.")
@@ -153,6 +153,19 @@ def merge(plan: Plan, per_rank: list[Persisted]) -> list[FileRecord]:
                 r.path, [first.rank, r.rank],
                 f"({short(first.checksum)} vs {short(r.checksum)})"))
     return sorted(kept.values(), key=lambda r: r.path)
+
+
+def attributed(plan: Plan, per_rank: list[Persisted], records: list[FileRecord]
+               ) -> list[FileRecord]:
+    """The records of a checkpoint whose files the ranks found in a directory they share
+    (written in place, or uploaded by ``checkpoint_upload_fn``), each with the rank that wrote
+    its file rather than the one that hashed it: the rank whose own save wrote it, else the
+    one rank that handed the directory; ``None`` where several ranks handed it, since any of
+    them may have written any file there."""
+    if not plan.in_place or not any(persisted.listed for persisted in per_rank):
+        return records
+    saved = {name: rank for rank, names in plan.later.items() for name in names}
+    return [r._replace(rank=saved.get(r.path, plan.placed_by)) for r in records]
 
 
 def check_copies(plan: Plan, per_rank: list[Persisted]) -> None:

@@ -118,6 +118,7 @@ class Plan:
     level: str = STORAGE  # or CACHE: the node-local caches only (CheckpointConfig(cache_dir))
     kept: tuple[str, ...] | None = None  # with caches: every checkpoint they keep
     uploaded: bool = False  # by checkpoint_upload_fn: every rank meets before it lists the files
+    placed_by: int | None = None  # in place: the one rank that handed it, where only one did
 
     def checkpoint(self) -> tuple[str, int]:
         """The directory and index of the checkpoint this plan writes."""
@@ -155,7 +156,8 @@ def make_plan(announcements: list[Announcement], step: int, next_index: int,
     directory = named or checkpoint_dirname(next_index)
     later = {rank: a.later for rank, a in enumerate(announcements) if a.later}
     return Plan(step, stop, directory, shared=memory.writers(handed), in_place=bool(in_place),
-                asynchronous=asynchronous, index=next_index, later=later, uploaded=uploaded)
+                asynchronous=asynchronous, index=next_index, later=later, uploaded=uploaded,
+                placed_by=in_place[0] if len(in_place) == 1 else None)
 
 
 def _uploaded(announcements: list[Announcement]) -> bool:
