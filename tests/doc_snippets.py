@@ -7,6 +7,11 @@ A block is run or checked by the harness, or the line right above its fence says
     <!-- not run: REASON -->             never run (sample output, a diagram, a cluster's paths)
     <!-- tested by: tests/FILE.py -->     another test runs it (that file must name the page)
     <!-- run with: COMPLETION -->         run after the named completion in test_doc_snippets.py
+    <!-- sample: REASON -->               a console block run, its output an example (REASON)
+
+A ``console`` block's commands run, and what each prints is compared with the output the
+page shows under it (:func:`transcript_problem`: times, checksums, decimals and paths
+normalised), unless the block is marked a sample.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Generated from the commands' --help; tests/test_cli_reference.py keeps it equal to them.
 GENERATED = ROOT / "docs" / "cli.md"
 
-MARKER = re.compile(r"^<!--\s*(not run|tested by|run with):\s*(.*?)\s*-->$")
+MARKER = re.compile(r"^<!--\s*(not run|tested by|run with|sample):\s*(.*?)\s*-->$")
 FENCE = re.compile(r"^(```+|~~~+)\s*([\w-]*)")
 SHELLS = {"bash", "console", "sh"}
 
@@ -72,6 +77,64 @@ def code_texts(page: Path) -> list[str]:
     """What a page shows as code: its fenced blocks and its inline `spans`."""
     prose = re.sub(r"^(```+|~~~+).*?^\1", "", page.read_text(), flags=re.M | re.S)
     return [block.text for block in blocks(page)] + re.findall(r"`([^`\n]+)`", prose)
+
+
+# --- console transcripts -------------------------------------------------------------------
+
+ELIDED = "..."
+NORMALISED = [
+    (re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d(:\d\d)?"), "<time>"),
+    (re.compile(r"(?<![\w.])-?\d+\.\d+(e-?\d+)?"), "<decimal>"),
+    (re.compile(r"\b(?=[0-9a-f]*[a-f])[0-9a-f]{8,}\b(\.\.\.)?"), "<hex>"),
+    (re.compile(r"[ \t]+"), " "),
+]
+
+
+def transcript(block: Block) -> list[tuple[str, list[str]]]:
+    """A console block's commands, each with the lines the page shows it printing (``echo
+    $?`` is not one: it names the exit status the harness checks)."""
+    found: list[tuple[str, list[str]]] = []
+    for line in block.text.splitlines():
+        if line.startswith("$ "):
+            found.append((line[2:], []))
+        elif found:
+            found[-1][1].append(line)
+    return [(command, shown) for command, shown in found if command != "echo $?"]
+
+
+def normalised(text: str, paths: dict[str, str]) -> list[str]:
+    """The lines of ``text`` with what differs from run to run replaced: this machine's paths
+    by the page's, date-times, checksums, and decimals (losses, durations, sizes) by
+    placeholders, runs of blanks (column widths) by one."""
+    for here, shown in sorted(paths.items(), key=lambda item: -len(item[0])):
+        text = text.replace(here, shown)
+    lines = []
+    for line in text.splitlines():
+        for pattern, placeholder in NORMALISED:
+            line = pattern.sub(placeholder, line)
+        lines.append(line.strip())
+    return [line for line in lines if line]
+
+
+def transcript_problem(shown: list[str], printed: list[str]) -> str | None:
+    """Where ``printed`` differs from the lines ``shown`` (both normalised); a shown ``...``
+    stands for any lines, none included. Nothing shown is nothing to compare."""
+    if not shown or _matches(shown, printed):
+        return None
+    return _difference(shown, printed)
+
+
+def _matches(shown: list[str], printed: list[str]) -> bool:
+    if not shown:
+        return not printed
+    if shown[0] == ELIDED:
+        return any(_matches(shown[1:], printed[i:]) for i in range(len(printed) + 1))
+    return bool(printed) and shown[0] == printed[0] and _matches(shown[1:], printed[1:])
+
+
+def _difference(shown: list[str], printed: list[str]) -> str:
+    return ("the page shows:\n  " + "\n  ".join(shown) + "\nthe command printed:\n  "
+            + "\n  ".join(printed))
 
 
 # --- hpckit commands and their options ------------------------------------------------------

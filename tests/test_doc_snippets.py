@@ -24,10 +24,13 @@ from doc_snippets import (
     code_texts,
     example_option_problems,
     hpckit_invocations,
+    normalised,
     package_text,
     parses_as_json,
     python_names,
     sbatch_problems,
+    transcript,
+    transcript_problem,
     unread_env_names,
     unresolved,
 )
@@ -170,6 +173,8 @@ def how_checked(block: Block) -> str | None:
         return "generated"  # from --help, and compared with it by tests/test_cli_reference.py
     if block.marker and block.marker[0] == "run with":
         return "python" if block.language == "python" else "shell"
+    if block.marker and block.marker[0] == "sample" and block.language == "console":
+        return "shell" if shell_commands(block) is not None else None
     if block.marker:
         return block.marker[0]
     if block.is_sbatch:
@@ -191,8 +196,10 @@ def _of(kind: str) -> list[Block]:
 
 def _marker_problem(block: Block) -> str | None:
     kind, argument = block.marker or ("", "")
-    if kind == "not run" and len(argument) < 8:
-        return "a `not run:` marker needs its reason"
+    if kind in ("not run", "sample") and len(argument) < 8:
+        return f"a `{kind}:` marker needs its reason"
+    if kind == "sample" and block.language != "console":
+        return "`sample:` marks a console block whose output is an example"
     if kind == "tested by":
         test = ROOT / argument
         if not test.is_file() or block.page.name not in test.read_text():
@@ -322,19 +329,51 @@ def trained_home(tmp_path_factory) -> Path:
     return home
 
 
+COMMAND_ENDED = "@@@ the command ended @@@"
+
+
 def _shell_script(block: Block) -> str:
     kind, name = block.marker or ("", "")
     lines = [SHELL_COMPLETIONS[name]] if kind == "run with" else []
     for command, status in shell_commands(block) or []:
         command = command.replace("/tmp/docrun", "$HOME/docrun")
         lines.append(f"{command}\ns=$?; [ $s -eq {status} ] || {{ echo \"exit status $s, the page "
-                     f"says {status}: {command}\"; exit 1; }}\n")
+                     f"says {status}: {command}\"; exit 1; }}\necho '{COMMAND_ENDED}'\n")
     return "".join(lines)
 
 
 @pytest.mark.parametrize("block", _of("shell"), ids=lambda block: block.id)
 def test_shell_block_runs(block, trained_home, tmp_path):
+    """Every command ends as the page says; in a console block, each prints what the page
+    shows under it (unless the block is marked a sample)."""
     home = tmp_path / "home"
     shutil.copytree(trained_home, home, symlinks=True)
     (home / "examples").symlink_to(ROOT / "examples")
-    run(["bash", "-c", _shell_script(block)], timeout=120, cwd=home, env={**ENV, "HOME": str(home)})
+    out = run(["bash", "-c", _shell_script(block)], timeout=120, cwd=home,
+              env={**ENV, "HOME": str(home)})
+    if block.language != "console" or (block.marker and block.marker[0] == "sample"):
+        return
+    paths = {str(home / "docrun"): "/tmp/docrun", str(home / "hpckit_results"): "~/hpckit_results",
+             str(home): "~"}
+    printed = out.output.split(COMMAND_ENDED + "\n")
+    problems = [f"$ {command}\n{problem}" for (command, shown), said in zip(transcript(block), printed)
+                if (problem := transcript_problem(normalised("\n".join(shown), {}),
+                                                  normalised(said, paths))) is not None]
+    assert not problems, f"{block.id}: " + "\n".join(problems)
+
+
+@pytest.mark.quick
+def test_the_transcript_check_finds_a_column_the_command_no_longer_prints():
+    """docs/inspecting-results.md once showed `hpckit show` with a SHA256 column after the
+    command had moved to XXH3-128: what differs run to run is normalised, that is not."""
+    page = "  FILE         SIZE  RANK  SHA256\n  model.pt  2.1 KiB     0  b5d9322595ce008e84b71eee\n"
+    now = ("  FILE         SIZE  RANK  CHECKSUM\n"
+           "  model.pt  2.1 KiB     0  xxh3-128:5e1f09ab77c0d2e3\n")
+    problem = transcript_problem(normalised(page, {}), normalised(now, {}))
+    assert problem and "SHA256" in problem and "CHECKSUM" in problem
+    shown = normalised("/tmp/docrun/linear  step 9  2026-11-23 16:52:28  loss=0.000424575\n...\n"
+                       "1 of 2 file(s)\n", {})
+    printed = normalised("/home/u/docrun/linear step 9  2027-01-02 03:04:05  loss=0.00051\n"
+                         "a\nb\n1 of 2 file(s)\n", {"/home/u/docrun": "/tmp/docrun"})
+    assert transcript_problem(shown, printed) is None
+    assert transcript_problem(shown, printed[:1]) is not None, "the line after ... is missing"
