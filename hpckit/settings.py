@@ -39,8 +39,7 @@ class FaultPoint:
     whole_group: bool
 
 
-def _text(raw: str) -> str:
-    return raw
+_text = str  # a variable's text, as given
 
 
 def _level(raw: str) -> str:
@@ -121,6 +120,7 @@ TABLE: dict[str, tuple[str, Callable[[str], Any]]] = {
     "lock_stale_seconds": ("HPCKIT_LOCK_STALE_SECONDS", _seconds),
     "startup_timeout": ("HPCKIT_STARTUP_TIMEOUT", _seconds),
     "inline_records": ("HPCKIT_INLINE_RECORDS", _count),
+    "ranks_per_node": ("HPCKIT_RANKS_PER_NODE", _count),
     "pmi_size": ("PMI_SIZE", _text),
     "ompi_size": ("OMPI_COMM_WORLD_SIZE", _text),
     "pmix_rank": ("PMIX_RANK", _text),
@@ -143,8 +143,7 @@ TABLE: dict[str, tuple[str, Callable[[str], Any]]] = {
     "slurm_localid": ("SLURM_LOCALID", _text),
     "slurm_cpus_per_task": ("SLURM_CPUS_PER_TASK", _count),
     "cuda_visible_devices": ("CUDA_VISIBLE_DEVICES", _text),
-    # read by the AWS SDK itself; hpckit only needs to know that an endpoint is named
-    "aws_endpoint": ("AWS_ENDPOINT_URL", _text),
+    "aws_endpoint": ("AWS_ENDPOINT_URL", _text),  # the AWS SDK's: hpckit notes that one is set
     "aws_endpoint_s3": ("AWS_ENDPOINT_URL_S3", _text),
 }
 _SLURM_FIELDS = ("slurm_job_id", "slurm_array_job_id", "slurm_array_task_id",
@@ -179,6 +178,7 @@ class Settings:
     lock_stale_seconds: float = DEFAULT_LOCK_STALE_SECONDS
     startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
     inline_records: int = 1000  # a checkpoint with more files keeps their records apart
+    ranks_per_node: int = 0  # tests: runs of this many ranks stand for nodes; 0: MPI says
     pmi_size: str | None = None
     ompi_size: str | None = None
     pmix_rank: str | None = None

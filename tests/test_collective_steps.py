@@ -57,3 +57,45 @@ def test_rank_0_starts_as_many_collectives_per_report_at_two_and_five_ranks(tmp_
         lines = metrics_lines(tmp_path / str(ranks) / "counted")
         assert [(m["metrics"]["kind"], m["checkpoint"]) for m in lines] == [
             ("metrics", None), ("checkpoint", "checkpoint_000000"), ("metrics", None)], lines
+
+
+def test_node_leaders_bring_every_ranks_values_to_rank_0_in_rank_order(tmp_path):
+    """Five ranks in simulated nodes of two (2, 2 and 1 ranks): each report's values reach
+    rank 0 through the node leaders, one contribution a node, and are placed by world rank
+    (a value out of place would give a rank another's files to write). Rank 0 starts two
+    collectives more per gather, the leaders' Igather and Igatherv, whatever the node count."""
+    script = tmp_path / "counted.py"
+    script.write_text(COUNTED)
+    out = run([MPIEXEC, "-n", "5", sys.executable, str(script), str(tmp_path / "nodes"), "5"],
+              env={"HPCKIT_RANKS_PER_NODE": "2"}, timeout=120)
+    counted = json.loads(next(text for text in out.output.splitlines()
+                              if "COUNTED " in text).split("COUNTED ", 1)[1])
+    assert counted == {"metrics": [1, 1], "checkpoint": [13]}, counted
+    manifest = json.loads((tmp_path / "nodes" / "counted" / "manifest.json").read_text())
+    files = {f["path"]: f["rank"] for f in manifest["checkpoints"][0]["files"]}
+    assert files == {f"shard-{rank}.bin": rank for rank in range(5)}, files
+
+
+ORDERED = """
+import sys
+import hpckit
+from mpi4py import MPI
+from hpckit.run.mpi.comm import all_reduce
+from hpckit.run.mpi.group import discover
+
+comm = MPI.COMM_WORLD.Dup()
+group = discover(comm, int(sys.argv[1]))
+got = all_reduce(group, "gathering", lambda: (comm.rank, group.topology.node_rank), list)
+if comm.rank == 0:
+    print("GATHERED", got, flush=True)
+group.free()
+"""
+
+
+@pytest.mark.parametrize("ranks,per_node,nodes", [(5, 2, [0, 0, 1, 1, 2]), (3, 1, [0, 1, 2]),
+                                                  (4, 4, [0, 0, 0, 0])])
+def test_a_gather_through_node_leaders_keeps_world_rank_order(tmp_path, ranks, per_node, nodes):
+    script = tmp_path / "ordered.py"
+    script.write_text(ORDERED)
+    out = run([MPIEXEC, "-n", str(ranks), sys.executable, str(script), str(per_node)], timeout=60)
+    assert f"GATHERED {list(enumerate(nodes))}" in out.output, out.output

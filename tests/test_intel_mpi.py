@@ -49,11 +49,12 @@ def test_a_rank_killed_mid_checkpoint_loses_nothing_and_the_rerun_is_exact(tmp_p
         return run([str(MPIEXEC), "-n", "3", str(PYTHON), str(SHARDED), "--storage",
                     str(storage), "--epochs", "10"], 120, {**QUIET, **env}, expect)
 
-    reference = sharded(tmp_path / "ref", {})
-    killed = sharded(tmp_path, {"HPCKIT_FAULT": "written:1:3"}, expect=None)
+    reference = sharded(tmp_path / "ref", {})  # the world's gather; the others, node leaders'
+    killed = sharded(tmp_path, {"HPCKIT_FAULT": "written:1:3", "HPCKIT_RANKS_PER_NODE": "2"},
+                     expect=None)
     assert killed.returncode != 0 and killed.line("FINAL") is None, killed.output
     state = reliability.check_experiment(tmp_path / "exp", None)
-    rerun = sharded(tmp_path, {})
+    rerun = sharded(tmp_path, {"HPCKIT_RANKS_PER_NODE": "1"})
     reliability.check_experiment(tmp_path / "exp", state)
     assert json.loads(rerun.line("FINAL")) == json.loads(reference.line("FINAL"))
 

@@ -386,18 +386,20 @@ def test_sixty_four_ranks_one_killed_mid_commit_rerun_is_exact(tmp_path):
     files: each rank's, and one every rank hands alike); rank 37 is SIGKILLed after writing its
     share of the second checkpoint, before the commit. The rerun resumes from the first, the
     second never became visible, and every rank ends with exactly the state of a run that was
-    never killed, each step logged once."""
+    never killed, each step logged once. The steps gather through node leaders: nodes of 8
+    ranks, then of 5 on the rerun (the last node holds 4)."""
     sys.path.insert(0, str(WIDE.parent))
     from wide import expected
 
     args = ("--storage", str(tmp_path), "--epochs", str(WIDE_EPOCHS))
     killed = mpiexec(WIDE_RANKS, *args, script=WIDE, expect=None, timeout=240,
-                     env={**QUICK, "HPCKIT_FAULT": "written:37:2"})
+                     env={**QUICK, "HPCKIT_FAULT": "written:37:2", "HPCKIT_RANKS_PER_NODE": "8"})
     assert killed.returncode != 0 and killed.line("FINAL") is None, \
         f"rank 37 was not killed:\n{killed.output}"
     state = reliability.check_experiment(tmp_path / "wide", None)
     assert state.committed == ["checkpoint_000000"], state
-    rerun = mpiexec(WIDE_RANKS, *args, script=WIDE, env=QUICK, timeout=240)
+    rerun = mpiexec(WIDE_RANKS, *args, script=WIDE, env={**QUICK, "HPCKIT_RANKS_PER_NODE": "5"},
+                    timeout=240)
     check_resumed(rerun, state)
     line = rerun.line("FINAL")
     assert line is not None and json.loads(line) == \

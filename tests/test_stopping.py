@@ -180,13 +180,15 @@ def test_ctrl_c_during_a_deferred_step_is_raised_after_it():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-def test_ctrl_c_reaches_ranks_that_wait_in_a_step_for_a_rank_that_never_comes(tmp_path):
+@pytest.mark.parametrize("nodes", [[], ["1"], ["2"]], ids=["world", "each-rank-a-node", "nodes-of-2"])
+def test_ctrl_c_reaches_ranks_that_wait_in_a_step_for_a_rank_that_never_comes(nodes, tmp_path):
     """Each rank waits for the others in Python, never inside a blocking MPI call (where no
     signal handler runs): rank 0, waiting for rank 1, stops on its own SIGINT, and rank 2,
-    waiting for rank 0's result, hears from rank 0 and stops too."""
+    waiting for rank 0's result, hears from rank 0 and stops too; also where the step gathers
+    through node leaders, rank 2 leading a node of its own."""
     ready = tmp_path / "rank0.pid"
     process = _start([MPIEXEC, "-n", "3", sys.executable, str(HERE / "ranks" / "interrupted_step.py"),
-                      str(ready)])
+                      str(ready), *nodes])
     deadline = time.monotonic() + 60
     while not ready.exists():
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0]

@@ -188,7 +188,7 @@ def _session(job: TrainingJob, ranks: Ranks, settings: Settings, number: int,
               else Checkpoint._at(location.join(start.latest)) if start.latest else None)
     staging = Staging(location, rank, settings.local_dir)
     staging.remove()  # what an earlier attempt of this rank left
-    protocol = CommitProtocol(ranks.group.world, location, job.run_config.checkpoint_config,
+    protocol = CommitProtocol(ranks.group, location, job.run_config.checkpoint_config,
                               (start.next_step, start.next_index), experiment, latest, staging,
                               callbacks(job, location), job.run_config.stop, levels,
                               for_attempt(job, experiment, settings, ranks.validation))

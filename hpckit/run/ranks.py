@@ -74,7 +74,7 @@ def _agree(job: TrainingJob, settings: Settings, comm: Comm,
     job, redirected = job.resumed(settings)
     if redirected and comm.rank == 0:
         log.warning("%s", redirected)
-    group = discover(comm)
+    group = discover(comm, settings.ranks_per_node or None)
     name = from_root(comm, job.named(settings).name if comm.rank == 0 else None)
     return job.named(settings, name), Ranks(group, validation)
 

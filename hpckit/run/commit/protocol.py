@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hpckit.checkpoint import Checkpoint
 from hpckit.config import CheckpointConfig, CheckpointUploadMode
@@ -38,6 +38,7 @@ from hpckit.run.commit.ledger import Ledger
 from hpckit.run.ending import stop
 from hpckit.run.levels.levels import Levels
 from hpckit.run.mpi.comm import RankFailure, all_reduce, captured
+from hpckit.run.mpi.group import Group
 from hpckit.run.mpi.waiting import quiet_everywhere
 from hpckit.run.validation.validator import Validator
 from hpckit.run.writing.assignment import HandedFiles, SentFiles, every_part, own_part
@@ -56,9 +57,6 @@ from hpckit.run.writing.uploads import Meeting
 from hpckit.run.writing.writer import ShareWriter
 from hpckit.storage.location import Location
 
-if TYPE_CHECKING:
-    from mpi4py.MPI import Comm
-
 
 @dataclass(frozen=True)
 class Outcome:
@@ -72,11 +70,12 @@ class Outcome:
 class CommitProtocol:
     """One rank's side of the protocol for one attempt; ``experiment`` is rank 0's (None elsewhere)."""
 
-    def __init__(self, comm: Comm, location: Location, config: CheckpointConfig,
+    def __init__(self, group: Group, location: Location, config: CheckpointConfig,
                  progress: tuple[int, int], experiment: Experiment | None, latest: Checkpoint | None,
                  staging: Staging, callbacks: Callbacks, stop_when: Any = None,
                  levels: Levels | None = None, validator: Validator | None = None) -> None:
-        self.comm = comm
+        self.group = group  # a step's values reach rank 0 through the node leaders
+        self.comm = comm = group.world
         self.location = location
         self.config = config
         self.next_step, self.next_index = progress
@@ -188,7 +187,7 @@ class CommitProtocol:
             raise self._broken
         try:
             plan = self._quiet_plan(announcement) or all_reduce(
-                self.comm, "report()", lambda: announcement, self._plan, CommitError)
+                self.group, "report()", lambda: announcement, self._plan, CommitError)
         except HpckitError as exc:
             if len(self.in_flight):
                 # InFlight checkpoints may have been committed or dropped without every
@@ -283,7 +282,7 @@ class CommitProtocol:
         def commit(per_rank: list[Persisted]) -> None:
             self._ledger().commit(plan, per_rank, self.last_metrics, started)
 
-        all_reduce(self.comm, f"persisting {directory}", lambda: self.writer.now(plan, handed, target),
+        all_reduce(self.group, f"persisting {directory}", lambda: self.writer.now(plan, handed, target),
                    commit, CommitError,
                    undo=lambda: self._ledger().experiment.discard(target.name))
         self._now_latest(target)

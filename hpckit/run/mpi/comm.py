@@ -12,14 +12,18 @@ import traceback
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TYPE_CHECKING, TypeAlias, TypeVar, cast
 
 from hpckit import logs
 from hpckit.errors import HpckitError
+from hpckit.run.mpi.group import Group
+from hpckit.run.mpi.leaders import gather_by_nodes
 from hpckit.run.mpi.waiting import from_root, gather_to_root, root_work
 
 if TYPE_CHECKING:
     from mpi4py.MPI import Comm
+
+Ranks: TypeAlias = "Comm | Group"  # a Group's steps gather through its node leaders (run.mpi.leaders)
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -149,7 +153,7 @@ def on_root(comm: Comm, fn: Callable[[], tuple[K, T]], what: str,
     return kept, value
 
 
-def all_reduce(comm: Comm, what: str, local: Callable[[], T], reduce: Callable[[list[T]], R],
+def all_reduce(ranks: Ranks, what: str, local: Callable[[], T], reduce: Callable[[list[T]], R],
                kind: type[HpckitError] = HpckitError,
                undo: Callable[[], None] | None = None) -> R:
     """One collective step, as torch DCP's ``_DistWrapper.all_reduce``: every rank runs
@@ -160,22 +164,29 @@ def all_reduce(comm: Comm, what: str, local: Callable[[], T], reduce: Callable[[
     reaches it at once, and it leaves the CPU to rank 0's ``reduce`` (a checkpoint's copy and
     hash). ``undo`` runs on rank 0 when a rank's ``local`` failed, and the error is then
     always a ``kind`` naming the failed ranks (``reduce`` raises and undoes its own failures).
+    Given a :class:`~hpckit.run.mpi.group.Group`, the values reach rank 0 through the node
+    leaders.
     """
+    comm = ranks.world if isinstance(ranks, Group) else ranks
     own = captured(comm.rank, local)
     outcome = None
     if comm.rank == 0:
-        outcome = root_work(comm, lambda: _reduce_gathered(comm, own, reduce, undo))
+        outcome = root_work(comm, lambda: _reduce_gathered(ranks, own, reduce, undo))
     else:
-        gather_to_root(comm, own)
+        _gathered(ranks, own)
     result, failures, wrap = from_root(comm, outcome)
     raise_failures(failures, what, kind, wrap)
     return cast(R, result)
 
 
-def _reduce_gathered(comm: Comm, own: tuple[T | None, RankFailure | None],
+def _gathered(ranks: Ranks, value: T) -> list[T] | None:
+    return gather_by_nodes(ranks, value) if isinstance(ranks, Group) else gather_to_root(ranks, value)
+
+
+def _reduce_gathered(ranks: Ranks, own: tuple[T | None, RankFailure | None],
                      reduce: Callable[[list[T]], R], undo: Callable[[], None] | None
                      ) -> tuple[R | None, list[RankFailure], bool]:
-    gathered = gather_to_root(comm, own) or []
+    gathered = _gathered(ranks, own) or []
     failures = [f for _, f in gathered if f]
     if failures:
         if undo is not None:

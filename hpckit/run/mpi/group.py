@@ -38,6 +38,8 @@ class Group:
     node: Comm
     leaders: Comm | None
     topology: Topology
+    members: tuple[int, ...] = ()
+    """The world ranks of this node's ranks, in the node's order."""
 
     @property
     def rank(self) -> int:
@@ -59,15 +61,18 @@ class Group:
         self.node.Free()
 
 
-def discover(world: Comm) -> Group:
-    """Collective: this rank's place in ``world``, its node's ranks and the node leaders."""
+def discover(world: Comm, ranks_per_node: int | None = None) -> Group:
+    """Collective: this rank's place in ``world``, its node's ranks and the node leaders.
+    A node is the ranks that share memory, or with ``ranks_per_node`` (one machine standing
+    for several nodes in tests) each run of that many consecutive ranks."""
     from mpi4py import MPI
 
-    node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank)
+    node = (world.Split(world.rank // ranks_per_node, world.rank) if ranks_per_node
+            else world.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank))
     split = world.Split(0 if node.rank == 0 else MPI.UNDEFINED, world.rank)
     leaders = split if split != MPI.COMM_NULL else None
     place = (leaders.rank, leaders.size) if leaders is not None else None
     node_rank, num_nodes = node.bcast(place, root=0)
     topology = Topology(world.rank, world.size, node.rank, node.size, node_rank, num_nodes,
                         socket.gethostname())
-    return Group(world, node, leaders, topology)
+    return Group(world, node, leaders, topology, tuple(node.allgather(world.rank)))

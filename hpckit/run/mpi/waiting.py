@@ -121,24 +121,34 @@ def wait_for_all(comm: Comm, together: bool = False,
 
 def gather_to_root(comm: Comm, value: T) -> list[T] | None:
     """Every rank's ``value`` to rank 0, in rank order (None on the other ranks)."""
+    if comm.rank != 0:
+        gather_bytes(comm, pickle.dumps(value, pickle.HIGHEST_PROTOCOL))
+        return None
+    with _alarming(comm):
+        gathered = gather_bytes(comm, pickle.dumps(value, pickle.HIGHEST_PROTOCOL))
+    return [pickle.loads(data) for data in gathered or []]
+
+
+def gather_bytes(comm: Comm, data: bytes, alarms: Comm | None = None) -> list[memoryview] | None:
+    """Every rank's ``data`` to ``comm``'s rank 0, in rank order (None on the other ranks): an
+    Igather of the sizes, then an Igatherv of the bytes. ``alarms``: the communicator on which
+    word of Ctrl-C comes from its rank 0 (``comm`` itself where not given)."""
     from mpi4py import MPI
 
-    data = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
     size = array("q", [len(data)])
     _count(2, 8 + len(data))
     if comm.rank != 0:
         _await(comm, [comm.Igather([size, MPI.INT64_T], None, root=0),
-                      comm.Igatherv([data, MPI.BYTE], None, root=0)], (size, data))
+                      comm.Igatherv([data, MPI.BYTE], None, root=0)], (size, data), alarms)
         return None
-    with _alarming(comm):
-        sizes = array("q", bytes(8 * comm.size))
-        _await(comm, [comm.Igather([size, MPI.INT64_T], [sizes, MPI.INT64_T], root=0)], sizes)
-        offsets = list(itertools.accumulate(sizes, initial=0))
-        gathered = bytearray(offsets.pop())
-        _await(comm, [comm.Igatherv([data, MPI.BYTE], [gathered, (sizes, offsets), MPI.BYTE],
-                                    root=0)], (data, gathered))
+    sizes = array("q", bytes(8 * comm.size))
+    _await(comm, [comm.Igather([size, MPI.INT64_T], [sizes, MPI.INT64_T], root=0)], sizes, alarms)
+    offsets = list(itertools.accumulate(sizes, initial=0))
+    gathered = bytearray(offsets.pop())
+    _await(comm, [comm.Igatherv([data, MPI.BYTE], [gathered, (sizes, offsets), MPI.BYTE],
+                                root=0)], (data, gathered), alarms)
     view = memoryview(gathered)
-    return [pickle.loads(view[at:at + length]) for at, length in zip(offsets, sizes, strict=True)]
+    return [view[at:at + length] for at, length in zip(offsets, sizes, strict=True)]
 
 
 def from_root(comm: Comm, value: Any) -> Any:
@@ -185,15 +195,18 @@ def root_work(comm: Comm, work: Callable[[], T]) -> T:
         return work()
 
 
-def _await(comm: Comm, requests: list[Request], buffers: Any) -> None:
-    """Until every request completes. On a rank other than 0, KeyboardInterrupt where rank 0
-    sent word of Ctrl-C instead. A wait given up leaves the requests and their ``buffers`` to
-    MPI, which may still use them."""
+def _await(comm: Comm, requests: list[Request], buffers: Any, alarms: Comm | None = None
+           ) -> None:
+    """Until every request completes. On a rank other than 0 of ``alarms`` (``comm`` where
+    not given), KeyboardInterrupt where its rank 0 sent word of Ctrl-C instead. A wait given
+    up leaves the requests and their ``buffers`` to MPI, which may still use them."""
     from mpi4py import MPI
 
+    watched = comm if alarms is None else alarms
+
     def ready() -> bool:
-        if comm.rank != 0 and comm.Iprobe(source=0, tag=INTERRUPT_TAG):
-            comm.recv(source=0, tag=INTERRUPT_TAG)
+        if watched.rank != 0 and watched.Iprobe(source=0, tag=INTERRUPT_TAG):
+            watched.recv(source=0, tag=INTERRUPT_TAG)
             raise KeyboardInterrupt
         return bool(MPI.Request.Testall(requests))
 

@@ -142,6 +142,10 @@ def merge(plan: Plan, per_rank: list[Persisted]) -> list[FileRecord]:
     """One record per written name, after checking every duplicate's hash against it: the
     writer's record, or for a checkpoint written in place whichever rank hashed the name."""
     records = [r for persisted in per_rank for r in persisted.records]
+    if not plan.shared:  # every name is one rank's: nothing to compare where none repeats
+        by_name = {r.path: r for r in reversed(records)}
+        if len(by_name) == len(records):
+            return sorted(by_name.values(), key=lambda r: r.path)
     kept: dict[str, FileRecord] = {}
     for r in records:
         if plan.in_place or plan.shared.get(r.path, r.rank) == r.rank:
