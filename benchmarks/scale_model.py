@@ -1,6 +1,7 @@
 """The commit protocol modelled at 1,024 to 102,400 ranks, from the code's own values.
 
     python benchmarks/scale_model.py [--ranks 1024,10240,102400] [--alpha-us 2] [--beta-gbs 25]
+                                     [--ranks-per-node 8]
 
 No MPI: for N ranks, each handing two 1 KiB files (``model-rank{r}.bin``,
 ``optimizer-rank{r}.bin``), the values hpckit's steps move are built as the ranks would
@@ -9,10 +10,14 @@ state, where each rank hands the same names and sizes as at the last checkpoint,
 sends their digest and rank 0 reuses the last assignment) and rank 0's
 work on them is timed here: unpickling what the gathers bring, making the plan, merging the
 records, writing the checkpoint's record file (manifest format 5, past 1,000 files) and the
-manifest that keeps two checkpoints. Each report's steps are
-MPI collectives (``run.mpi.waiting``: an Igather of sizes and an Igatherv of pickles to rank
-0, two Ibcasts from it), so rank 0 starts 4 collectives per step, after the Iallreduce that
-asks whether every rank is quiet; a report with a checkpoint has two steps. Network time
+manifest that keeps two checkpoints. The gathers go through node leaders
+(``run.mpi.leaders``, ``--ranks-per-node`` ranks a node): rank 0 unpickles its own node's
+values one by one and one contribution from each other node, which that node's leader made
+from its ranks' values (timed too, as ``leader_ms``: the leaders work in parallel, before
+rank 0 receives). Each report's steps are MPI collectives: an Igather of sizes and an
+Igatherv of pickles on the node and again among the leaders, two Ibcasts from rank 0, so
+rank 0 starts 6 collectives per step, after the Iallreduce that asks whether every rank is
+quiet; a report with a checkpoint has two steps. Network time
 uses a stated alpha-beta model of a binomial tree: ``ceil(log2 N) * alpha`` per collective,
 plus the bytes through rank 0 over beta.
 
@@ -47,7 +52,7 @@ from hpckit.run.writing.plan import REPORT, Announcement, Persisted, make_plan  
 from hpckit.storage.checksum import checksum_of  # noqa: E402
 
 FILE_BYTES = 1024
-COLLECTIVES_PER_STEP = 4
+COLLECTIVES_PER_STEP = 6
 REPEATS = 5  # each part's time is the median of these
 ROUNDS = 3  # the whole model, each round measured afresh; the goal must hold in every one
 GOALS = {"checkpoint": {"rank0_ms": 100.0, "rank0_mb": 10.0}, "metrics": {"rank0_ms": 1.0}}
@@ -86,23 +91,47 @@ def timed(fn: object) -> tuple[float, object]:
     return statistics.median(runs), value
 
 
-def rank0_work(ranks: int, checkpoint: bool, folder: str) -> dict:
-    """Rank 0's seconds per report, part by part, and the bytes through it."""
+def by_node(values: list[bytes], per_node: int) -> tuple[list[bytes], list[bytes], float]:
+    """What reaches rank 0 through the node leaders: its own node's pickles, one contribution
+    from each other node (its ranks' values, unpickled and pickled again by its leader), and
+    one leader's seconds to make its contribution."""
+    def contribution(first: int) -> bytes:
+        members = range(first, min(first + per_node, len(values)))
+        return pickle.dumps((tuple(members), [pickle.loads(values[r]) for r in members]),
+                            pickle.HIGHEST_PROTOCOL)
+
+    leader_s, _ = timed(lambda: contribution(per_node))
+    return values[:per_node], [contribution(f) for f in range(per_node, len(values), per_node)], leader_s
+
+
+def unpickled(own: list[bytes], contributions: list[bytes]) -> list[object]:
+    """Rank 0's side of ``run.mpi.leaders.gather_by_nodes``."""
+    values = [pickle.loads(b) for b in own]
+    for data in contributions:
+        values.extend(pickle.loads(data)[1])
+    return values
+
+
+def rank0_work(ranks: int, checkpoint: bool, folder: str, per_node: int) -> dict:
+    """Rank 0's seconds per report, part by part, the bytes through it, and a node leader's
+    seconds."""
     memory = HandedFiles()
-    gathered = announcements(ranks, checkpoint, memory)
+    own, contributions, leader_s = by_node(announcements(ranks, checkpoint, memory), per_node)
     seconds: dict[str, float] = {}
-    seconds["unpickle_announcements"], heard = timed(lambda: [pickle.loads(b) for b in gathered])
+    seconds["unpickle_announcements"], heard = timed(lambda: unpickled(own, contributions))
     seconds["plan"], plan = timed(lambda: make_plan(heard, 7, 3, memory))  # type: ignore[arg-type]
     seconds["pickle_plan"], sent = timed(lambda: pickle.dumps(plan, pickle.HIGHEST_PROTOCOL))
-    through = sum(map(len, gathered)) + len(sent)  # type: ignore[arg-type]
+    through = sum(map(len, own + contributions)) + len(sent)  # type: ignore[arg-type]
     if checkpoint:
-        records = persisted(ranks)
-        through += sum(map(len, records))
+        own_records, records, leader_records_s = by_node(persisted(ranks), per_node)
+        leader_s += leader_records_s
+        through += sum(map(len, own_records + records))
         seconds["unpickle_records"], per_rank = timed(
-            lambda: [pickle.loads(b)[0] for b in records])
+            lambda: [value[0] for value in unpickled(own_records, records)])
         seconds["merge"], written = timed(lambda: merge(plan, per_rank))  # type: ignore[arg-type]
         seconds["manifest"], _ = timed(lambda: write_manifest(ranks, written, folder))
-    return {"seconds": seconds, "bytes": through, "plan_bytes": len(sent)}  # type: ignore[arg-type]
+    return {"seconds": seconds, "bytes": through, "plan_bytes": len(sent),  # type: ignore[arg-type]
+            "leader_s": leader_s, "per_node": per_node}
 
 
 def write_manifest(ranks: int, written: list[FileRecord], folder: str) -> int:
@@ -151,6 +180,7 @@ def modelled(ranks: int, kind: str, work: dict, alpha_s: float, beta_bps: float)
             "plan_bytes": work["plan_bytes"],
             "rank0_cpu_ms": {k: round(1000 * v, 2) for k, v in work["seconds"].items()},
             "network_ms": round(1000 * network_s, 2), "rank0_ms": round(rank0_ms, 2),
+            "ranks_per_node": work["per_node"], "leader_ms": round(1000 * work["leader_s"], 2),
             "goal_at_10240": goal, "meets_goal": met if ranks == 10240 else None}
 
 
@@ -160,13 +190,15 @@ def main() -> None:
                         type=lambda text: [int(n) for n in text.split(",")])
     parser.add_argument("--alpha-us", type=float, default=2.0, help="latency per tree level")
     parser.add_argument("--beta-gbs", type=float, default=25.0, help="rank 0's bandwidth")
+    parser.add_argument("--ranks-per-node", type=int, default=8, help="ranks a node leader gathers")
     args = parser.parse_args()
     alpha_s, beta_bps = args.alpha_us / 1e6, args.beta_gbs * 1e9
     with tempfile.TemporaryDirectory(prefix="hpckit-scale-model-") as folder:
         for ranks in args.ranks:
             for kind in ("metrics", "checkpoint"):
                 rounds = sorted((modelled(ranks, kind, rank0_work(ranks, kind == "checkpoint",
-                                                                  folder), alpha_s, beta_bps)
+                                                                  folder, args.ranks_per_node),
+                                          alpha_s, beta_bps)
                                  for _ in range(ROUNDS)), key=lambda line: line["rank0_ms"])
                 line = rounds[len(rounds) // 2]  # the median round, its parts beside it
                 line.update(rank0_ms_rounds=[r["rank0_ms"] for r in rounds],
