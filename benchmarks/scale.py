@@ -1,6 +1,7 @@
 """What rank 0 does per ``report()`` as the ranks grow: its MPI calls and bytes, counted.
 
-    python benchmarks/scale.py [--ranks 2,8,32,64] [--reports 40] [--checkpoints 10]
+    python benchmarks/scale.py [--ranks 2,8,32,64,128] [--reports 40] [--checkpoints 10]
+                               [--ranks-per-node N]
 
 For each rank count, ``mpiexec -n N`` (oversubscribed beyond the cores) runs one fit() whose
 training function makes ``--reports`` metrics-only reports, then ``--checkpoints`` reports
@@ -12,7 +13,9 @@ collectives hpckit's steps start and the bytes it passes to them
 
 One JSON line per rank count and kind of report: calls and bytes per report on rank 0, the
 median milliseconds per report and the baseline's. Timings of oversubscribed ranks on a
-small machine say little; the counts hold on any machine.
+small machine say little; the counts hold on any machine. With ``--ranks-per-node N`` each
+run of N ranks stands for a node (``HPCKIT_RANKS_PER_NODE``), so that the steps gather
+through the node leaders as on several nodes.
 """
 
 from __future__ import annotations
@@ -105,7 +108,8 @@ def one_run(args: argparse.Namespace, ranks: int, storage: str) -> dict:
                str(args.checkpoints), "--name", name]
     out = subprocess.run(command, capture_output=True, text=True, timeout=1800,
                          env={**os.environ, "HPCKIT_LOG_LEVEL": "WARNING",
-                              "HPCKIT_TENSORBOARD": "0"})
+                              "HPCKIT_TENSORBOARD": "0",
+                              "HPCKIT_RANKS_PER_NODE": str(args.ranks_per_node or "")})
     if out.returncode != 0:
         sys.exit(f"failed: {' '.join(command)}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
     with open(os.path.join(storage, f"{name}.json")) as f:
@@ -115,11 +119,13 @@ def one_run(args: argparse.Namespace, ranks: int, storage: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", default="2,8,32,64",
+    parser.add_argument("--ranks", default="2,8,32,64,128",
                         type=lambda text: [int(n) for n in text.split(",")])
     parser.add_argument("--reports", type=int, default=40)
     parser.add_argument("--checkpoints", type=int, default=10)
     parser.add_argument("--storage", default=None)
+    parser.add_argument("--ranks-per-node", type=int, default=0,
+                        help="runs of this many ranks stand for nodes (0: MPI's own nodes)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--name", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -131,6 +137,7 @@ def main() -> None:
     for ranks, figures in by_ranks.items():
         for kind in ("metrics", "checkpoint"):
             print(json.dumps({"benchmark": "scale", "ranks": ranks, "report": kind,
+                              "ranks_per_node": args.ranks_per_node or None,
                               "rank0_calls_per_report": round(figures[kind]["calls"], 2),
                               "rank0_bytes_per_report": round(figures[kind]["sent"]),
                               "ms_per_report": round(figures[kind]["ms"], 3),
