@@ -6,12 +6,12 @@
 The template, benchmarks/performance.md.in, holds the prose; every figure in it is a
 placeholder resolved from benchmarks/results/*.jsonl (written by benchmarks/record.py):
 
-    {{core-quick figure=report_no_checkpoint ranks=2 median_ms:.2f}}
+    {{core figure=report_no_checkpoint ranks=2 median_ms:.2f}}
 
 names a results file, selectors ``field=pattern`` (shell-style patterns, matched against the
 field's text) that leave one line, or several that agree, and the field to show: a dotted path
 (``report_ms.async``, ``by_ranks.0.median_ms``), then ``*1000`` to scale it and ``:.1f`` to
-format it (``:met`` writes yes or **no**). ``{{run core-quick}}`` says when, where and by which
+format it (``:met`` writes yes or **no**). ``{{run core}}`` says when, where and by which
 command that file's figures were made. A placeholder no results file answers is an error.
 """
 

@@ -33,6 +33,15 @@ def test_every_recorded_figure_says_when_where_and_by_which_command():
             assert not missing, f"benchmarks/results/{name}.jsonl: a line without {missing}"
 
 
+def test_no_figure_is_transcribed_every_one_was_recorded_from_a_run():
+    """Every figure on the page comes from a benchmark's run through record.py, with the
+    commit it measured; none is copied from an older page."""
+    for name, lines in report.load().items():
+        for line in lines:
+            assert "transcribed" not in json.dumps(line), f"benchmarks/results/{name}.jsonl: {line}"
+            assert "commit" in line, f"benchmarks/results/{name}.jsonl: a line without its commit"
+
+
 def test_a_placeholder_no_results_file_answers_is_an_error():
     recorded = {"core": [{"figure": "report_no_checkpoint", "ranks": 2, "median_ms": 0.17}]}
     rendered = report.render("{{core figure=report_no_checkpoint ranks=2 median_ms:.2f}} ms", recorded)
