@@ -174,6 +174,16 @@ def test_commands_on_a_path_that_is_not_an_experiment(tmp_path, command, where):
     path = tmp_path if where == "not-an-experiment" else tmp_path / "no" / "such"
     out = CliRunner().invoke(main, [command, str(path), *COMMANDS[command]])
     assert out.exit_code == 2 and "not an hpckit experiment" in out.output, out.output
+    assert out.output.startswith("hpckit: error: ") and out.output.count("\n") == 1, out.output
+
+
+def test_a_bad_option_is_one_line_as_every_other_failure():
+    """#42's audit: a path that is not an experiment was printed as click's usage block while
+    hpckit's own errors were one 'hpckit: error:' line: the same failure, two ways."""
+    for words, said in ((["ls", "--nope"], "No such option '--nope' (see hpckit ls --help)."),
+                        (["nosuch"], "No such command 'nosuch' (see hpckit --help).")):
+        out = CliRunner().invoke(main, words, prog_name="hpckit")
+        assert out.exit_code == 2 and out.output == f"hpckit: error: {said}\n", out.output
 
 
 def test_the_installed_entry_point_runs(tmp_path):

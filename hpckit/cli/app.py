@@ -51,10 +51,21 @@ def as_command_error(error: HpckitError) -> CommandError:
     return CommandError(message)
 
 
+def as_one_line(error: click.UsageError) -> CommandError:
+    """A usage error (a bad option, a path that is not an experiment) in the same one line as
+    every other failure, not click's usage block; a bad parameter also names the help."""
+    message = error.format_message()
+    if type(error) is not click.UsageError and error.ctx is not None:
+        message = f"{message.rstrip('.')} (see {error.ctx.command_path} --help)."
+    return _UsageFailure(message)
+
+
 class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:
+            raise as_one_line(exc) from None
         except (click.ClickException, click.exceptions.Exit, click.Abort, SystemExit):
             raise
         except BrokenPipeError:  # hpckit metrics EXP | head: the reader has all it wanted
