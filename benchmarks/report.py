@@ -1,10 +1,12 @@
-"""Render docs/performance.md from its template and the benchmarks' recorded figures.
+"""Render docs/performance.md and docs/scaling.md from their templates and the benchmarks'
+recorded figures.
 
-    python benchmarks/report.py            # write docs/performance.md
-    python benchmarks/report.py --check    # exit 1 if the page is not what this renders
+    python benchmarks/report.py            # write the pages
+    python benchmarks/report.py --check    # exit 1 if a page is not what this renders
 
-The template, benchmarks/performance.md.in, holds the prose; every figure in it is a
-placeholder resolved from benchmarks/results/*.jsonl (written by benchmarks/record.py):
+A template, benchmarks/performance.md.in or benchmarks/scaling.md.in, holds the prose; every
+figure in it is a placeholder resolved from benchmarks/results/*.jsonl (written by
+benchmarks/record.py):
 
     {{core figure=report_no_checkpoint ranks=2 median_ms:.2f}}
 
@@ -29,6 +31,7 @@ HERE = Path(__file__).resolve().parent
 TEMPLATE = HERE / "performance.md.in"
 RESULTS = HERE / "results"
 PAGE = HERE.parent / "docs" / "performance.md"
+PAGES = {TEMPLATE: PAGE, HERE / "scaling.md.in": HERE.parent / "docs" / "scaling.md"}
 PLACEHOLDER = re.compile(r"\{\{(.+?)\}\}", re.DOTALL)
 FIELD = re.compile(r"^(?P<path>[^*:]+)(?:\*(?P<factor>[0-9.e+-]+))?(?::(?P<format>.*))?$")
 
@@ -120,15 +123,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare instead of writing")
     args = parser.parse_args()
-    try:
-        page = render(TEMPLATE.read_text(), load())
-    except MissingFigure as missing:
-        sys.exit(f"benchmarks/performance.md.in: {missing}")
-    if args.check:
-        if PAGE.read_text() != page:
-            sys.exit("docs/performance.md is stale: python benchmarks/report.py")
-        return
-    PAGE.write_text(page)
+    recorded = load()
+    for template, page in PAGES.items():
+        try:
+            text = render(template.read_text(), recorded)
+        except MissingFigure as missing:
+            sys.exit(f"benchmarks/{template.name}: {missing}")
+        if not args.check:
+            page.write_text(text)
+        elif page.read_text() != text:
+            sys.exit(f"docs/{page.name} is stale: python benchmarks/report.py")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""docs/performance.md is rendered from benchmarks/performance.md.in and the recorded figures in
-benchmarks/results/*.jsonl; this test keeps the page and its sources the same.
+"""docs/performance.md and docs/scaling.md are rendered from their templates
+(benchmarks/*.md.in) and the recorded figures in benchmarks/results/*.jsonl; this test keeps
+the pages and their sources the same.
 
 Regenerate after recording a benchmark or editing the template: python benchmarks/report.py
 """
@@ -21,9 +22,10 @@ report = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(report)
 
 
-def test_the_page_is_what_the_template_and_the_results_render():
-    page = report.render(report.TEMPLATE.read_text(), report.load())
-    assert report.PAGE.read_text() == page, "docs/performance.md is stale: python benchmarks/report.py"
+def test_the_pages_are_what_the_templates_and_the_results_render():
+    for template, page in report.PAGES.items():
+        rendered = report.render(template.read_text(), report.load())
+        assert page.read_text() == rendered, f"docs/{page.name} is stale: python benchmarks/report.py"
 
 
 def test_every_recorded_figure_says_when_where_and_by_which_command():
