@@ -16,6 +16,7 @@ normalised), unless the block is marked a sample.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import re
@@ -125,11 +126,16 @@ def transcript_problem(shown: list[str], printed: list[str]) -> str | None:
 
 
 def _matches(shown: list[str], printed: list[str]) -> bool:
-    if not shown:
-        return not printed
-    if shown[0] == ELIDED:
-        return any(_matches(shown[1:], printed[i:]) for i in range(len(printed) + 1))
-    return bool(printed) and shown[0] == printed[0] and _matches(shown[1:], printed[1:])
+    """Whether ``printed`` is ``shown`` with each ``...`` standing for any lines: a match of
+    line positions, each pair of positions tried once."""
+    @functools.cache
+    def from_(i: int, j: int) -> bool:
+        if i == len(shown):
+            return j == len(printed)
+        if shown[i] == ELIDED:
+            return from_(i + 1, j) or (j < len(printed) and from_(i, j + 1))
+        return j < len(printed) and shown[i] == printed[j] and from_(i + 1, j + 1)
+    return from_(0, 0)
 
 
 def _difference(shown: list[str], printed: list[str]) -> str:

@@ -181,7 +181,8 @@ def test_a_bad_option_is_one_line_as_every_other_failure():
     """#42's audit: a path that is not an experiment was printed as click's usage block while
     hpckit's own errors were one 'hpckit: error:' line: the same failure, two ways."""
     for words, said in ((["ls", "--nope"], "No such option '--nope' (see hpckit ls --help)."),
-                        (["nosuch"], "No such command 'nosuch' (see hpckit --help).")):
+                        (["nosuch"], "No such command 'nosuch' (see hpckit --help)."),
+                        (["--nope"], "No such option '--nope' (see hpckit --help).")):
         out = CliRunner().invoke(main, words, prog_name="hpckit")
         assert out.exit_code == 2 and out.output == f"hpckit: error: {said}\n", out.output
 

@@ -377,3 +377,6 @@ def test_the_transcript_check_finds_a_column_the_command_no_longer_prints():
                          "a\nb\n1 of 2 file(s)\n", {"/home/u/docrun": "/tmp/docrun"})
     assert transcript_problem(shown, printed) is None
     assert transcript_problem(shown, printed[:1]) is not None, "the line after ... is missing"
+    many = ["..."] * 12 + ["the end"]
+    assert transcript_problem(many, [f"line {i}" for i in range(25)]) is not None  # at once
+    assert transcript_problem(many, [f"line {i}" for i in range(25)] + ["the end"]) is None

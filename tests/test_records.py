@@ -104,16 +104,17 @@ def test_the_threshold_is_a_setting(tmp_path, monkeypatch):
     assert read_manifest(experiment.location) == experiment.manifest
 
 
-def test_a_file_of_an_unknown_writer_is_kept_inline_and_apart_and_needs_format_5(tmp_path):
+def test_a_file_of_an_unknown_writer_is_kept_inline_and_apart_and_needs_format_6(tmp_path):
     """A file written in place by one of several ranks that handed the directory has no
     known writer (rank null): kept inline or apart, it reads back as None, and the manifest
-    is format 5, which an older hpckit refuses instead of reading null as a damaged rank."""
+    is format 6, which an hpckit that reads up to 5 refuses ("upgrade hpckit") instead of
+    taking null for a damaged record."""
     experiment = experiment_at(tmp_path)
     unknown = FileRecord("part-1.bin", 5, None, CHECKSUM)
     experiment.commit(CheckpointRecord(0, "checkpoint_000000", 0, 1.0, {}, (unknown,)),
                       CheckpointConfig())
     body = json.loads((tmp_path / "exp" / "manifest.json").read_text())
-    assert body["format_version"] == 5 and body["checkpoints"][0]["files"][0]["rank"] is None
+    assert body["format_version"] == 6 and body["checkpoints"][0]["files"][0]["rank"] is None
     many = record(1, 1001)
     experiment.commit(replace(many, files=(unknown, *many.files[1:])), CheckpointConfig())
     read = read_manifest(resolve(str(tmp_path / "exp")))

@@ -54,13 +54,20 @@ def as_command_error(error: HpckitError) -> CommandError:
 def as_one_line(error: click.UsageError) -> CommandError:
     """A usage error (a bad option, a path that is not an experiment) in the same one line as
     every other failure, not click's usage block; a bad parameter also names the help."""
-    message = error.format_message()
+    message = redact(error.format_message())
     if type(error) is not click.UsageError and error.ctx is not None:
         message = f"{message.rstrip('.')} (see {error.ctx.command_path} --help)."
     return _UsageFailure(message)
 
 
 class _Group(click.Group):
+    def make_context(self, info_name: str | None, args: list[str],
+                     parent: click.Context | None = None, **extra: Any) -> click.Context:
+        try:  # hpckit's own options (hpckit --nope), parsed before invoke
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as exc:
+            raise as_one_line(exc) from None
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)

@@ -25,7 +25,7 @@ FORMAT = "hpckit.manifest"
 # where 1 and 2 had a bare SHA-256 ("sha256"); 4 adds validations; 5 keeps the records of a
 # checkpoint of many files in a file of their own (experiment.records). Each manifest is
 # written as the oldest version that holds it: 1 while there are no checkpoints.
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 MANIFEST_NAME = "manifest.json"
 STAGING_NAME = ".staging"  # asynchronous checkpoints' files, waiting for the background
 METRICS_NAME = "metrics.jsonl"
@@ -180,9 +180,11 @@ class Manifest:
     def _format_version(self) -> int:
         """The oldest format that holds this manifest, so that older hpckit reads what it
         can: 1 without checkpoints, 4 with validations (which an older hpckit would drop), 5
-        with records kept apart (which it could not find) or a file whose writer is not known
-        (which it would take for a damaged record)."""
-        if any(r.records or any(f.rank is None for f in r.files) for r in self.checkpoints):
+        with records kept apart (which it could not find), 6 with a file whose writer is not
+        known (which it would take for a damaged record)."""
+        if any(f.rank is None for r in self.checkpoints for f in r.files):
+            return 6
+        if any(r.records for r in self.checkpoints):
             return 5
         return 4 if any(r.validation for r in self.checkpoints) else 3 if self.checkpoints else 1
 

@@ -43,8 +43,9 @@ def refusal(record: CheckpointRecord | None, recorded: int, ranks: int) -> str |
            "checkpoints load at any world size.")
     if shards:
         writers = sorted({f.rank for f in record.files if f.rank is not None})
-        return (f"{differs}{record.directory} holds files written by ranks {writers}: per-rank "
-                f"shards need the same world size. {fix}")
+        more = f" (and {len(unknown)} whose writer is not known)" if unknown else ""
+        return (f"{differs}{record.directory} holds files written by ranks {writers}{more}: "
+                f"per-rank shards need the same world size. {fix}")
     named = ", ".join(unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
     return (f"{differs}{record.directory} holds files written in place by ranks that all handed "
             f"get_checkpoint_dir() ({named}): hpckit cannot tell which rank wrote them, so they "
