@@ -185,6 +185,13 @@ def writing_into(directory: str, name: str, wait: Callable[[], Any]) -> None:
         _writes.setdefault(os.path.realpath(directory), []).append((name, wait))
 
 
+def claim(directory: str, name: str) -> None:
+    """The file ``name`` in the local ``directory`` (a checkpoint written in place) is this
+    rank's own, written before ``report()``: this rank hashes it, and the manifest records it
+    as its writer, whichever other ranks hand the same directory."""
+    writing_into(directory, name, lambda: None)
+
+
 def written_later(directory: str) -> tuple[str, ...]:
     """The files this process's saves write into ``directory`` after ``report()`` returns:
     in a directory that every rank shares, only this rank may hash them."""

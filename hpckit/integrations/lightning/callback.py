@@ -10,7 +10,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 import hpckit
-from hpckit.checkpoint import Checkpoint
+from hpckit.checkpoint import Checkpoint, claim
 from hpckit.errors import ConfigError
 
 
@@ -62,7 +62,10 @@ class RayTrainReportCallback(Callback):
         metrics = {name: _value(value) for name, value in trainer.callback_metrics.items()}
         metrics.update(epoch=trainer.current_epoch, step=trainer.global_step)
         directory = hpckit.get_context().get_checkpoint_dir()
-        trainer.save_checkpoint(os.path.join(directory, self.CHECKPOINT_NAME))
+        path = os.path.join(directory, self.CHECKPOINT_NAME)
+        trainer.save_checkpoint(path)
+        if trainer.is_global_zero and os.path.isfile(path):  # one file, rank 0's (DDP)
+            claim(directory, self.CHECKPOINT_NAME)
         hpckit.report(metrics, checkpoint=Checkpoint.from_directory(directory))
 
 
