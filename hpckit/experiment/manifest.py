@@ -12,6 +12,7 @@ import posixpath
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields, replace
+from functools import cached_property
 from typing import Any
 
 from hpckit.errors import ManifestError
@@ -92,6 +93,12 @@ class CheckpointRecord:
     @property
     def on_storage(self) -> bool:
         return self.level == STORAGE
+
+    @cached_property
+    def writers_known(self) -> bool:
+        """Whether every file's writer is recorded: looked at once per record, not at every
+        rewrite of the manifest that keeps it."""
+        return all(f.rank is not None for f in self.files)
 
 
 @dataclass(frozen=True)
@@ -182,7 +189,7 @@ class Manifest:
         can: 1 without checkpoints, 4 with validations (which an older hpckit would drop), 5
         with records kept apart (which it could not find), 6 with a file whose writer is not
         known (which it would take for a damaged record)."""
-        if any(f.rank is None for r in self.checkpoints for f in r.files):
+        if not all(r.writers_known for r in self.checkpoints):
             return 6
         if any(r.records for r in self.checkpoints):
             return 5

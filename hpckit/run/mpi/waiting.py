@@ -121,12 +121,13 @@ def wait_for_all(comm: Comm, together: bool = False,
 
 def gather_to_root(comm: Comm, value: T) -> list[T] | None:
     """Every rank's ``value`` to rank 0, in rank order (None on the other ranks)."""
+    data = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
     if comm.rank != 0:
-        gather_bytes(comm, pickle.dumps(value, pickle.HIGHEST_PROTOCOL))
+        gather_bytes(comm, data)
         return None
     with _alarming(comm):
-        gathered = gather_bytes(comm, pickle.dumps(value, pickle.HIGHEST_PROTOCOL))
-    return [pickle.loads(data) for data in gathered or []]
+        gathered = gather_bytes(comm, data)
+    return [pickle.loads(item) for item in gathered or []]
 
 
 def gather_bytes(comm: Comm, data: bytes, alarms: Comm | None = None) -> list[memoryview] | None:
