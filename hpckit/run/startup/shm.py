@@ -1,35 +1,45 @@
-"""Shared memory that a requeued Slurm job's killed incarnation left behind.
+"""Shared memory that an earlier run of a Slurm job step left behind.
 
 MPICH names its node-local segment ``mpich_shm_{FNV-1a(PMI jobid):x}_{node}`` (and
-``mpich_vci_...``); under ``srun --mpi=pmi2`` the PMI jobid is ``JOBID.STEPID``. A requeued
-job keeps its job id and counts its steps from 0 again, so its first ``srun`` finds the
-segments of the killed incarnation under the very same names, attaches to them as if a
-peer had made them, and fails in ``MPI_Init`` ("Message truncated") or hangs.
+``mpich_vci_...``); under ``srun --mpi=pmi2`` the PMI jobid is ``JOBID.STEPID``. The first
+rank to open the name creates the segment, every other rank attaches to what it finds. A
+requeued job keeps its job id and counts its steps from 0 again, so its first ``srun`` finds
+the segments of the killed incarnation under the very same names, attaches to them as if a
+peer had made them, and fails in ``MPI_Init`` ("Message truncated"), hangs, or sends its PMI
+server whatever the old memory held. A job id that Slurm hands out a second time (its state
+was reset, ``FirstJobId`` was lowered, two controllers share the node) does the same.
 
-Before MPI starts, the first rank of each incarnation on a node (incarnations are told
-apart by their slurmstepd: pid and start time) removes the segments of *this* job step,
-owned by this user, that no live process maps: those provably belong to dead processes.
-A file lock makes every other rank of the incarnation wait until that is done, so no
-rank ever removes a segment that a peer of its own incarnation has just made.
+Before MPI starts, each rank looks at this job step's segments, owned by this user, that
+were made before this incarnation's slurmstepd started (so by none of its ranks): one that
+no live process maps is removed; one that a live process maps belongs to a run that is
+still going, and the rank refuses to start rather than attach to that run's memory. The
+ranks of a node take turns (a lock that is an abstract socket, so that nothing is left in
+/dev/shm), so no rank looks at a name while a peer replaces it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import errno
 import glob
 import os
 import socket
 import time
 from collections.abc import Iterator
 
+from hpckit.errors import LaunchError
 from hpckit.logs import log
-from hpckit.processes import alive, ancestor
+from hpckit.processes import alive, ancestor, started_at, stat
 from hpckit.settings import Settings
 
 SHM_DIR = "/dev/shm"
 EXIT_WAIT_S = 5.0
 RECHECK_S = 0.2
+# A segment made this long before the slurmstepd started is an earlier run's. Its ranks were
+# killed and the job started again, which takes Slurm seconds; this run's ranks make theirs
+# after Python has started, well after their slurmstepd. /proc's start times are 10 ms apart.
+EARLIER_BY_S = 0.5
+TURN_WAIT_S = 60.0
 
 
 def fnv1a(text: str) -> int:
@@ -46,38 +56,91 @@ def segment_patterns(job_step: str, shm_dir: str = SHM_DIR) -> list[str]:
 
 
 def clear_stale_segments(settings: Settings, shm_dir: str = SHM_DIR) -> list[str]:
-    """Remove this job step's segments left by a dead incarnation; returns their names."""
+    """Remove this job step's segments that an earlier run left; returns their names.
+
+    Raises :class:`LaunchError` where a live process outside this run maps one of them."""
     if settings.launcher != "srun" or not (settings.slurm_job_id and settings.slurm_step_id):
         return []
     stepd = ancestor("slurmstepd")
-    if stepd is None or not os.path.isdir(shm_dir):
+    began = started_at(stepd.pid) if stepd is not None else None
+    if began is None or not os.path.isdir(shm_dir):
         return []
     job_step = f"{settings.slurm_job_id}.{settings.slurm_step_id}"
-    prefix = os.path.join(shm_dir, f"hpckit-{os.getuid()}-{job_step}")
-    marker = f"{prefix}-incarnation-{stepd.pid}-{stepd.started}"
-    with _locked(f"{prefix}.lock"):
-        if os.path.exists(marker):
+    with _turn(f"hpckit-shm-{os.getuid()}-{job_step}") as taken:
+        if not taken:
+            log.warning("could not check for stale MPICH shared memory of Slurm job step %s: "
+                        "another rank on this node held the check for %.0f s", job_step,
+                        TURN_WAIT_S)
             return []
-        removed = remove_unmapped(segment_patterns(job_step, shm_dir))
-        for earlier in glob.glob(f"{prefix}-incarnation-*"):
-            with contextlib.suppress(OSError):
-                os.unlink(earlier)
-        open(marker, "w").close()
+        earlier = [path for path, status in _owned(segment_patterns(job_step, shm_dir))
+                   if status.st_ctime < began - EARLIER_BY_S]
+        if not earlier:
+            return []
+        _refuse_in_use(earlier, job_step)
+        removed = remove_unmapped(earlier)
     if removed:
         log.warning("removed MPICH shared memory that a killed run of Slurm job step %s left on "
                     "this node (it would break MPI start-up): %s", job_step, ", ".join(removed))
     return removed
 
 
-def remove_unmapped(patterns: list[str], since: float = 0.0) -> list[str]:
-    """Remove this user's segments matching ``patterns``, changed since ``since``, that no
-    live process maps; returns their names. A segment must be unmapped in two looks
-    RECHECK_S apart: one that another job's rank has just created is mapped by then."""
-    candidates = [path for path, changed in _owned(patterns) if changed >= since]
-    unmapped = [path for path in candidates if path not in _mapped_paths()] if candidates else []
+def _refuse_in_use(earlier: list[str], job_step: str) -> None:
+    """An earlier run's segment that a live process maps: that run is still going."""
+    users = mapping_pids()
+    in_use = {path: users[path] for path in earlier if path in users}
+    if not in_use:
+        return
+    path, pids = next(iter(sorted(in_use.items())))
+    who = ", ".join(_describe(pid) for pid in sorted(pids)[:3])
+    raise LaunchError(
+        f"Slurm job step {job_step} on {socket.gethostname()}: MPICH's shared memory {path} "
+        f"was made before this job step started and is still in use by {who}. That is another "
+        f"run with the same job id (Slurm hands out a job id again after its state was reset "
+        f"or FirstJobId was lowered) or a process of an earlier run of this job that outlived "
+        f"it; MPI start-up would attach to its memory. End that process, or give Slurm a "
+        f"FirstJobId above every job id it used before, and submit again")
+
+
+def _describe(pid: int) -> str:
+    found = stat(pid)
+    return f"pid {pid} ({found.name})" if found is not None else f"pid {pid}"
+
+
+@contextlib.contextmanager
+def _turn(name: str, wait: float = TURN_WAIT_S) -> Iterator[bool]:
+    """One process of this node at a time (yields whether it got its turn in ``wait``
+    seconds): a bound abstract UNIX socket, which the kernel frees when it is closed or its
+    process dies, and which leaves no file behind."""
+    holder = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        yield _bind(holder, "\0" + name, time.monotonic() + wait)
+    finally:
+        holder.close()
+
+
+def _bind(holder: socket.socket, address: str, deadline: float) -> bool:
+    while True:
+        try:
+            holder.bind(address)
+            return True
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+
+
+def remove_unmapped(paths_or_patterns: list[str], since: float = 0.0) -> list[str]:
+    """Remove this user's files among ``paths_or_patterns`` (glob patterns), changed since
+    ``since``, that no live process maps; returns their names. A file must be unmapped in
+    two looks RECHECK_S apart: one that another job's rank has just created is mapped by
+    then."""
+    candidates = [path for path, status in _owned(paths_or_patterns) if status.st_mtime >= since]
+    unmapped = [path for path in candidates if path not in mapping_pids()] if candidates else []
     if unmapped:
         time.sleep(RECHECK_S)
-        mapped = _mapped_paths()
+        mapped = mapping_pids()
         unmapped = [path for path in unmapped if path not in mapped]
     removed = []
     for path in unmapped:
@@ -108,20 +171,20 @@ def remove_left_by_ranks(since: float, ranks: list[int]) -> None:
                  ", ".join(removed))
 
 
-def _owned(patterns: list[str]) -> list[tuple[str, float]]:
-    """This user's files matching ``patterns``, with when each last changed."""
+def _owned(patterns: list[str]) -> list[tuple[str, os.stat_result]]:
+    """This user's files matching ``patterns``, with their status."""
     found = []
     for path in (p for pattern in patterns for p in glob.glob(pattern)):
         with contextlib.suppress(FileNotFoundError):
             status = os.stat(path)
             if status.st_uid == os.getuid():
-                found.append((path, status.st_mtime))
+                found.append((path, status))
     return found
 
 
-def _mapped_paths() -> set[str]:
-    """Files under /dev/shm that some process of this user maps."""
-    mapped = set()
+def mapping_pids() -> dict[str, set[int]]:
+    """Files under /dev/shm that processes of this user map, with those processes."""
+    mapped: dict[str, set[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -129,17 +192,8 @@ def _mapped_paths() -> set[str]:
             with open(f"/proc/{entry}/maps") as f:
                 for line in f:
                     if SHM_DIR in line:
-                        mapped.add(line.split(None, 5)[-1].strip().removesuffix(" (deleted)"))
+                        path = line.split(None, 5)[-1].strip().removesuffix(" (deleted)")
+                        mapped.setdefault(path, set()).add(int(entry))
         except OSError:
             continue
     return mapped
-
-
-@contextlib.contextmanager
-def _locked(path: str) -> Iterator[None]:
-    with open(path, "a") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
