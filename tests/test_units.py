@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import mmap
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -198,20 +199,24 @@ def test_a_slurm_warning_after_the_run_is_ignored_through_the_interpreter_exit()
 
 
 def test_finalize_with_hydra_speaks_pmi_1_only_to_hydra(monkeypatch):
-    """Slurm's PMI-2 also sets PMI_FD, but not MPI_LOCALRANKID: nothing is sent there."""
+    """Slurm's PMI-2 also sets PMI_FD, and a job submitted from an mpiexec rank inherits
+    hydra's MPI_LOCALRANKID: PMI-1's words go only where hydra's proxy holds the other end."""
     from hpckit.run.ending import pmi
 
-    ours, theirs = os.pipe()
+    ours, theirs = socket.socketpair()  # this process at both ends: not hydra_pmi_proxy
     try:
-        monkeypatch.setenv("PMI_FD", str(theirs))
-        monkeypatch.delenv("MPI_LOCALRANKID", raising=False)
+        monkeypatch.setenv("PMI_FD", str(theirs.fileno()))
+        monkeypatch.setenv("MPI_LOCALRANKID", "0")
+        assert pmi.hydra_connection() is None
         assert not pmi.finalize_with_hydra()
-        os.set_blocking(ours, False)
+        ours.setblocking(False)
         with pytest.raises(BlockingIOError):
-            os.read(ours, 64)
+            ours.recv(64)
+        monkeypatch.setenv("PMI_FD", "not a number")
+        assert pmi.hydra_connection() is None
     finally:
-        os.close(ours)
-        os.close(theirs)
+        ours.close()
+        theirs.close()
 
 
 def test_prepare_model_names_what_it_takes():
