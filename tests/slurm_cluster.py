@@ -10,6 +10,7 @@ Killing a node's slurmd and every process under it is a node lost."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import signal
@@ -19,11 +20,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import leftovers
 from cluster_nodes import Nodes
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "srun", "sbatch")
 HOLD_S = 2.0  # how long a requeued job stays held before hurry() starts it
 NODE_LAUNCHER = Path(__file__).with_name("nodes") / "slurm-node"
+# Job ids: blocks of JOB_ID_BLOCK, below Slurm's largest job id (MaxJobId, 67,043,328). With
+# two workers a block comes back after JOB_ID_BLOCKS / 8 = 8,375 s, and only to a cluster
+# started exactly that long after (_first_job_id).
+JOB_ID_BLOCK = 1000
+JOB_ID_BLOCKS = 67_000
+CLUSTERS_PER_WORKER = 4
+_clusters_started = itertools.count()
 
 
 def missing() -> list[str]:
@@ -190,8 +199,10 @@ def start(root: Path, nodes: tuple[str, ...] = ()) -> Slurm:
 
 
 def _spawn(command: list[str | None], env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen([str(c) for c in command], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    """A daemon of the cluster, which outlives test modules (tests/leftovers.py)."""
+    return subprocess.Popen([str(c) for c in command], env={**env, leftovers.DAEMON: "1"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
 
 
 def _wait_for(ready, timeout: float, message: str) -> None:
@@ -221,12 +232,19 @@ def _node_line(host: str) -> str:
 
 
 def _first_job_id() -> int:
-    """Each pytest-xdist worker starts a Slurm of its own on this one host: with the same job
-    ids, two jobs that run at once (job 2 of each) named the same MPICH shared memory, and
-    their ranks read each other's messages (a commit waited for good). Each worker's ids start
-    a million apart."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-    return int(worker.removeprefix("gw")) * 1_000_000 + 1
+    """Where this cluster's job ids start: never where another cluster of the tests started
+    in the last hours did. MPICH names a job step's node-local shared memory after its job
+    id, and Slurm's ids never repeat on a real cluster. Two clusters with the same ids, on
+    two workers or in one worker (the one-node and the three-node Slurm), had their ranks
+    attach to each other's memory (#56). Each cluster takes a block of ids of its own,
+    from the time it starts, its worker and how many this worker started before it."""
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    started = next(_clusters_started)
+    assert started < CLUSTERS_PER_WORKER, f"a worker starts at most {CLUSTERS_PER_WORKER} Slurms"
+    slots = workers * CLUSTERS_PER_WORKER
+    block = (int(time.time()) * slots + worker * CLUSTERS_PER_WORKER + started) % JOB_ID_BLOCKS
+    return block * JOB_ID_BLOCK + 1
 
 
 def _config(root: Path, host: str, munge_socket: Path, nodes: tuple[str, ...]) -> str:
@@ -234,6 +252,7 @@ def _config(root: Path, host: str, munge_socket: Path, nodes: tuple[str, ...]) -
 ClusterName=hpckit-test
 # Job ids never repeat on a real cluster; MPICH names node-local shared memory after them.
 FirstJobId={_first_job_id()}
+MaxJobId={JOB_ID_BLOCK * JOB_ID_BLOCKS + 1}
 SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={_free_port()}
 SlurmUser=root
