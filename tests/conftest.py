@@ -140,6 +140,9 @@ def no_leftovers(tmp_path_factory: pytest.TempPathFactory):
     else:
         os.environ["TMPDIR"] = previous
     remove_unmapped(segments)
+    daemons = leftovers.daemons_left()  # the session's fixtures, stopped by now
+    if daemons:
+        pytest.fail("left running by the session's fixtures:\n" + "\n".join(daemons))
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -18,6 +18,7 @@ what runs beside it on the other worker.
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import os
 import signal
 import time
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpckit.processes import alive, stat
-from hpckit.run.startup.shm import SHM_DIR, mapping_pids, remove_unmapped
+from hpckit.run.startup.shm import RECHECK_S, SHM_DIR, mapping_pids, remove_unmapped
 
 MARK = "HPCKIT_TEST_SESSION"
 DAEMON = "HPCKIT_TEST_DAEMON"
@@ -69,9 +70,15 @@ def _variables(before: dict[str, str], after: dict[str, str]) -> list[str]:
     return [f"variable {k}: {before.get(k)!r} -> {after.get(k)!r}" for k in changed]
 
 
-def _processes(before: set[int]) -> list[str]:
+def daemons_left() -> list[str]:
+    """At the end of the session: any process of it still alive, its daemons included."""
+    return _processes(set(), daemons=True)
+
+
+def _processes(before: set[int], daemons: bool = False) -> list[str]:
     deadline = time.monotonic() + EXIT_WAIT_S
-    left = {pid: command for pid, command in _marked_processes().items() if pid not in before}
+    left = {pid: command for pid, command in _marked_processes(daemons).items()
+            if pid not in before}
     while left and time.monotonic() < deadline:
         time.sleep(0.2)
         left = {pid: command for pid, command in left.items() if alive(pid)}
@@ -81,8 +88,8 @@ def _processes(before: set[int]) -> list[str]:
     return [f"process {pid}: {command}" for pid, command in sorted(left.items())]
 
 
-def _marked_processes() -> dict[int, str]:
-    """This session's live processes, not its daemons and not this process."""
+def _marked_processes(daemons: bool = False) -> dict[int, str]:
+    """This session's live processes but this one, its daemons only if ``daemons``."""
     wanted = f"{MARK}={mark()}".encode()
     found = {}
     for entry in os.listdir("/proc"):
@@ -95,7 +102,7 @@ def _marked_processes() -> dict[int, str]:
                 command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
         except OSError:
             continue
-        if wanted in environment and f"{DAEMON}=1".encode() not in environment:
+        if wanted in environment and (daemons or f"{DAEMON}=1".encode() not in environment):
             found[int(entry)] = command or f"[{_name(int(entry))}]"
     return {pid: command for pid, command in found.items() if alive(pid)}
 
@@ -118,10 +125,16 @@ def _excused(point: Path, temp_root: Path, session_roots: list[Path]) -> bool:
 
 
 def _shm_left(before: Machine) -> list[str]:
+    """New entries of /dev/shm that no process maps in two looks; the killed ranks' kinds are
+    removed instead (those of the other worker's live ranks are mapped, and stay)."""
     if not os.path.isdir(SHM_DIR):
         return []
     remove_unmapped([os.path.join(SHM_DIR, pattern) for pattern in KILLED_RANKS_LEAVE],
                     since=before.at)
-    mapped = mapping_pids()
-    return [name for name in sorted(set(os.listdir(SHM_DIR)) - before.shm)
-            if os.path.join(SHM_DIR, name) not in mapped]
+    new = {os.path.join(SHM_DIR, name) for name in set(os.listdir(SHM_DIR)) - before.shm
+           if not any(fnmatch.fnmatch(name, pattern) for pattern in KILLED_RANKS_LEAVE)}
+    unmapped = new - set(mapping_pids())
+    if unmapped:
+        time.sleep(RECHECK_S)
+        unmapped -= set(mapping_pids())
+    return sorted(os.path.basename(path) for path in unmapped if os.path.exists(path))
