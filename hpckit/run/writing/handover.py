@@ -24,6 +24,7 @@ from typing import Any
 from hpckit.checkpoint import Checkpoint, written_later
 from hpckit.config import CheckpointUploadMode
 from hpckit.errors import CheckpointError
+from hpckit.experiment import ownership
 from hpckit.experiment.manifest import STAGING_NAME
 from hpckit.logs import log
 from hpckit.run.writing.shares import list_source, local_source
@@ -82,8 +83,8 @@ def hand_in(checkpoint: Checkpoint, upload: Upload, rank: int, pending: str,
             checkpoint._wait_until_written()
         return Handed(checkpoint, source, None, True, later=later)
     checkpoint._wait_until_written()
-    # Files inside the experiment (a committed checkpoint handed again) are never hpckit's to
-    # move or delete.
+    # Files inside the experiment (a pending checkpoint before the first manifest) are never
+    # hpckit's to move or delete; nor are any experiment's (ownership.why_kept).
     owned = upload.delete_local and not (
         experiment.is_local and inside(source, experiment.path)) and deletable(source, rank)
     return Handed(checkpoint, source, list_source(source, rank), owned=owned)
@@ -119,7 +120,7 @@ def upload(handed: Handed, target: Location, rank: int) -> None:
             f"{type(exc).__name__}: {exc}") from exc
     check_returned(returned, target, rank)
     if handed.owned:
-        shutil.rmtree(handed.checkpoint.path, ignore_errors=True)
+        ownership.remove_taken(handed.checkpoint.path, ownership.names_in(handed.checkpoint.path))
 
 
 def release(handed: Handed, shared_in_place: bool) -> None:
@@ -127,20 +128,23 @@ def release(handed: Handed, shared_in_place: bool) -> None:
     (a local staging directory written in place, or as ``delete_local`` says)."""
     if handed.source is None or (handed.in_place and shared_in_place):
         return
-    if handed.owned or handed.in_place:
+    if handed.in_place:  # hpckit's own local staging
         shutil.rmtree(handed.source, ignore_errors=True)
+    elif handed.owned:
+        ownership.remove_taken(handed.source, [name for name, _ in handed.files or []])
 
 
 def deletable(directory: str, rank: int) -> bool:
     """Whether hpckit may delete a handed directory as ``delete_local`` says (Ray's default
     for ASYNC): never one that holds the current directory, where ``Checkpoint.from_directory
-    (".")`` would take the user's working tree (their code, a git repository) with it."""
-    if not inside(os.getcwd(), directory):
+    (".")`` would take the user's working tree (their code, a git repository) with it, nor
+    any the ownership rule keeps."""
+    kept = ownership.why_kept(directory)
+    if kept is None:
         return True
-    log.warning("rank %d: report() was handed %s, which holds the current directory; it is "
-                "not deleted after the checkpoint is persisted (delete_local_checkpoint_after_"
-                "upload): hand a directory of its own, such as tempfile.mkdtemp()", rank,
-                directory)
+    log.warning("rank %d: report() was handed %s, %s; it is not deleted after the checkpoint "
+                "is persisted (delete_local_checkpoint_after_upload): hand a directory of its "
+                "own, such as tempfile.mkdtemp()", rank, directory, kept)
     return False
 
 
@@ -233,7 +237,7 @@ def hand_over(source: str, staged: str, writes: list[str], hashes: list[str],
     for rel in hashes + writes:
         src, dst = os.path.join(source, rel), os.path.join(staged, rel)
         os.makedirs(os.path.dirname(dst), exist_ok=True)
-        if owned and rel in writes:
+        if owned and rel in writes and ownership.may_take(source, rel):
             try:
                 os.rename(src, dst)
                 moved.append(rel)
@@ -242,23 +246,11 @@ def hand_over(source: str, staged: str, writes: list[str], hashes: list[str],
                 if exc.errno != errno.EXDEV:
                     raise
         shutil.copyfile(src, dst)
-        if owned and rel in writes:
+        if owned and rel in writes and ownership.may_take(source, rel):
             os.unlink(src)
             moved.append(rel)
     if owned:
-        _prune(source, moved)
-
-
-def _prune(source: str, moved: list[str]) -> None:
-    """Remove the directories that moving ``moved`` out of ``source`` left empty."""
-    parents = {os.path.dirname(os.path.join(source, rel)) for rel in moved}
-    for parent in sorted(parents, key=len, reverse=True):
-        while parent.startswith(source):
-            try:
-                os.rmdir(parent)
-            except OSError:
-                break
-            parent = os.path.dirname(parent)
+        ownership.prune(source, moved)
 
 
 def same_filesystem(path: str, target: Location) -> bool:

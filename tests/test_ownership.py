@@ -1,0 +1,90 @@
+"""What hpckit may move or delete of what it is handed (hpckit/experiment/ownership.py): only
+the handed directory's own regular, singly-linked files, reached through no link, in no
+experiment. Everything else is copied and left as it was (#51)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import HPCKIT, run
+
+import hpckit
+from hpckit import Checkpoint, DataParallelTrainer, RunConfig
+from hpckit.experiment.reading import read_manifest
+from hpckit.storage.location import resolve
+
+
+def _hands_links(config: dict) -> None:
+    """A handed directory with a model, a link to the dataset directory and one to a file."""
+    dataset = config["dataset"]
+    with tempfile.TemporaryDirectory() as d:
+        Path(d, "model.bin").write_bytes(b"weights")
+        os.symlink(dataset, os.path.join(d, "data"))
+        os.symlink(os.path.join(dataset, "labels.csv"), os.path.join(d, "labels.csv"))
+        hpckit.report({"loss": 1.0}, checkpoint=Checkpoint.from_directory(d),
+                      checkpoint_upload_mode="async")
+
+
+def _dataset(root: Path) -> dict[str, bytes]:
+    (root / "dataset" / "train").mkdir(parents=True)
+    files = {"train/a.bin": b"a" * 100, "labels.csv": b"x,y\n"}
+    for name, content in files.items():
+        (root / "dataset" / name).write_bytes(content)
+    return files
+
+
+def _contents(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in directory.rglob("*")
+            if p.is_file()}
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_links_in_an_async_handed_directory_are_read_through_and_their_targets_stay(
+        tmp_path, where, request):
+    files = _dataset(tmp_path)
+    storage = (request.getfixturevalue("s3").uri(f"links-{tmp_path.name}") if where == "s3"
+               else str(tmp_path / "runs"))
+    result = DataParallelTrainer(_hands_links, train_loop_config={
+        "dataset": str(tmp_path / "dataset")}, run_config=RunConfig(
+            name="e", storage_path=storage)).fit()
+    assert _contents(tmp_path / "dataset") == files, "the dataset changed"
+    assert result.checkpoint is not None
+    with result.checkpoint.as_directory() as d:
+        assert _contents(Path(d)) == {"model.bin": b"weights", "data/train/a.bin": b"a" * 100,
+                                      "data/labels.csv": b"x,y\n", "labels.csv": b"x,y\n"}
+        assert not any(p.is_symlink() for p in Path(d).rglob("*")), "a link was committed"
+    experiment = resolve(storage).join("e")
+    records = read_manifest(experiment).checkpoints
+    assert [r.directory for r in records] == ["checkpoint_000000"]
+    if where == "local":
+        verified = run([HPCKIT, "verify", str(tmp_path / "runs" / "e")], timeout=60)
+        assert verified.returncode == 0
+
+
+def _reports(config: dict) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        Path(d, "model.bin").write_bytes(b"pretrained")
+        hpckit.report({"loss": 2.0}, checkpoint=Checkpoint.from_directory(d))
+
+
+def _hands_back_what_it_resumed_from(config: dict) -> None:
+    checkpoint = hpckit.get_checkpoint()
+    assert checkpoint is not None
+    hpckit.report({"loss": 1.0}, checkpoint=checkpoint, checkpoint_upload_mode="async")
+
+
+def test_another_experiments_checkpoint_handed_back_is_copied_and_stays_committed(tmp_path):
+    """Fine-tuning from a committed checkpoint of another run, handed back ASYNC at once."""
+    runs = tmp_path / "runs"
+    pre = DataParallelTrainer(_reports, run_config=RunConfig(name="pre",
+                                                             storage_path=str(runs))).fit()
+    assert pre.checkpoint is not None
+    before = _contents(runs / "pre")
+    DataParallelTrainer(_hands_back_what_it_resumed_from, resume_from_checkpoint=Checkpoint(
+        pre.checkpoint.path), run_config=RunConfig(name="fine", storage_path=str(runs))).fit()
+    assert _contents(runs / "pre") == before
+    assert run([HPCKIT, "verify", str(runs / "pre")], timeout=60).returncode == 0
+    assert _contents(runs / "fine" / "checkpoint_000000") == {"model.bin": b"pretrained"}
