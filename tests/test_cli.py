@@ -258,6 +258,31 @@ def test_export_copies_and_verifies(experiment, tmp_path):
     assert not (tmp_path / "latest" / "w.bin").exists()
 
 
+def test_export_into_an_experiment_is_refused_and_its_checkpoints_still_verify(experiment,
+                                                                              tmp_path):
+    """#51, item 3: onto itself the copy truncated the file it read, then deleted it."""
+    path, read, _, _ = experiment
+    before = read("checkpoint_000002/w.bin")
+    base, _, query = path.partition("?")
+    for target in (f"{base}/{name}" + (f"?{query}" if query else "")
+                   for name in ("checkpoint_000002", "elsewhere")):
+        refused = CliRunner().invoke(main, ["export", path, target])
+        assert refused.exit_code == 1 and "lies inside an experiment" in refused.output, \
+            refused.output
+    assert read("checkpoint_000002/w.bin") == before
+    assert CliRunner().invoke(main, ["verify", path]).exit_code == 0
+
+
+def test_export_into_another_experiment_is_refused(experiment, tmp_path):
+    path, _, _, _ = experiment
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "manifest.json").write_text("{}")
+    refused = CliRunner().invoke(main, ["export", path, str(other / "checkpoint_000000")])
+    assert refused.exit_code == 1 and "lies inside an experiment" in refused.output
+    assert sorted(p.name for p in other.iterdir()) == ["manifest.json"]
+
+
 def test_ls_of_a_storage_root_lists_experiments(experiment):
     root, _ = parent(experiment[0])
     rows = json.loads(invoke("ls", "--json", root).output)
