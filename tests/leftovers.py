@@ -2,7 +2,11 @@
 ``nothing_left_behind``): a test must not depend on what ran before it in its worker, nor on
 what runs beside it on the other worker.
 
-- **Variables**: the worker's ``os.environ`` is as it was.
+- **Variables**: the worker's ``os.environ`` is as it was. One exception, reset rather than
+  reported: a ``fit()`` run inside the test process keeps its torch.distributed group, and
+  the variables torch's launchers set for it (``RANK``, ``MASTER_PORT``...), for a second
+  ``fit()`` in the same process, as hpckit intends; the group is destroyed and those
+  variables restored, so that the next module starts without them.
 - **Processes**: every process the tests start inherits ``MARK`` (this worker and session),
   the Slurm jobs too (sbatch exports the submitter's environment). Those still alive after
   the module are leftovers, except the session's daemons (Slurm, the S3 server), which carry
@@ -21,6 +25,7 @@ import contextlib
 import fnmatch
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +37,8 @@ MARK = "HPCKIT_TEST_SESSION"
 DAEMON = "HPCKIT_TEST_DAEMON"
 EXIT_WAIT_S = 10.0
 PYTESTS_OWN = ("PYTEST_CURRENT_TEST",)
+TORCH_GROUP_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK",
+                         "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")
 KILLED_RANKS_LEAVE = ("mpich_*", "sm_segment.*", "sem.mp-*")
 
 
@@ -56,12 +63,25 @@ def look() -> Machine:
 def left_behind(before: Machine, temp_root: Path, session_roots: list[Path]) -> list[str]:
     """What the module left, described, once exiting processes had time to end; the
     processes among it are killed and the segments of killed ranks removed."""
+    _reset_torch_group(before.environment)
     found = [*_variables(before.environment, dict(os.environ))]
     found += _processes(set(before.processes))
     found += [f"mount {point}" for point in sorted(_mount_points() - before.mounts)
               if not _excused(Path(point), temp_root, session_roots)]
     found += [f"/dev/shm/{name}" for name in _shm_left(before)]
     return found
+
+
+def _reset_torch_group(environment: dict[str, str]) -> None:
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is None or not distributed.is_available() or not distributed.is_initialized():
+        return
+    distributed.destroy_process_group()
+    for name in TORCH_GROUP_VARIABLES:
+        if name in environment:
+            os.environ[name] = environment[name]
+        else:
+            os.environ.pop(name, None)
 
 
 def _variables(before: dict[str, str], after: dict[str, str]) -> list[str]:
