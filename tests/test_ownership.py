@@ -88,3 +88,23 @@ def test_another_experiments_checkpoint_handed_back_is_copied_and_stays_committe
     assert _contents(runs / "pre") == before
     assert run([HPCKIT, "verify", str(runs / "pre")], timeout=60).returncode == 0
     assert _contents(runs / "fine" / "checkpoint_000000") == {"model.bin": b"pretrained"}
+
+
+def _hands_a_name_that_is_not_utf8(config: dict) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        Path(d, "model.bin").write_bytes(b"weights")
+        with open(os.path.join(os.fsencode(d), b"bad\xffname"), "wb") as f:
+            f.write(b"x")
+        hpckit.report({"loss": 1.0}, checkpoint=Checkpoint.from_directory(d),
+                      checkpoint_upload_mode=config["mode"])
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_file_name_that_is_not_utf8_is_refused_at_report_naming_it(tmp_path, mode):
+    """#51, item 6: it was committed, then verify called it "a bug in hpckit"."""
+    with pytest.raises(hpckit.TrainingFailedError) as failed:
+        DataParallelTrainer(_hands_a_name_that_is_not_utf8, train_loop_config={"mode": mode},
+                            run_config=RunConfig(name="e", storage_path=str(tmp_path))).fit()
+    assert "checkpoint file name 'bad\\udcffname'" in str(failed.value)
+    assert "is not UTF-8" in str(failed.value)
+    assert not list((tmp_path / "e").glob("checkpoint_*")), "a checkpoint was committed"

@@ -46,11 +46,25 @@ def list_source(source: str, rank: int) -> list[tuple[str, int]]:
             if not is_safe_relpath(rel):
                 raise CheckpointError(f"rank {rank}: checkpoint file name {rel!r} in {source} is "
                                       "not a plain relative path; rename it.")
+            if not _utf8(rel):
+                raise CheckpointError(
+                    f"rank {rank}: checkpoint file name {rel!r} in {source} is not UTF-8 (the "
+                    "manifest records names as text, and S3 keys are UTF-8); rename it.")
             if not os.path.isfile(full):
                 raise CheckpointError(f"rank {rank}: {full} is not a regular file (a broken "
                                       "link or a socket?); remove it from the checkpoint directory.")
             found.append((rel, os.path.getsize(full)))
     return sorted(found)
+
+
+def _utf8(name: str) -> bool:
+    """Whether a name read from the filesystem is text: undecodable bytes arrive as lone
+    surrogates (Python's surrogateescape), which no manifest or S3 key can hold."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def write_share(plan: Plan, target: Location, source: str | None, rank: int, *, move: bool = False,
