@@ -45,8 +45,8 @@ import os
 import signal
 
 from hpckit import settings
-from hpckit.settings import FAULT_PHASES as PHASES
-from hpckit.settings import FaultPoint
+from hpckit.variables import FAULT_PHASES as PHASES
+from hpckit.variables import FaultPoint
 
 __all__ = ["PHASES", "reached"]
 

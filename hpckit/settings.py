@@ -1,6 +1,7 @@
 """Every environment variable hpckit reads, read and converted here, once per entry point.
 
-Ground layer: imports only :mod:`hpckit.errors`. Nothing is read at import time, so importing
+Ground layer: imports only :mod:`hpckit.errors` and :mod:`hpckit.variables` (what each kind
+of value accepts). Nothing is read at import time, so importing
 hpckit never fails whatever the environment holds; :func:`current` reads the table on first
 use and raises one :class:`ConfigError` that names each bad variable and what it accepts.
 Entry points (``fit()``, a hpckit rank, each ``hpckit`` command) :func:`refresh` it.
@@ -8,7 +9,6 @@ Entry points (``fit()``, a hpckit rank, each ``hpckit`` command) :func:`refresh`
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 from collections.abc import Callable, Mapping
@@ -16,135 +16,73 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpckit.errors import ConfigError
-
-# The fault points of the commit protocol, in the order a report meets them (see run.faults).
-FAULT_PHASES = ("writing", "written", "gathered", "committed", "evicting", "handed", "background",
-                "persisted", "partnering", "draining", "staging", "serialising", "committing",
-                "validating")
-DEFAULT_STOP_SIGNAL = signal.SIGUSR2  # NCCL may use SIGUSR1 itself (submitit made the same choice)
-DEFAULT_LOCK_STALE_SECONDS = 300.0
-# Peers that are merely slow (importing torch from a loaded shared filesystem) must not be
-# taken for dead ones: a dead local peer is noticed within seconds, a silent one only then.
-DEFAULT_STARTUP_TIMEOUT = 600.0
-_FALSE, _TRUE = ("0", "false", "no", "off"), ("1", "true", "yes", "on")
-
-
-@dataclass(frozen=True)
-class FaultPoint:
-    """``HPCKIT_FAULT=PHASE:RANK:N[:all]``: the N-th time RANK reaches PHASE it is killed."""
-
-    phase: str
-    rank: int
-    occurrence: int
-    whole_group: bool
-
-
-_text = str  # a variable's text, as given
-
-
-def _level(raw: str) -> str:
-    level = raw.strip().upper()
-    if level not in logging.getLevelNamesMapping():
-        raise ValueError("a log level: DEBUG, INFO, WARNING or ERROR")
-    return level
-
-
-def _count(raw: str) -> int:
-    if not raw.strip().isdigit():
-        raise ValueError("a whole number >= 0")
-    return int(raw)
-
-
-def _seconds(raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ValueError("a number of seconds > 0, e.g. 300")
-    return value
-
-
-def _switch(raw: str) -> bool:
-    text = raw.strip().lower()
-    if text not in _FALSE + _TRUE:
-        raise ValueError(f"one of {', '.join(_TRUE + _FALSE)}")
-    return text in _TRUE
-
-
-def parse_signal(raw: str) -> signal.Signals:
-    """A signal by name (``USR2``, ``SIGUSR2``) or number."""
-    text = raw.strip().upper()
-    try:
-        if text.isdigit():
-            return signal.Signals(int(text))
-        return signal.Signals[text if text.startswith("SIG") else f"SIG{text}"]
-    except (KeyError, ValueError):
-        raise ValueError("a signal name such as USR2, USR1 or TERM (match it to sbatch "
-                         "--signal=USR2@120)") from None
-
-
-def parse_fault(raw: str) -> FaultPoint:
-    parts = raw.split(":")
-    if (len(parts) not in (3, 4) or parts[0] not in FAULT_PHASES or not parts[1].isdigit()
-            or not parts[2].isdigit() or int(parts[2]) < 1 or parts[3:] not in ([], ["all"])):
-        raise ValueError(f"PHASE:RANK:N[:all] with PHASE one of {', '.join(FAULT_PHASES)}, e.g. "
-                         "'written:1:2'; unset it outside hpckit's tests")
-    return FaultPoint(parts[0], int(parts[1]), int(parts[2]), parts[3:] == ["all"])
-
+from hpckit.variables import (
+    DEFAULT_LOCK_STALE_SECONDS,
+    DEFAULT_STARTUP_TIMEOUT,
+    DEFAULT_STOP_SIGNAL,
+    FaultPoint,
+    count,
+    directory,
+    level,
+    parse_fault,
+    parse_signal,
+    seconds,
+    switch,
+    text,
+)
 
 # field -> (variable, conversion). Launchers: MPICH hydra and Slurm's PMI-2 set PMI_*; Open MPI
 # sets OMPI_*; PMIx launchers set PMIX_RANK; srun sets SLURM_STEP_NUM_TASKS inside a job step.
 TABLE: dict[str, tuple[str, Callable[[str], Any]]] = {
-    "storage": ("HPCKIT_STORAGE", _text),
-    "name": ("HPCKIT_NAME", _text),
-    "resume": ("HPCKIT_RESUME", _text),
-    "log_level": ("HPCKIT_LOG_LEVEL", _level),
-    "local_dir": ("HPCKIT_LOCAL_DIR", _text),
-    "mpiexec": ("HPCKIT_MPIEXEC", _text),
-    "master_addr": ("HPCKIT_MASTER_ADDR", _text),
-    "worker": ("HPCKIT_WORKER", _text),
-    "sweep_payload": ("HPCKIT_SWEEP_PAYLOAD", _text),
-    "pid_dir": ("HPCKIT_PID_DIR", _text),
-    "attempt": ("HPCKIT_ATTEMPT", _count),
-    "started_at": ("HPCKIT_STARTED_AT", _seconds),
-    "restarts": ("HPCKIT_RESTARTS", _switch),
-    "previous_failure": ("HPCKIT_PREVIOUS_FAILURE", _text),
-    "previous_pids": ("HPCKIT_PREVIOUS_PIDS", _text),
-    "previous_hung": ("HPCKIT_PREVIOUS_HUNG", _switch),
+    "storage": ("HPCKIT_STORAGE", text),
+    "name": ("HPCKIT_NAME", text),
+    "resume": ("HPCKIT_RESUME", text),
+    "log_level": ("HPCKIT_LOG_LEVEL", level),
+    "local_dir": ("HPCKIT_LOCAL_DIR", directory),
+    "mpiexec": ("HPCKIT_MPIEXEC", text),
+    "master_addr": ("HPCKIT_MASTER_ADDR", text),
+    "worker": ("HPCKIT_WORKER", text),
+    "sweep_payload": ("HPCKIT_SWEEP_PAYLOAD", text),
+    "pid_dir": ("HPCKIT_PID_DIR", text),
+    "attempt": ("HPCKIT_ATTEMPT", count),
+    "started_at": ("HPCKIT_STARTED_AT", seconds),
+    "restarts": ("HPCKIT_RESTARTS", switch),
+    "previous_failure": ("HPCKIT_PREVIOUS_FAILURE", text),
+    "previous_pids": ("HPCKIT_PREVIOUS_PIDS", text),
+    "previous_hung": ("HPCKIT_PREVIOUS_HUNG", switch),
     "stop_signal": ("HPCKIT_STOP_SIGNAL", parse_signal),
     "fault": ("HPCKIT_FAULT", parse_fault),
-    "tensorboard": ("HPCKIT_TENSORBOARD", _switch),
-    "progress": ("HPCKIT_PROGRESS", _switch),
-    "run_id": ("HPCKIT_RUN_ID", _text),
-    "lock_stale_seconds": ("HPCKIT_LOCK_STALE_SECONDS", _seconds),
-    "startup_timeout": ("HPCKIT_STARTUP_TIMEOUT", _seconds),
-    "inline_records": ("HPCKIT_INLINE_RECORDS", _count),
-    "ranks_per_node": ("HPCKIT_RANKS_PER_NODE", _count),
-    "pmi_size": ("PMI_SIZE", _text),
-    "ompi_size": ("OMPI_COMM_WORLD_SIZE", _text),
-    "pmix_rank": ("PMIX_RANK", _text),
-    "pmi_rank": ("PMI_RANK", _text),
-    "local_ranks": ("MPI_LOCALNRANKS", _text),
-    "srun_tasks": ("SLURM_STEP_NUM_TASKS", _text),
-    "slurm_job_id": ("SLURM_JOB_ID", _text),
-    "slurm_step_id": ("SLURM_STEP_ID", _text),
-    "slurm_procid": ("SLURM_PROCID", _text),
-    "slurm_gtids": ("SLURM_GTIDS", _text),
-    "slurm_array_job_id": ("SLURM_ARRAY_JOB_ID", _text),
-    "slurm_array_task_id": ("SLURM_ARRAY_TASK_ID", _text),
-    "slurm_array_task_count": ("SLURM_ARRAY_TASK_COUNT", _text),
-    "slurm_array_task_min": ("SLURM_ARRAY_TASK_MIN", _text),
-    "slurm_array_task_step": ("SLURM_ARRAY_TASK_STEP", _text),
-    "slurm_restart_count": ("SLURM_RESTART_COUNT", _text),
-    "slurm_nodelist": ("SLURM_JOB_NODELIST", _text),
-    "slurm_tasks_per_node": ("SLURM_TASKS_PER_NODE", _text),
-    "slurm_ntasks_per_node": ("SLURM_NTASKS_PER_NODE", _text),
-    "slurm_localid": ("SLURM_LOCALID", _text),
-    "slurm_cpus_per_task": ("SLURM_CPUS_PER_TASK", _count),
-    "cuda_visible_devices": ("CUDA_VISIBLE_DEVICES", _text),
-    "aws_endpoint": ("AWS_ENDPOINT_URL", _text),  # the AWS SDK's: hpckit notes that one is set
-    "aws_endpoint_s3": ("AWS_ENDPOINT_URL_S3", _text),
+    "tensorboard": ("HPCKIT_TENSORBOARD", switch),
+    "progress": ("HPCKIT_PROGRESS", switch),
+    "run_id": ("HPCKIT_RUN_ID", text),
+    "lock_stale_seconds": ("HPCKIT_LOCK_STALE_SECONDS", seconds),
+    "startup_timeout": ("HPCKIT_STARTUP_TIMEOUT", seconds),
+    "inline_records": ("HPCKIT_INLINE_RECORDS", count),
+    "ranks_per_node": ("HPCKIT_RANKS_PER_NODE", count),
+    "pmi_size": ("PMI_SIZE", text),
+    "ompi_size": ("OMPI_COMM_WORLD_SIZE", text),
+    "pmix_rank": ("PMIX_RANK", text),
+    "pmi_rank": ("PMI_RANK", text),
+    "local_ranks": ("MPI_LOCALNRANKS", text),
+    "srun_tasks": ("SLURM_STEP_NUM_TASKS", text),
+    "slurm_job_id": ("SLURM_JOB_ID", text),
+    "slurm_step_id": ("SLURM_STEP_ID", text),
+    "slurm_procid": ("SLURM_PROCID", text),
+    "slurm_gtids": ("SLURM_GTIDS", text),
+    "slurm_array_job_id": ("SLURM_ARRAY_JOB_ID", text),
+    "slurm_array_task_id": ("SLURM_ARRAY_TASK_ID", text),
+    "slurm_array_task_count": ("SLURM_ARRAY_TASK_COUNT", text),
+    "slurm_array_task_min": ("SLURM_ARRAY_TASK_MIN", text),
+    "slurm_array_task_step": ("SLURM_ARRAY_TASK_STEP", text),
+    "slurm_restart_count": ("SLURM_RESTART_COUNT", text),
+    "slurm_nodelist": ("SLURM_JOB_NODELIST", text),
+    "slurm_tasks_per_node": ("SLURM_TASKS_PER_NODE", text),
+    "slurm_ntasks_per_node": ("SLURM_NTASKS_PER_NODE", text),
+    "slurm_localid": ("SLURM_LOCALID", text),
+    "slurm_cpus_per_task": ("SLURM_CPUS_PER_TASK", count),
+    "cuda_visible_devices": ("CUDA_VISIBLE_DEVICES", text),
+    "aws_endpoint": ("AWS_ENDPOINT_URL", text),  # the AWS SDK's: hpckit notes that one is set
+    "aws_endpoint_s3": ("AWS_ENDPOINT_URL_S3", text),
 }
 _SLURM_FIELDS = ("slurm_job_id", "slurm_array_job_id", "slurm_array_task_id",
                  "slurm_restart_count", "slurm_nodelist", "slurm_tasks_per_node")

@@ -120,6 +120,13 @@ def test_importing_hpckit_never_fails_whatever_the_environment():
     ("HPCKIT_TENSORBOARD", "maybe", "one of 1, true"),
     ("HPCKIT_LOG_LEVEL", "LOUD", "DEBUG, INFO"),
     ("HPCKIT_INLINE_RECORDS", "many", "a whole number >= 0"),
+    # #51, item 11: each was accepted, then crashed where it was used.
+    ("HPCKIT_INLINE_RECORDS", "²", "a whole number >= 0"),
+    ("HPCKIT_STOP_SIGNAL", "KILL", "a signal a process can catch"),
+    ("HPCKIT_STOP_SIGNAL", "STOP", "a signal a process can catch"),
+    ("HPCKIT_LOCK_STALE_SECONDS", "inf", "a number of seconds > 0 and at most a year"),
+    ("HPCKIT_LOCK_STALE_SECONDS", "1e400", "a number of seconds > 0 and at most a year"),
+    ("HPCKIT_LOCAL_DIR", "/nonexistent", "an existing directory"),
 ])
 def test_a_bad_variable_is_one_line_naming_it_and_what_is_accepted(tmp_path, variable, value,
                                                                    accepted):
