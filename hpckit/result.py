@@ -19,7 +19,7 @@ from hpckit.errors import CheckpointError, ConfigError, TrainingFailedError
 from hpckit.experiment import retention as _retention
 from hpckit.experiment.attempts import AttemptStatus
 from hpckit.experiment.manifest import Manifest
-from hpckit.experiment.nested import flatten
+from hpckit.experiment.nested import OWN_COLUMNS, flatten, metric_columns
 from hpckit.experiment.reading import read_metrics, require_manifest
 from hpckit.storage.location import Location, resolve
 
@@ -90,16 +90,17 @@ class Result:
 
     @property
     def metrics_dataframe(self) -> Any:
-        """Every report as a row (step, time, checkpoint, then each metric; nested metrics
-        flattened as ``a/b``), a pyarrow Table (``.to_pandas()`` gives a pandas DataFrame
+        """Every report as a row (step, time, checkpoint, then each metric: nested metrics
+        flattened as ``a/b``, a metric named like those three as ``metrics/NAME``, a list as
+        its JSON text), a pyarrow Table (``.to_pandas()`` gives a pandas DataFrame
         where pandas is installed); or the dataframe the Result was built with."""
         if self._metrics_dataframe is not None:
             return self._metrics_dataframe
         entries = ([self._merged(e) for e in read_metrics(self._location)]
                    if self._location is not None
                    else [{"metrics": m} for m in self.metrics_history])
-        rows = [{**{k: e[k] for k in ("step", "time", "checkpoint") if k in e},
-                 **flatten(e["metrics"])} for e in entries]
+        rows = [{**{k: e[k] for k in OWN_COLUMNS if k in e}, **metric_columns(e["metrics"])}
+                for e in entries]
         # Every column any row has (pyarrow would take the first row's alone), in order.
         columns = list(dict.fromkeys(k for row in rows for k in row))
         return pyarrow.Table.from_pylist([{k: row.get(k) for k in columns} for row in rows])

@@ -304,6 +304,31 @@ def test_metrics_dataframe(experiment):
         "checkpoint_000001")
 
 
+def _reports_hpckits_own_names(config: dict) -> None:
+    hpckit.report({"step": 7, "time": "late", "checkpoint": "mine", "loss": 0.5,
+                   "lst": [1, {"y": 2.0}], "opt": {"lr": 0.1, "betas": [0.9, 0.99]}})
+
+
+def test_metrics_named_like_hpckits_columns_are_kept_apart_and_lists_are_json(tmp_path):
+    """#51, item 13: the header read step,time,checkpoint,step,time,checkpoint,loss, the
+    dataframe's step held the user's values, a mixed list raised ArrowInvalid, and nested
+    values reached the CSV as Python's repr."""
+    result = hpckit.DataParallelTrainer(_reports_hpckits_own_names, run_config=hpckit.RunConfig(
+        name="e", storage_path=str(tmp_path))).fit()
+    columns = ["step", "time", "checkpoint", "metrics/step", "metrics/time",
+               "metrics/checkpoint", "loss", "lst", "opt/lr", "opt/betas"]
+    table = result.metrics_dataframe
+    assert table.column_names == columns
+    assert table.column("step").to_pylist() == [0]
+    assert table.column("metrics/step").to_pylist() == [7]
+    assert json.loads(table.column("lst").to_pylist()[0]) == [1, {"y": 2.0}]
+    rows = list(csv.reader(io.StringIO(invoke("metrics", "--format", "csv",
+                                              str(tmp_path / "e")).output)))
+    assert rows[0] == columns
+    assert rows[1][0] == "0" and rows[1][3:8] == ["7", "late", "mine", "0.5", '[1, {"y": 2.0}]']
+    assert json.loads(rows[1][9]) == [0.9, 0.99]
+
+
 def test_plot_writes_a_png_of_the_expected_size_with_curves(experiment, tmp_path):
     import matplotlib.image
 

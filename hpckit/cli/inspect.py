@@ -16,6 +16,7 @@ from hpckit.cli.tables import duration, echo_json, echo_table, moment, number, s
 from hpckit.experiment import verify as _verify
 from hpckit.experiment.attempts import config_changes, effective_configs
 from hpckit.experiment.manifest import Manifest, checkpoint_json
+from hpckit.experiment.nested import OWN_COLUMNS, metric_columns
 from hpckit.experiment.reading import read_manifest, read_metrics
 from hpckit.storage.checksum import algorithm_of
 from hpckit.storage.location import Location, resolve
@@ -123,16 +124,17 @@ def metrics(experiment: str, fmt: str) -> None:
     if fmt == "json":
         echo_json(history)
         return
-    names = list(dict.fromkeys(k for entry in history for k in entry["metrics"]))
-    header = ["step", "time", "checkpoint", *names]
+    columns = [metric_columns(e["metrics"]) for e in history]
+    names = list(dict.fromkeys(k for row in columns for k in row))
+    header = [*OWN_COLUMNS, *names]
     if fmt == "csv":
         writer = csv.writer(sys.stdout)
         writer.writerow(header)
         writer.writerows([e["step"], e["time"], e.get("checkpoint") or "",
-                          *(e["metrics"].get(n, "") for n in names)] for e in history)
+                          *(row.get(n, "") for n in names)] for e, row in zip(history, columns, strict=True))
         return
     rows = [[str(e["step"]), moment(e["time"]), e.get("checkpoint") or "-",
-             *(number(e["metrics"].get(n)) for n in names)] for e in history]
+             *(number(row.get(n)) for n in names)] for e, row in zip(history, columns, strict=True)]
     echo_table(header, rows, [True, False, False, *([True] * len(names))])
 
 
