@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 from conftest import HERE, HPCKIT, JOB, STEADY, final_params, manifest, metrics_lines, run
 from scenarios import driver_killed_then_rerun, wait_for_epochs
 
 import hpckit
-from hpckit import Checkpoint, RunConfig
+from hpckit import Checkpoint, DataParallelTrainer, RunConfig
 from hpckit.errors import ConfigError
 from hpckit.launch.slurm import render_sbatch
 from hpckit.run.ending.stop import EXIT_STOPPED
@@ -174,6 +177,43 @@ def test_resume_takes_job_options_only_for_a_job_script(tmp_path):
     out = run([HPCKIT, "resume", "--sbatch", str(tmp_path / "x.sbatch"), "--slurm", "gpu",
                str(tmp_path)], timeout=30, expect=2)
     assert "'gpu': give KEY=VALUE" in out.output, out.output
+
+
+def _with_command(tmp_path: Path, **command: object) -> Path:
+    """An experiment whose manifest records ``command`` (the keys given replace its own)."""
+    def loop(config):
+        with tempfile.TemporaryDirectory() as d:
+            (Path(d) / "w").write_text("x")
+            hpckit.report({"loss": 1.0}, checkpoint=Checkpoint.from_directory(d))
+
+    DataParallelTrainer(loop, run_config=RunConfig(name="e", storage_path=str(tmp_path))).fit()
+    path = tmp_path / "e" / "manifest.json"
+    body = json.loads(path.read_text())
+    body["command"].update(command)
+    path.write_text(json.dumps(body))
+    return tmp_path / "e"
+
+
+@pytest.mark.parametrize("command,expected", [
+    ({"argv": ["-c"]}, "was started with python -c, whose code Python does not keep"),
+    ({"cwd": "/nonexistent/project"}, "was started in /nonexistent/project, which no longer "
+                                      "exists"),
+])
+def test_resume_of_a_command_that_cannot_run_again_is_one_line(tmp_path, command, expected):
+    """#51, item 12: a bare `python -c`, or 'unexpected FileNotFoundError ... bug'."""
+    experiment = _with_command(tmp_path, **command)
+    out = run([HPCKIT, "resume", str(experiment)], timeout=60, expect=2)
+    lines = out.output.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], out.output
+
+
+def test_resume_with_a_job_script_in_a_missing_directory_is_one_line(tmp_path):
+    experiment = _with_command(tmp_path)
+    script = tmp_path / "nonexistent" / "x.sbatch"
+    out = run([HPCKIT, "resume", "--sbatch", str(script), str(experiment)], timeout=60,
+              expect=1)
+    lines = out.output.strip().splitlines()
+    assert len(lines) == 1 and f"cannot write the job script {script}" in lines[0], out.output
 
 
 def test_sbatch_rendering_matches_the_golden_file():

@@ -72,6 +72,7 @@ def resume(experiment: str, ranks: int | None, max_failures: int, sbatch_file: s
     cwd = command.get("cwd") or os.getcwd()
     if not argv:
         raise click.UsageError(f"the manifest of {location.display} records no command to resume.")
+    _check_resumable(location.display, argv, cwd)
     # The root as the user gave it (credentials included), never the redacted display form.
     root, _ = parent(experiment)
     env = {variable("name"): manifest.experiment, variable("storage"): root,
@@ -86,6 +87,19 @@ def resume(experiment: str, ranks: int | None, max_failures: int, sbatch_file: s
     click.echo(f"resuming {location.display} with {world} rank(s){aside}: "
                f"{redact(' '.join(argv))}", err=True)
     sys.exit(run_script(launched, argv, RetryPolicy(max_failures), cwd=cwd, extra_env=env))
+
+
+def _check_resumable(experiment: str, argv: list[str], cwd: str) -> None:
+    """What the recorded command cannot do again, said before anything starts."""
+    if argv[0] == "-c":
+        raise click.UsageError(
+            f"{experiment} was started with python -c, whose code Python does not keep; run "
+            "that code again with RunConfig(name=...) naming this experiment, and it resumes.")
+    if not os.path.isdir(cwd):
+        raise click.UsageError(
+            f"{experiment} was started in {cwd}, which no longer exists; create it again "
+            f"with what the command needs, or run from where your script now lies: "
+            f"{redact(' '.join(argv))}")
 
 
 def _warn_outside_an_allocation(manifest: Manifest, launched: int) -> None:
@@ -167,8 +181,12 @@ def _srun_mpi(python: str) -> str:
 
 
 def _submit(path: str, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+    except OSError as exc:
+        raise click.ClickException(f"cannot write the job script {path}: {exc.strerror}; give "
+                                   "--sbatch a file in a directory you can write") from None
     sbatch = shutil.which("sbatch")
     if sbatch is None:
         raise click.ClickException(f"wrote {path}, but sbatch is not on PATH; submit it on a "
