@@ -23,6 +23,7 @@ from hpckit.storage.location import Location, resolve
 __all__ = ["Checkpoint"]
 
 METADATA_NAME = ".metadata.json"
+MANIFEST_NAME = "manifest.json"  # the experiment's (experiment.manifest), beside its checkpoints
 
 
 class Checkpoint:
@@ -128,11 +129,31 @@ class Checkpoint:
         except (TypeError, ValueError) as exc:
             raise CheckpointError(f"checkpoint metadata must be JSON-serialisable: {exc}.") from None
         self._require_dir()
+        self._refuse_if_committed()
         files.write_bytes(self._location.join(METADATA_NAME), data)
 
     def update_metadata(self, metadata: dict[str, Any]) -> None:
         """Merge ``metadata`` into the existing metadata."""
         self.set_metadata({**self.get_metadata(), **metadata})
+
+    def _refuse_if_committed(self) -> None:
+        """A committed checkpoint's files are checksummed in its experiment's manifest: a new
+        ``.metadata.json`` would make it fail verification, and the next run drop it."""
+        experiment = self._location.parent
+        manifest = experiment.join(MANIFEST_NAME)
+        if files.file_type(manifest) != pyarrow.fs.FileType.File:
+            return
+        try:
+            listed = json.loads(files.read_bytes(manifest)).get("checkpoints") or []
+            committed = {entry.get("directory") for entry in listed if isinstance(entry, dict)}
+        except (ValueError, AttributeError):
+            return
+        if self._location.name in committed:
+            raise CheckpointError(
+                f"{self._location.display} is a committed checkpoint of {experiment.display}; "
+                "its files are checksummed in the manifest, so its metadata cannot change in "
+                "place. Set metadata before report(), or on a copy: "
+                "Checkpoint.from_directory(checkpoint.to_directory()).update_metadata(...)")
 
     def _written_when(self, wait: Callable[[], Any]) -> Checkpoint:
         """This checkpoint, whose files are complete once ``wait()`` returns (a save still

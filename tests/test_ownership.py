@@ -108,3 +108,18 @@ def test_a_file_name_that_is_not_utf8_is_refused_at_report_naming_it(tmp_path, m
     assert "checkpoint file name 'bad\\udcffname'" in str(failed.value)
     assert "is not UTF-8" in str(failed.value)
     assert not list((tmp_path / "e").glob("checkpoint_*")), "a checkpoint was committed"
+
+
+def test_metadata_of_a_committed_checkpoint_is_refused_and_the_checkpoint_stays_verified(
+        tmp_path):
+    """#51, item 4: it changed .metadata.json, verify failed, and the next run dropped the
+    newest checkpoint. Before report(), on a directory of one's own, it works as in Ray."""
+    result = DataParallelTrainer(_reports, run_config=RunConfig(
+        name="e", storage_path=str(tmp_path))).fit()
+    assert result.checkpoint is not None
+    with pytest.raises(hpckit.errors.CheckpointError, match="is a committed checkpoint of"):
+        result.checkpoint.update_metadata({"note": "best"})
+    assert run([HPCKIT, "verify", str(tmp_path / "e")], timeout=60).returncode == 0
+    copy = Checkpoint.from_directory(result.checkpoint.to_directory(str(tmp_path / "copy")))
+    copy.update_metadata({"note": "best"})
+    assert copy.get_metadata() == {"note": "best"}

@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields, replace
 from functools import cached_property
 from typing import Any
 
+from hpckit.checkpoint import MANIFEST_NAME as MANIFEST_NAME
 from hpckit.errors import ManifestError
 from hpckit.experiment.attempts import Attempt, AttemptStatus
 from hpckit.experiment.records import RECORDS_DIR, RecordsFile
@@ -27,7 +28,6 @@ FORMAT = "hpckit.manifest"
 # checkpoint of many files in a file of their own (experiment.records). Each manifest is
 # written as the oldest version that holds it: 1 while there are no checkpoints.
 FORMAT_VERSION = 6
-MANIFEST_NAME = "manifest.json"
 STAGING_NAME = ".staging"  # asynchronous checkpoints' files, waiting for the background
 METRICS_NAME = "metrics.jsonl"
 _DIRECTORY = re.compile(r"checkpoint_\d{6,}")
