@@ -4,6 +4,7 @@ experiment. Everything else is copied and left as it was (#51)."""
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -123,3 +124,35 @@ def test_metadata_of_a_committed_checkpoint_is_refused_and_the_checkpoint_stays_
     copy = Checkpoint.from_directory(result.checkpoint.to_directory(str(tmp_path / "copy")))
     copy.update_metadata({"note": "best"})
     assert copy.get_metadata() == {"note": "best"}
+
+
+def _reports_each_epoch(config: dict) -> None:
+    start = 0
+    if checkpoint := hpckit.get_checkpoint():
+        start = int(Path(checkpoint.path, "epoch").read_text()) + 1
+    for epoch in range(start, config["epochs"]):
+        with tempfile.TemporaryDirectory() as d:
+            Path(d, "epoch").write_text(str(epoch))
+            hpckit.report({"epoch": epoch}, checkpoint=Checkpoint.from_directory(d))
+
+
+def test_a_lowered_next_checkpoint_index_never_overwrites_a_committed_checkpoint(tmp_path):
+    """#51, item 8: the resume wrote over checkpoint_000001 and _000002, then wrote a manifest
+    hpckit itself refused ("checkpoints lists an index twice")."""
+    def fit(epochs: int) -> None:
+        DataParallelTrainer(_reports_each_epoch, train_loop_config={"epochs": epochs},
+                            run_config=RunConfig(name="e", storage_path=str(tmp_path))).fit()
+
+    fit(3)
+    path = tmp_path / "e" / "manifest.json"
+    body = json.loads(path.read_text())
+    body["next_checkpoint_index"] = 1
+    path.write_text(json.dumps(body))
+    committed = {name: _contents(tmp_path / "e" / name)
+                 for name in ("checkpoint_000001", "checkpoint_000002")}
+    fit(4)
+    for name, contents in committed.items():
+        assert _contents(tmp_path / "e" / name) == contents, name
+    records = read_manifest(resolve(str(tmp_path / "e"))).checkpoints
+    assert [r.directory for r in records][-1] == "checkpoint_000003"
+    assert _contents(tmp_path / "e" / "checkpoint_000003")["epoch"] == b"3"

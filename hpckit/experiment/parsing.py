@@ -54,7 +54,10 @@ def parse(body: Any, where: str, read: Callable[[str], bytes] | None) -> Manifes
         retention=check.field(body, "retention", dict),
         created_at=check.field(body, "created_at", (int, float)),
         checkpoints=tuple(checkpoints),
-        next_checkpoint_index=check.field(body, "next_checkpoint_index", int),
+        # Never an index a committed checkpoint has, whatever the file says (edited by hand):
+        # a resume would write its next checkpoint over that one.
+        next_checkpoint_index=max([check.field(body, "next_checkpoint_index", int),
+                                   *(index + 1 for index in indexes)]),
         next_step=check.field(body, "next_step", int),
         attempts=tuple(Attempt.from_json(a, where) for a in check.field(body, "attempts", list)),
     )
