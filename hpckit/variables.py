@@ -7,6 +7,7 @@ Ground layer: imports nothing of hpckit. :mod:`hpckit.settings` names the variab
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 from dataclasses import dataclass
@@ -59,6 +60,16 @@ def seconds(raw: str) -> float:
         value = -1.0
     if not 0 < value <= MAX_SECONDS:  # inf (or 1e400) overflows every timeout it reaches
         raise ValueError("a number of seconds > 0 and at most a year, e.g. 300")
+    return value
+
+
+def moment(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < math.inf:
+        raise ValueError("a time in seconds since 1970, as time.time() gives it")
     return value
 
 

@@ -128,10 +128,7 @@ def no_leftovers(tmp_path_factory: pytest.TempPathFactory):
     temporary directories. The MPICH shared memory they leave in /dev/shm is RAM: a suite's
     worth is about 1 GB, and a few runs on one machine once starved CI of memory. It is
     removed before and after the session once no process maps it."""
-    from hpckit.run.startup.shm import SHM_DIR, remove_unmapped
-
-    segments = [os.path.join(SHM_DIR, "mpich_*")]
-    remove_unmapped(segments)
+    leftovers.remove_killed_ranks_leftovers()
     previous = os.environ.get("TMPDIR")
     os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("tmp"))
     yield
@@ -139,7 +136,7 @@ def no_leftovers(tmp_path_factory: pytest.TempPathFactory):
         del os.environ["TMPDIR"]
     else:
         os.environ["TMPDIR"] = previous
-    remove_unmapped(segments)
+    leftovers.remove_killed_ranks_leftovers()
     daemons = leftovers.daemons_left()  # the session's fixtures, stopped by now
     if daemons:
         pytest.fail("left running by the session's fixtures:\n" + "\n".join(daemons))

@@ -5,18 +5,20 @@ what runs beside it on the other worker.
 - **Variables**: the worker's ``os.environ`` is as it was. One exception, reset rather than
   reported: a ``fit()`` run inside the test process keeps its torch.distributed group, and
   the variables torch's launchers set for it (``RANK``, ``MASTER_PORT``...), for a second
-  ``fit()`` in the same process, as hpckit intends; the group is destroyed and those
-  variables restored, so that the next module starts without them.
+  ``fit()`` in the same process, as hpckit intends, and its deterministic seeding sets
+  ``CUBLAS_WORKSPACE_CONFIG`` for the process; the group is destroyed and those variables
+  restored, so that the next module starts without them.
 - **Processes**: every process the tests start inherits ``MARK`` (this worker and session),
   the Slurm jobs too (sbatch exports the submitter's environment). Those still alive after
   the module are leftovers, except the session's daemons (Slurm, the S3 server), which carry
   ``DAEMON`` as well. A leftover is killed by its PID once it has been named.
 - **Mounts**: new mount points, except under the other workers' temporary directories and
   under a session cluster's root.
-- **/dev/shm**: new entries that no process maps. MPI segments (``mpich_*``,
-  ``sm_segment.*``) and Python's named semaphores (``sem.mp-*``) are what a SIGKILLed rank
-  cannot remove (MPICH removes its segments in MPI_Finalize): the tests that kill ranks do it
-  on purpose, so those are removed here. Anything else is a leftover.
+- **/dev/shm**: new entries that no process maps. MPI's segments (MPICH's ``mpich_*``, UCX's
+  ``ucx_shm_posix_*``, Open MPI's ``sm_segment.*``) and Python's named semaphores
+  (``sem.mp-*``) are what a SIGKILLed rank cannot remove (MPICH removes its segments in
+  MPI_Finalize): the tests that kill ranks do it on purpose, so those are removed here, and
+  at the end of the session. Anything else is a leftover.
 """
 
 from __future__ import annotations
@@ -36,10 +38,14 @@ from hpckit.run.startup.shm import RECHECK_S, SHM_DIR, mapping_pids, remove_unma
 MARK = "HPCKIT_TEST_SESSION"
 DAEMON = "HPCKIT_TEST_DAEMON"
 EXIT_WAIT_S = 10.0
-PYTESTS_OWN = ("PYTEST_CURRENT_TEST",)
+# pytest's own, and what libraries set on their first import in this process (Lightning,
+# torch's compiler): not a test's doing, and there for the process's life whoever imports.
+NOT_A_TESTS = ("PYTEST_CURRENT_TEST", "PYTORCH_NVML_BASED_CUDA_CHECK", "TORCHINDUCTOR_CACHE_DIR")
 TORCH_GROUP_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK",
                          "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")
-KILLED_RANKS_LEAVE = ("mpich_*", "sm_segment.*", "sem.mp-*")
+# Set for the process by hpckit.torch's deterministic seeding (cuBLAS reads it once).
+PROCESS_VARIABLES = ("CUBLAS_WORKSPACE_CONFIG",)
+KILLED_RANKS_LEAVE = ("mpich_*", "ucx_shm_posix_*", "sm_segment.*", "sem.mp-*")
 
 
 @dataclass(frozen=True)
@@ -77,7 +83,7 @@ def _reset_torch_group(environment: dict[str, str]) -> None:
     if distributed is None or not distributed.is_available() or not distributed.is_initialized():
         return
     distributed.destroy_process_group()
-    for name in TORCH_GROUP_VARIABLES:
+    for name in TORCH_GROUP_VARIABLES + PROCESS_VARIABLES:
         if name in environment:
             os.environ[name] = environment[name]
         else:
@@ -86,8 +92,13 @@ def _reset_torch_group(environment: dict[str, str]) -> None:
 
 def _variables(before: dict[str, str], after: dict[str, str]) -> list[str]:
     changed = sorted(k for k in before.keys() | after.keys()
-                     if before.get(k) != after.get(k) and k not in PYTESTS_OWN)
+                     if before.get(k) != after.get(k) and k not in NOT_A_TESTS)
     return [f"variable {k}: {before.get(k)!r} -> {after.get(k)!r}" for k in changed]
+
+
+def remove_killed_ranks_leftovers() -> list[str]:
+    """At the end of the session: every segment and semaphore that no process maps."""
+    return remove_unmapped([os.path.join(SHM_DIR, p) for p in KILLED_RANKS_LEAVE])
 
 
 def daemons_left() -> list[str]:
