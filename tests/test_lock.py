@@ -133,3 +133,35 @@ def test_gc_refuses_an_experiment_a_live_run_holds(tmp_path):
     assert refused.exit_code != 0 and "in use by a run (host node-elsewhere, pid 1, Slurm job 77" \
         in refused.output, refused.output
     assert CliRunner().invoke(main, ["gc", "--keep", "1", "--force", str(tmp_path / "exp")]).exit_code == 0
+
+
+def test_a_take_over_replaces_only_the_stale_lock_it_read_and_the_loser_names_the_winner(
+        tmp_path, monkeypatch):
+    """#51, item 10: two runs took over one stale lock, the second a moment later; it moved
+    the first's fresh lock aside as if it were the stale one, and both "won"."""
+    from hpckit.experiment import lock as lock_module
+    from hpckit.storage.location import local
+
+    experiment = tmp_path / "exp"
+    write_lock(experiment, "elsewhere", refreshed_ago=10_000)
+    take = lock_module._take
+    first: list[Lock] = []
+    meanwhile: list[bool] = []
+
+    def the_first_run_takes_it_meanwhile(location, me, *stale):  # type: ignore[no-untyped-def]
+        if not meanwhile:  # the second run's take-over: the first run's happens before it
+            meanwhile.append(True)
+            first.append(Lock.acquire(local(str(experiment)), Settings()))
+        take(location, me, *stale)
+
+    monkeypatch.setattr(lock_module, "_take", the_first_run_takes_it_meanwhile)
+    try:
+        with pytest.raises(ExperimentLockedError) as refused:
+            Lock.acquire(local(str(experiment)), Settings())
+        winner = first[0].holder
+        assert f"locked by host {winner.host}, pid {winner.pid}" in str(refused.value)
+        assert json.loads((experiment / LOCK_NAME).read_text())["token"] == winner.token
+        assert sorted(p.name for p in experiment.iterdir()) == [LOCK_NAME]
+    finally:
+        for held in first:
+            held.release()

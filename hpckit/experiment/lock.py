@@ -22,6 +22,7 @@ the lock lost. A lock file that holds another run's token, or is gone, is lost a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -40,6 +41,7 @@ from hpckit.processes import alive
 from hpckit.settings import Settings
 from hpckit.storage import files
 from hpckit.storage.location import Location
+from hpckit.storage.location import local as local_location
 
 LOCK_NAME = ".hpckit-lock.json"
 
@@ -110,7 +112,7 @@ class Lock:
                         f"{location.display} (a dead run's lock also expires {limit:.0f} s after "
                         f"its last refresh).")
                 log.warning("taking over the stale lock of %s: %s", current.describe(), reason)
-            _take(location, me)
+            _take(location, me, current)
         else:
             _create(location, me)
         return cls(location, me, max(1.0, limit / 5), limit)
@@ -244,31 +246,49 @@ def _encode(holder: Holder) -> bytes:
     return json.dumps(asdict(holder), indent=1).encode()
 
 
-def _take(location: Location, me: Holder) -> None:
-    """Replace a dead (or our own run's) lock without racing another run doing the same."""
+def _take(location: Location, me: Holder, stale: Holder) -> None:
+    """Replace the lock ``stale`` that this run read and found dead, and only it (compare
+    and swap): another run may have taken it over since, and its fresh lock stays."""
     if location.is_local:
         aside = f"{location.path}.stale-{me.token[:8]}"
         try:
             os.rename(location.path, aside)
         except FileNotFoundError:
-            pass  # another run moved it first; O_EXCL below decides who wins
+            pass  # another run moved it first; the exclusive create below decides who wins
         else:
+            moved = read(local_location(aside))
+            if moved is not None and moved.token != stale.token:
+                _put_back(aside, location.path)
+                _lost(location)
             os.unlink(aside)
     _create(location, me)
 
 
+def _put_back(aside: str, path: str) -> None:
+    """A fresh lock moved aside by mistake goes back where it was (unless yet another run
+    created one there meanwhile: then that one holds the experiment)."""
+    with contextlib.suppress(FileExistsError):
+        os.link(aside, path)
+    os.unlink(aside)
+
+
 def _create(location: Location, me: Holder) -> None:
+    """The lock appears whole or not at all: written to a file of this run's, then linked
+    under the lock's name, which fails if another run's is there."""
     data = _encode(me)
     if location.is_local:
+        written = f"{location.path}.new-{me.token[:8]}"
         with files.errors_named(location, "create the lock"):
+            with open(written, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
             try:
-                fd = os.open(location.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                os.link(written, location.path)
             except FileExistsError:
                 _lost(location)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            finally:
+                os.unlink(written)
         return
     files.write_bytes(location, data)
     time.sleep(0.2)  # let a run that wrote at the same moment land, then see who won
