@@ -18,6 +18,7 @@ neither the working directory nor a home. Everything else is copied and left as 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 
@@ -65,10 +66,12 @@ def why_kept(directory: str) -> str | None:
 
 def remove_taken(directory: str, names: list[str]) -> None:
     """Delete the files of ``directory`` that hpckit may take among ``names``, then the
-    directories that left empty, ``directory`` itself last; never through a link."""
+    directories that left empty, ``directory`` itself last; never through a link. Their
+    content is persisted by now: what cannot be deleted stays, as Ray leaves it."""
     for name in names:
         if may_take(directory, name):
-            os.unlink(os.path.join(directory, name))
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, name))
     prune(directory, names)
 
 
