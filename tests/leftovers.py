@@ -80,9 +80,8 @@ def left_behind(before: Machine, temp_root: Path, session_roots: list[Path]) -> 
 
 def _reset_torch_group(environment: dict[str, str]) -> None:
     distributed = sys.modules.get("torch.distributed")
-    if distributed is None or not distributed.is_available() or not distributed.is_initialized():
-        return
-    distributed.destroy_process_group()
+    if distributed is not None and distributed.is_available() and distributed.is_initialized():
+        distributed.destroy_process_group()
     for name in TORCH_GROUP_VARIABLES + PROCESS_VARIABLES:
         if name in environment:
             os.environ[name] = environment[name]
