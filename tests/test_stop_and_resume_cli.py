@@ -189,7 +189,8 @@ def _with_command(tmp_path: Path, **command: object) -> Path:
     DataParallelTrainer(loop, run_config=RunConfig(name="e", storage_path=str(tmp_path))).fit()
     path = tmp_path / "e" / "manifest.json"
     body = json.loads(path.read_text())
-    body["command"].update(command)
+    # A script, not the test process's own argv (under pytest-xdist a worker is `python -c`).
+    body["command"].update({"argv": [str(JOB)], **command})
     path.write_text(json.dumps(body))
     return tmp_path / "e"
 
