@@ -247,8 +247,8 @@ def _encode(holder: Holder) -> bytes:
 
 
 def _take(location: Location, me: Holder, stale: Holder) -> None:
-    """Replace the lock ``stale`` that this run read and found dead, and only it (compare
-    and swap): another run may have taken it over since, and its fresh lock stays."""
+    """Replace the dead lock ``stale`` this run read, and only it (compare and swap): a fresh
+    lock that another run took over with meanwhile is put back, and this run loses."""
     if location.is_local:
         aside = f"{location.path}.stale-{me.token[:8]}"
         try:
@@ -258,18 +258,12 @@ def _take(location: Location, me: Holder, stale: Holder) -> None:
         else:
             moved = read(local_location(aside))
             if moved is not None and moved.token != stale.token:
-                _put_back(aside, location.path)
+                with contextlib.suppress(FileExistsError):  # a third run's, made meanwhile
+                    os.link(aside, location.path)
+                os.unlink(aside)
                 _lost(location)
             os.unlink(aside)
     _create(location, me)
-
-
-def _put_back(aside: str, path: str) -> None:
-    """A fresh lock moved aside by mistake goes back where it was (unless yet another run
-    created one there meanwhile: then that one holds the experiment)."""
-    with contextlib.suppress(FileExistsError):
-        os.link(aside, path)
-    os.unlink(aside)
 
 
 def _create(location: Location, me: Holder) -> None:
