@@ -12,8 +12,8 @@ what runs beside it on the other worker.
   the Slurm jobs too (sbatch exports the submitter's environment). Those still alive after
   the module are leftovers, except the session's daemons (Slurm, the S3 server), which carry
   ``DAEMON`` as well. A leftover is killed by its PID once it has been named.
-- **Mounts**: new mount points, except under the other workers' temporary directories and
-  under a session cluster's root.
+- **Mounts**: new mount points, except under the other workers' (and other runs') temporary
+  directories and under a session cluster's root.
 - **/dev/shm**: new entries that no process maps. MPI's segments (MPICH's ``mpich_*``, UCX's
   ``ucx_shm_posix_*``, Open MPI's ``sm_segment.*``) and Python's named semaphores
   (``sem.mp-*``) are what a SIGKILLed rank cannot remove (MPICH removes its segments in
@@ -148,9 +148,10 @@ def _mount_points() -> frozenset[str]:
 
 
 def _excused(point: Path, temp_root: Path, session_roots: list[Path]) -> bool:
-    """Under another worker's temporary directory, or a session cluster's."""
-    run_root = temp_root.parent
-    others = point.is_relative_to(run_root) and not point.is_relative_to(temp_root)
+    """Under another worker's temporary directory or another run's (pytest-of-USER holds
+    every run's), or under a session cluster's."""
+    runs_root = temp_root.parent.parent
+    others = point.is_relative_to(runs_root) and not point.is_relative_to(temp_root)
     return others or any(point.is_relative_to(root) for root in session_roots)
 
 
