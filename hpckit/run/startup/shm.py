@@ -137,7 +137,8 @@ def remove_unmapped(paths_or_patterns: list[str], since: float = 0.0) -> list[st
     two looks RECHECK_S apart: one that another job's rank has just created is mapped by
     then."""
     candidates = [path for path, status in _owned(paths_or_patterns) if status.st_mtime >= since]
-    unmapped = [path for path in candidates if path not in mapping_pids()] if candidates else []
+    mapped = mapping_pids() if candidates else {}
+    unmapped = [path for path in candidates if path not in mapped]
     if unmapped:
         time.sleep(RECHECK_S)
         mapped = mapping_pids()
