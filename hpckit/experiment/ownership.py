@@ -59,7 +59,7 @@ def why_kept(directory: str) -> str | None:
         return "which lies in an experiment (its files are copied, never moved)"
     home = os.path.expanduser("~")
     for kept, what in ((os.getcwd(), "the current directory"), (home, "your home directory")):
-        if _holds(directory, kept):
+        if inside(kept, directory):
             return f"which holds {what}"
     return None
 
@@ -102,6 +102,7 @@ def _holds_name(directory: str, path: str) -> bool:
     return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
 
 
-def _holds(directory: str, path: str) -> bool:
-    directory, path = os.path.realpath(directory), os.path.realpath(path)
+def inside(path: str, directory: str) -> bool:
+    """Whether ``path`` is ``directory`` or below it (local paths, links resolved)."""
+    path, directory = os.path.realpath(path), os.path.realpath(directory)
     return os.path.commonpath([path, directory]) == directory

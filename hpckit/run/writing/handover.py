@@ -26,6 +26,7 @@ from hpckit.config import CheckpointUploadMode
 from hpckit.errors import CheckpointError
 from hpckit.experiment import ownership
 from hpckit.experiment.manifest import STAGING_NAME
+from hpckit.experiment.ownership import inside
 from hpckit.logs import log
 from hpckit.run.writing.shares import list_source, local_source
 from hpckit.run.writing.uploads import check_returned
@@ -146,12 +147,6 @@ def deletable(directory: str, rank: int) -> bool:
                 "is persisted (delete_local_checkpoint_after_upload): hand a directory of its "
                 "own, such as tempfile.mkdtemp()", rank, directory, kept)
     return False
-
-
-def inside(path: str, directory: str) -> bool:
-    """Whether ``path`` is ``directory`` or below it (local paths, links resolved)."""
-    path, directory = os.path.realpath(path), os.path.realpath(directory)
-    return os.path.commonpath([path, directory]) == directory
 
 
 @dataclass(frozen=True)
