@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpckit.processes import alive, stat
-from hpckit.run.startup.shm import RECHECK_S, SHM_DIR, mapping_pids, remove_unmapped
+from hpckit.run.startup.shm import RECHECK_S, SHM_DIR, remove_unmapped, unmapped
 
 MARK = "HPCKIT_TEST_SESSION"
 DAEMON = "HPCKIT_TEST_DAEMON"
@@ -164,8 +164,8 @@ def _shm_left(before: Machine) -> list[str]:
                     since=before.at)
     new = {os.path.join(SHM_DIR, name) for name in set(os.listdir(SHM_DIR)) - before.shm
            if not any(fnmatch.fnmatch(name, pattern) for pattern in KILLED_RANKS_LEAVE)}
-    unmapped = new - set(mapping_pids())
-    if unmapped:
+    left = unmapped(sorted(new))
+    if left:
         time.sleep(RECHECK_S)
-        unmapped -= set(mapping_pids())
-    return sorted(os.path.basename(path) for path in unmapped if os.path.exists(path))
+        left = unmapped(left)
+    return sorted(os.path.basename(path) for path in left if os.path.exists(path))

@@ -87,7 +87,7 @@ def clear_stale_segments(settings: Settings, shm_dir: str = SHM_DIR) -> list[str
 def _refuse_in_use(earlier: list[str], job_step: str) -> None:
     """An earlier run's segment that a live process maps: that run is still going."""
     users = mapping_pids()
-    in_use = {path: users[path] for path in earlier if path in users}
+    in_use = {path: users[key] for path in earlier if (key := _identity(path)) in users}
     if not in_use:
         return
     path, pids = next(iter(sorted(in_use.items())))
@@ -137,14 +137,12 @@ def remove_unmapped(paths_or_patterns: list[str], since: float = 0.0) -> list[st
     two looks RECHECK_S apart: one that another job's rank has just created is mapped by
     then."""
     candidates = [path for path, status in _owned(paths_or_patterns) if status.st_mtime >= since]
-    mapped = mapping_pids() if candidates else {}
-    unmapped = [path for path in candidates if path not in mapped]
-    if unmapped:
+    left = unmapped(candidates)
+    if left:
         time.sleep(RECHECK_S)
-        mapped = mapping_pids()
-        unmapped = [path for path in unmapped if path not in mapped]
+        left = unmapped(left)
     removed = []
-    for path in unmapped:
+    for path in left:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
             removed.append(os.path.basename(path))
@@ -183,9 +181,19 @@ def _owned(patterns: list[str]) -> list[tuple[str, os.stat_result]]:
     return found
 
 
-def mapping_pids() -> dict[str, set[int]]:
-    """Files under /dev/shm that processes of this user map, with those processes."""
-    mapped: dict[str, set[int]] = {}
+def unmapped(paths: list[str]) -> list[str]:
+    """Those of ``paths`` that no live process maps now (one look)."""
+    mapped = mapping_pids() if paths else {}
+    return [path for path in paths if _identity(path) not in mapped]
+
+
+def mapping_pids() -> dict[tuple[int, int], set[int]]:
+    """The files under /dev/shm that processes map, by (device, inode), with those processes.
+
+    By inode, not by name: glibc's ``sem_open`` maps a temporary file and then links it to
+    the semaphore's name (Python's ``sem.mp-*``), so its creator's mapping names a deleted
+    file while the name in /dev/shm is in use all the same."""
+    mapped: dict[tuple[int, int], set[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -193,8 +201,22 @@ def mapping_pids() -> dict[str, set[int]]:
             with open(f"/proc/{entry}/maps") as f:
                 for line in f:
                     if SHM_DIR in line:
-                        path = line.split(None, 5)[-1].strip().removesuffix(" (deleted)")
-                        mapped.setdefault(path, set()).add(int(entry))
+                        mapped.setdefault(_mapped_identity(line), set()).add(int(entry))
         except OSError:
             continue
     return mapped
+
+
+def _mapped_identity(line: str) -> tuple[int, int]:
+    """(device, inode) of a line of /proc/PID/maps: ``addr perms offset MAJ:MIN inode path``."""
+    _, _, _, device, inode = line.split(None, 5)[:5]
+    major, minor = (int(part, 16) for part in device.split(":"))
+    return os.makedev(major, minor), int(inode)
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        status = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return status.st_dev, status.st_ino
