@@ -33,6 +33,41 @@ def hosts_of(output: str) -> dict[int, set[str]]:
     return found
 
 
+def test_slurms_pmi_server_cuts_a_pmi1_request_longer_than_1024_bytes(slurm_nodes):
+    """#56's cause, kept as a fact about the Slurm the tests run: slurmstepd reads a PMI-1
+    request in a single read of 1,024 bytes, so it stores a longer put's value cut short
+    and takes the rest of it for a request of its own."""
+    def put(length: int) -> str:
+        out = slurm_nodes.run("srun", "-N", "1", "--mpi=pmi2", "-t", "1", sys.executable,
+                              str(HERE / "ranks" / "pmi1_put.py"), str(length), timeout=60,
+                              check=False)
+        return out.stdout + out.stderr
+
+    short, long = put(900), put(1000)
+    assert "PUT OF 940 BYTES: cmd=put_result rc=0" in short and "mpi/pmi2" not in short, short
+    assert "PUT OF 1040 BYTES" in long, long
+    assert "value not properly terminated" in long, long
+    assert re.search(r"full request is: 5A5A5A5A5A5A5A5\s", long), "the last 16 bytes:\n" + long
+
+
+def test_mpi_on_two_nodes_under_slurms_pmi_server_keeps_each_request_short(slurm_nodes):
+    """#56: MPICH's UCX network module puts its address buffer, whose tail holds whatever the
+    heap held, in PMI values of up to 1,022 characters: requests of up to about 1,080 bytes,
+    which Slurm's PMI server cuts (above), and the job hangs or UCX aborts, depending on
+    what the rank did before MPI_Init. The start-up hook chooses the OFI network module
+    there (hpckit/run/startup/hook.py), whose requests stay far below 1,024 bytes."""
+    out = slurm_nodes.run("timeout", "-s", "TERM", "60", "srun", "-N", "2", "--mpi=pmi2", "-t",
+                          "2", sys.executable, str(HERE / "ranks" / "mpi_up.py"),
+                          timeout=90, check=False, env_extra={"PMI_DEBUG": "1"})
+    output = out.stdout + out.stderr
+    assert out.returncode == 0, output
+    assert sorted(re.findall(r"MPI UP rank (\d) netmod (\S+)", output)) == \
+        [("0", "ofi"), ("1", "ofi")], output
+    sent = re.findall(r"send to fd=\d+ pmi: (cmd=[^\n]*)", output)
+    assert sent and max(len(request) for request in sent) < 512, output
+    assert "mpi/pmi2" not in output, output
+
+
 @pytest.mark.parametrize("launch", ["python", "hpckit run"])
 def test_the_ranks_of_a_two_node_run_are_on_two_nodes(tmp_path, slurm_nodes, launch):
     """``python train.py`` and ``hpckit run -n 2 train.py`` in a two-node allocation."""

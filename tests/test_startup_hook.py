@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -105,3 +106,18 @@ def test_a_plain_sbatch_job_warned_as_its_ranks_start_completes_exactly(
     statuses = [a["status"] for a in manifest(tmp_path / "starting")["attempts"]]
     assert statuses == ["requeued", "finished"], output_of(tmp_path)
     assert final_params(output_of(tmp_path)) == steady_torch_reference
+
+
+def test_mpichs_network_module_is_left_alone_but_under_slurms_pmi_server_on_several_nodes():
+    """#56: the hook chooses OFI only in a rank of several nodes whose PMI_FD leads to
+    slurmstepd (tests/test_slurm_nodes.py starts MPI so), and never over the user's choice."""
+    from hpckit.run.startup.hook import NETMOD, choose_mpich_network
+
+    here, there = socket.socketpair()  # its other end is this process: not slurmstepd
+    with here, there:
+        rank = {"SLURM_STEP_ID": "0", "SLURM_STEP_NUM_NODES": "2", "PMI_FD": str(there.fileno())}
+        for environ in ({**rank}, {**rank, "SLURM_STEP_NUM_NODES": "1"},
+                        {**rank, "PMI_FD": "not a number"}, {**rank, "PMI_FD": "987"},
+                        {**rank, NETMOD: "ucx"}):
+            before = dict(environ)
+            assert not choose_mpich_network(environ) and environ == before, environ

@@ -1,5 +1,6 @@
 """What a launched rank does before and while MPI starts: noting a stop signal from the
-script's first line (``hook``, run by ``hpckit-early.pth`` as Python starts, standalone),
+script's first line and choosing MPICH's network module under Slurm's PMI server (``hook``,
+run by ``hpckit-early.pth`` as Python starts, standalone),
 catching it as early as hpckit runs (``early``), removing the shared memory a killed
 incarnation left (``shm``), and ending a rank whose peers never join MPI (``watchdog``).
 

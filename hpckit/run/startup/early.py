@@ -9,7 +9,7 @@ from hpckit import settings as _settings
 from hpckit.errors import HpckitError
 from hpckit.logs import log
 from hpckit.run.ending import stop
-from hpckit.run.startup import shm
+from hpckit.run.startup import hook, shm
 
 IMPORTED_AT = time.time()
 _first = True
@@ -26,6 +26,8 @@ def early() -> None:
     if current.launcher is None and current.slurm_job_id is None:
         return
     stop.catch_early(current.stop_signal)
+    if hook.choose_mpich_network():  # where the start-up hook was turned off
+        log.debug("chose MPICH's OFI network module: Slurm's PMI server cuts UCX's requests")
     try:
         shm.clear_stale_segments(current)
     except HpckitError:
