@@ -13,7 +13,7 @@ import pytest
 from conftest import HPCKIT, run
 
 import hpckit
-from hpckit import Checkpoint, DataParallelTrainer, RunConfig
+from hpckit import Checkpoint, DataParallelTrainer, RunConfig, settings
 from hpckit.experiment.reading import read_manifest
 from hpckit.storage.location import resolve
 
@@ -156,3 +156,38 @@ def test_a_lowered_next_checkpoint_index_never_overwrites_a_committed_checkpoint
     records = read_manifest(resolve(str(tmp_path / "e"))).checkpoints
     assert [r.directory for r in records][-1] == "checkpoint_000003"
     assert _contents(tmp_path / "e" / "checkpoint_000003")["epoch"] == b"3"
+
+
+def test_a_damaged_record_file_takes_only_its_own_checkpoint_out_of_use(tmp_path, monkeypatch):
+    """#51, item 9: verify and resume refused the whole experiment when one records/*.json
+    was truncated, and the advice ("run `hpckit verify`") failed the same way. Now verify
+    names the one checkpoint, the others export and resume, and no advice goes in a circle."""
+    monkeypatch.setenv("HPCKIT_INLINE_RECORDS", "0")  # every checkpoint's records apart
+    monkeypatch.setattr(settings, "_current", settings.Settings.read())
+
+    def fit(epochs: int) -> None:
+        DataParallelTrainer(_reports_each_epoch, train_loop_config={"epochs": epochs},
+                            run_config=RunConfig(name="e", storage_path=str(tmp_path))).fit()
+
+    fit(3)
+    experiment = tmp_path / "e"
+    truncated = experiment / "records" / "000002.json"
+    truncated.write_bytes(truncated.read_bytes()[:20])
+    checked = run([HPCKIT, "verify", str(experiment)], timeout=60, expect=1)
+    bad = [line for line in checked.output.splitlines() if line.startswith("BAD")]
+    assert len(bad) == 1 and bad[0].startswith(
+        "BAD checkpoint_000002: its records cannot be used: records/000002.json does not match"
+    ), checked.output
+    run([HPCKIT, "export", str(experiment), str(tmp_path / "one"), "--index", "1"], timeout=60)
+    assert (tmp_path / "one" / "epoch").read_text() == "1"
+    refused = run([HPCKIT, "export", str(experiment), str(tmp_path / "two"), "--index", "2"],
+                  timeout=60, expect=1)
+    assert "hpckit: error: checkpoint_000002 cannot be exported: its records cannot be used" \
+        in refused.output and "hpckit verify" not in refused.output, refused.output
+    fit(4)  # resumes from checkpoint_000001, the newest that verifies
+    records = read_manifest(resolve(str(experiment))).checkpoints
+    assert [(r.directory, _contents(experiment / r.directory)["epoch"]) for r in records] == [
+        ("checkpoint_000000", b"0"), ("checkpoint_000001", b"1"), ("checkpoint_000003", b"2"),
+        ("checkpoint_000004", b"3")]
+    run([HPCKIT, "verify", str(experiment)], timeout=60)
+

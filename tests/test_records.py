@@ -5,13 +5,14 @@ its checkpoint, and removed as a leftover where no manifest names it. Pure: no M
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
 
 from hpckit import settings
 from hpckit.config import CheckpointConfig
-from hpckit.errors import HpckitError, ManifestError
+from hpckit.errors import ManifestError
 from hpckit.experiment.experiment import Experiment
 from hpckit.experiment.leftovers import remove_leftovers
 from hpckit.experiment.manifest import CheckpointRecord, FileRecord, Manifest
@@ -50,18 +51,31 @@ def test_a_checkpoint_of_many_files_keeps_its_records_apart_and_reads_back_whole
     assert read == experiment.manifest and len(read.checkpoints[0].files) == 1001
 
 
-def test_a_damaged_or_missing_record_file_is_named(tmp_path):
+def test_a_damaged_or_missing_record_file_takes_only_its_checkpoint_out_of_use(tmp_path):
+    """#51, item 9: the manifest still reads; the checkpoint says why it cannot be used, and
+    a later commit keeps its reference as it was."""
     experiment = experiment_at(tmp_path)
     experiment.commit(record(0, 1001), CheckpointConfig())
+    experiment.commit(record(1, 2), CheckpointConfig())
     path = tmp_path / "exp" / "records" / "000000.json"
     data = bytearray(path.read_bytes())
     data[100] ^= 1
     path.write_bytes(bytes(data))
-    with pytest.raises(ManifestError, match=r"records/000000\.json .*does not match the checksum"):
-        read_manifest(resolve(str(tmp_path / "exp")))
+    damaged, whole = read_manifest(resolve(str(tmp_path / "exp"))).checkpoints
+    assert damaged.files == () and damaged.damaged is not None
+    assert re.fullmatch(r"its records cannot be used: records/000000\.json does not match the "
+                        r"checksum .*; restore it from a backup\. The other checkpoints are "
+                        r"unaffected\.", damaged.damaged), damaged.damaged
+    assert whole == experiment.manifest.checkpoints[1] and whole.damaged is None
     path.unlink()
-    with pytest.raises(HpckitError, match=r"records/000000\.json"):
-        read_manifest(resolve(str(tmp_path / "exp")))
+    damaged = read_manifest(resolve(str(tmp_path / "exp"))).checkpoints[0]
+    assert damaged.damaged == "its records cannot be used: records/000000.json is missing"
+    reopened = Experiment(experiment.location, read_manifest(experiment.location))
+    reopened.commit(record(2, 1), CheckpointConfig())
+    body = json.loads((tmp_path / "exp" / "manifest.json").read_text())
+    assert body["checkpoints"][0]["records"] == \
+        json.loads(json.dumps(experiment.manifest.checkpoints[0].records.to_json()))
+    assert "damaged" not in body["checkpoints"][0]
 
 
 def test_a_manifest_cannot_point_at_another_file(tmp_path):

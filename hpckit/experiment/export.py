@@ -17,6 +17,8 @@ def export(source: Location, record: CheckpointRecord, target: Location) -> int:
     in an experiment is refused before anything is written: the copy would truncate the very
     files it reads, or write into another run's checkpoints."""
     refuse_target(source, target)
+    if record.damaged is not None:
+        raise CheckpointError(f"{record.directory} cannot be exported: {record.damaged}")
     with progress(record.size, f"exporting {record.directory}") as bar:
         for f in record.files:
             destination = target.join(f.path)

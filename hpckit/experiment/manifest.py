@@ -85,6 +85,10 @@ class CheckpointRecord:
     hosts: tuple[str, ...] = ()  # a cached checkpoint's writers: the host of each rank
     validation: Validation | None = None  # report(..., validation=...)
     records: RecordsFile | None = None  # where ``files`` are kept, when not in the manifest
+    # Why ``files`` could not be read back from ``records`` (a damaged record file): this
+    # checkpoint cannot be verified, resumed from or exported; the others are unaffected.
+    # Never written: the manifest keeps the reference as it was.
+    damaged: str | None = None
 
     @property
     def size(self) -> int:
@@ -224,6 +228,6 @@ def checkpoint_json(record: CheckpointRecord, inline: bool = False) -> dict[str,
             body["records"] = record.records.to_json()
         elif name == "validation" and value is not None:
             body["validation"] = value.to_json()
-        elif name not in ("files", "validation", "records"):
+        elif name not in ("files", "validation", "records", "damaged"):
             body[name] = list(value) if name == "hosts" else value
     return body

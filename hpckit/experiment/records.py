@@ -87,19 +87,16 @@ def parse_reference(raw: Any, index: int, where: str) -> RecordsFile:
     return RecordsFile(name, checksum, count)
 
 
-def read_records(reference: RecordsFile, read: Callable[[str], bytes] | None, where: str,
+def read_records(reference: RecordsFile, read: Callable[[str], bytes], where: str,
                  is_safe: Callable[[str], bool]) -> tuple[FileRecord, ...]:
     """The records a record file holds, read through ``read`` (a name relative to the
     experiment) and refused unless they are exactly what the manifest names."""
-    if read is None:
-        raise ManifestError(f"manifest {where} keeps records in {reference.name}, and nothing "
-                            "was given to read it with (a bug in hpckit: please report it).")
     data = read(reference.name)
     if checksum_of(data) != reference.checksum:
         raise ManifestError(
-            f"{reference.name} of manifest {where} does not match the checksum the manifest "
-            "records (a damaged or replaced file); restore it from a backup, or run `hpckit "
-            "verify` to see which checkpoints are still whole.")
+            f"{reference.name} does not match the checksum that manifest {where} records (a "
+            "damaged or replaced file); restore it from a backup. The other checkpoints are "
+            "unaffected.")
     try:
         body = json.loads(data)
         entries = body["files"] if body.get("format") == RECORDS_FORMAT else None

@@ -27,12 +27,16 @@ class Problem:
     unreadable: bool = False
 
     def __str__(self) -> str:
-        return f"{self.directory}/{self.path}: {self.what}"
+        return f"{self.directory}/{self.path}: {self.what}" if self.path else \
+            f"{self.directory}: {self.what}"
 
 
 def verify(experiment: Location, record: CheckpointRecord) -> list[Problem]:
     """Every file of ``record`` that is missing, of the wrong size, or has the wrong checksum.
-    Files are read back in parallel, as large checkpoints have many shards."""
+    Files are read back in parallel, as large checkpoints have many shards. A checkpoint
+    whose record file is damaged has nothing to compare with: that is its problem."""
+    if record.damaged is not None:
+        return [Problem(record.directory, "", record.damaged)]
     with ThreadPoolExecutor(max(1, min(PARALLEL_READS, len(record.files)))) as pool:
         found = pool.map(lambda f: _check(experiment.join(record.directory, f.path), record, f,
                                           experiment), record.files)
