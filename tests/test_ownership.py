@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
-from conftest import HPCKIT, run
+from conftest import HERE, HPCKIT, MPIEXEC, run
 
 import hpckit
 from hpckit import Checkpoint, DataParallelTrainer, RunConfig, settings
+from hpckit.errors import HpckitError
 from hpckit.experiment.reading import read_manifest
 from hpckit.storage.location import resolve
 
@@ -191,3 +195,44 @@ def test_a_damaged_record_file_takes_only_its_own_checkpoint_out_of_use(tmp_path
         ("checkpoint_000004", b"3")]
     run([HPCKIT, "verify", str(experiment)], timeout=60)
 
+
+def test_gc_force_beside_a_live_run_leaves_its_pending_checkpoint_and_fences_it(tmp_path):
+    """#51, item 7: ``hpckit gc --keep 1 --force`` beside a live run deleted checkpoints its
+    manifest named and its pending directory, and the run died with a raw FileNotFoundError.
+    Now gc takes the lock over (the run writes nothing more and fails with one line saying
+    so), keeps what the running attempt may be writing, and the experiment stays whole."""
+    command = [MPIEXEC, "-n", "2", sys.executable, str(HERE / "ranks" / "sharded.py"),
+               "--storage", str(tmp_path), "--epochs", "400", "--epoch-seconds", "0.02"]
+    live = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    experiment = tmp_path / "exp"
+    pending = experiment / "checkpoint_000900"  # as the run's next checkpoint under way
+    try:
+        deadline = time.monotonic() + 60
+        while not _committed(experiment, 3):
+            assert live.poll() is None and time.monotonic() < deadline, live.communicate()[0]
+            time.sleep(0.05)
+        pending.mkdir()
+        (pending / "part-0.bin").write_bytes(b"being written")
+        gc = run([HPCKIT, "gc", "--keep", "1", "--force", str(experiment)], timeout=60)
+        output, _ = live.communicate(timeout=120)
+    finally:
+        if live.poll() is None:
+            os.killpg(live.pid, 9)
+            live.wait()
+    assert "kept checkpoint_000900" in gc.output, gc.output
+    assert _contents(pending) == {"part-0.bin": b"being written"}
+    assert live.returncode == 77, output
+    errors = [line for line in output.splitlines() if "hpckit: error:" in line]
+    assert len(errors) == 1 and "was taken over by another run" in errors[0], output
+    assert "Traceback" not in output, output
+    assert len(read_manifest(resolve(str(experiment))).checkpoints) == 1
+    run([HPCKIT, "verify", str(experiment)], timeout=60)
+
+
+def _committed(experiment: Path, count: int) -> bool:
+    try:
+        manifest = read_manifest(resolve(str(experiment)))
+    except HpckitError:  # being replaced: read again
+        return False
+    return manifest is not None and manifest.next_checkpoint_index >= count

@@ -28,8 +28,11 @@ def gc(experiment: str, keep: int | None, dry_run: bool, force: bool) -> None:
     Example: hpckit gc /lustre/me/runs/resnet --keep 2 --dry-run
     """
     location, _ = require(experiment)
-    opened = Experiment.for_maintenance(location, settings.current(), force)
-    garbage = opened.collect_garbage(keep, dry_run)
+    opened = Experiment.for_maintenance(location, settings.current(), force, dry_run)
+    try:
+        garbage = opened.collect_garbage(keep, dry_run)
+    finally:
+        opened.close()
     verb = "would remove" if dry_run else "removed"
     if keep is None:
         click.echo("no --keep: every committed checkpoint is kept; only leftovers that no "
@@ -38,6 +41,10 @@ def gc(experiment: str, keep: int | None, dry_run: bool, force: bool) -> None:
         click.echo(f"{verb} {record.directory} ({record.size} B, evicted by retention)")
     for name, size in garbage.leftovers.items():
         click.echo(f"{verb} {name} ({size} B, named by no manifest)")
+    for name, size in garbage.kept.items():
+        click.echo(f"kept {name} ({size} B, named by no manifest): the newest attempt says it "
+                   "is running and may be writing it; the next run (or gc once one ended) "
+                   "removes it")
     click.echo(f"{verb} {len(garbage.evicted) + len(garbage.leftovers)} checkpoint(s), "
                f"{garbage.size} B" + (" (dry run: nothing was deleted)" if dry_run else " freed"))
 

@@ -25,7 +25,7 @@ from hpckit.errors import CheckpointError, ExperimentTakenError, HpckitError, St
 from hpckit.experiment.attempts import AttemptStatus
 from hpckit.experiment.leftovers import free
 from hpckit.experiment.lock import Lock
-from hpckit.experiment.maintenance import Garbage, find_garbage, refuse_if_running, remove_garbage
+from hpckit.experiment.maintenance import Garbage, find_garbage, maintenance_lock, remove_garbage
 from hpckit.experiment.manifest import (
     MANIFEST_NAME,
     PENDING_MARKER,
@@ -76,12 +76,12 @@ class Experiment:
         return cls(location, manifest, lock, metrics, mirror)
 
     @classmethod
-    def for_maintenance(cls, location: Location, settings: Settings, force: bool) -> Experiment:
-        """The experiment for a command that changes it after the fact (``hpckit gc``): refused
-        while a live run holds it, unless ``force``."""
-        manifest = require_manifest(location)
-        refuse_if_running(location, manifest, settings, force)
-        return cls(location, manifest)
+    def for_maintenance(cls, location: Location, settings: Settings, force: bool,
+                        dry_run: bool = False) -> Experiment:
+        """The experiment for ``hpckit gc``, holding its lock until :meth:`close` (a ``dry_run``
+        takes none; ``force`` takes a live run's: maintenance_lock); read again once locked."""
+        lock = maintenance_lock(location, require_manifest(location), settings, force, dry_run)
+        return cls(location, require_manifest(location), lock)
 
     @written
     def commit(self, record: CheckpointRecord, config: CheckpointConfig) -> None:

@@ -91,7 +91,7 @@ class Lock:
         self._thread.start()
 
     @classmethod
-    def acquire(cls, experiment: Location, settings: Settings) -> Lock:
+    def acquire(cls, experiment: Location, settings: Settings, force: bool = False) -> Lock:
         location = experiment.join(LOCK_NAME)
         limit = settings.lock_stale_seconds
         now = time.time()
@@ -104,14 +104,15 @@ class Lock:
                          current.describe())
             else:
                 reason = current.stale(now, limit)
-                if reason is None:
+                if reason is None and not force:
                     raise ExperimentLockedError(
                         f"experiment {experiment.display} is in use by another run ({current.describe()}); "
                         f"two runs writing one experiment would corrupt it. Wait for that run, "
                         f"choose another RunConfig(name=...), or, if it is dead, remove "
                         f"{location.display} (a dead run's lock also expires {limit:.0f} s after "
                         f"its last refresh).")
-                log.warning("taking over the stale lock of %s: %s", current.describe(), reason)
+                log.warning("taking over the %s of %s: %s", "stale lock" if reason else "lock",
+                            current.describe(), reason or "forced (it may be alive)")
             _take(location, me, current)
         else:
             _create(location, me)

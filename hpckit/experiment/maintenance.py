@@ -4,14 +4,15 @@ live run holds it), and what garbage collection removes."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field, replace
 
 from pyarrow.fs import FileType
 
 from hpckit.errors import ExperimentLockedError
 from hpckit.experiment.attempts import AttemptStatus
 from hpckit.experiment.leftovers import leftovers, size_of, stray_records
-from hpckit.experiment.lock import LOCK_NAME
+from hpckit.experiment.lock import LOCK_NAME, Lock
 from hpckit.experiment.lock import read as read_lock
 from hpckit.experiment.manifest import CheckpointRecord, Manifest
 from hpckit.settings import Settings
@@ -22,10 +23,13 @@ from hpckit.storage.location import Location
 @dataclass(frozen=True)
 class Garbage:
     """What :meth:`Experiment.collect_garbage` removes (or would): evicted checkpoints, and
-    leftover directories and record files with their sizes."""
+    leftover directories and record files with their sizes; and the leftovers it ``kept``
+    because the newest attempt says it is running (``gc --force``): they may be the pending
+    checkpoint that run is writing."""
 
     evicted: list[CheckpointRecord]
     leftovers: dict[str, int]
+    kept: dict[str, int] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -35,10 +39,13 @@ class Garbage:
 def find_garbage(location: Location, manifest: Manifest,
                  evicted: list[CheckpointRecord]) -> Garbage:
     """The ``evicted`` checkpoints, and what no manifest names: leftover directories and
-    record files."""
-    return Garbage(evicted, {**{name: size_of(location.join(name))
-                                for name in leftovers(location, manifest)},
-                             **stray_records(location, manifest)})
+    record files, kept where the newest attempt may still be writing them."""
+    found = {**{name: size_of(location.join(name)) for name in leftovers(location, manifest)},
+             **stray_records(location, manifest)}
+    last = manifest.last_attempt
+    if last is not None and last.status is AttemptStatus.RUNNING:
+        return Garbage(evicted, {}, found)
+    return Garbage(evicted, found)
 
 
 def remove_garbage(location: Location, garbage: Garbage) -> None:
@@ -53,6 +60,19 @@ def remove_garbage(location: Location, garbage: Garbage) -> None:
             files.delete_file(target)
         else:
             files.delete_dir(target)
+
+
+def maintenance_lock(location: Location, manifest: Manifest, settings: Settings, force: bool,
+                     dry_run: bool) -> Lock | None:
+    """The experiment's lock for a maintenance command (none for a ``dry_run``, which changes
+    nothing): refused while a live run holds it, unless ``force``, which takes it over all
+    the same (compare and swap: the run that held it writes nothing more and fails at its
+    next report, naming this command)."""
+    refuse_if_running(location, manifest, settings, force)
+    if dry_run:
+        return None
+    command = replace(settings, run_id=f"hpckit gc {uuid.uuid4().hex[:8]}")
+    return Lock.acquire(location, command, force)
 
 
 def refuse_if_running(location: Location, manifest: Manifest, settings: Settings,
