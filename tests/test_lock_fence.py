@@ -238,11 +238,13 @@ def run_stopped(root: int) -> bool:
     return len(states) >= 4 and all(state in "Tt" for state in states)
 
 
-def start_frozen_candidate(view: LocalView, log: Path) -> subprocess.Popen:
+def start_frozen_candidate(view: LocalView, log: Path,
+                           launcher: list[str] | None = None) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HPCKIT_LOCK_STALE_SECONDS": f"{STALE:g}",
            "HPCKIT_RUN_ID": "run-A"}
     with open(log, "w") as out:
-        return subprocess.Popen([MPIEXEC, "-prepend-rank", "-n", "2", sys.executable,
+        return subprocess.Popen([*(launcher or [MPIEXEC, "-prepend-rank", "-n", "2",
+                                                sys.executable]),
                                  str(SHARDED), "--storage", view.storage, *ARGS],
                                 stdout=out, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
@@ -313,6 +315,49 @@ def test_a_frozen_run_whose_experiment_was_taken_over_writes_nothing_more(tmp_pa
 
 def test_a_frozen_run_is_fenced_on_s3(s3, tmp_path, reference):
     frozen_run_is_fenced(S3View(s3, f"fence-{tmp_path.name}"), tmp_path / "a.log", reference)
+
+
+@pytest.mark.parametrize("launcher", ["mpiexec", "hpckit run"])
+def test_a_run_woken_while_the_other_still_trains_names_it_in_one_error(tmp_path, reference,
+                                                                         launcher):
+    """#51 item 14: run A wakes while run B, which took its experiment over, is still
+    training (B's lock is there and fresh): A fails on every rank with one ``hpckit: error:``
+    line naming B, exits 77, and B ends as an uninterrupted run."""
+    view, log = LocalView(tmp_path), tmp_path / "a.log"
+    a = start_frozen_candidate(view, log, [HPCKIT, "run", "-n", "2"] if launcher != "mpiexec"
+                               else None)
+    b = None
+    try:
+        wait_until(lambda: committed(view), "run A's first commit", process=a, log=log)
+        signal_run(a.pid, signal.SIGSTOP)
+        wait_until(lambda: run_stopped(a.pid), "run A stopped", timeout=20, log=log)
+        wait_until(lambda: stale(view), "run A's lock stale", timeout=30, log=log)
+        b_log = tmp_path / "b.log"
+        with open(b_log, "w") as out:  # slower epochs: B trains on long after A wakes
+            b = subprocess.Popen(
+                [MPIEXEC, "-n", "2", sys.executable, str(SHARDED), "--storage", view.storage,
+                 "--epochs", str(EPOCHS), "--epoch-seconds", "1.5"], stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", "HPCKIT_RUN_ID": "run-B",
+                     "HPCKIT_LOCK_STALE_SECONDS": f"{STALE:g}"})
+        holder = wait_until(lambda: (h := parsed(view, LOCK_NAME)) and h["run_id"] == "run-B"
+                            and Holder(**h), "run B's lock", process=b, log=b_log)
+        signal_run(a.pid, signal.SIGCONT)
+        a.wait(timeout=120)
+        assert b.poll() is None, "run B ended before run A woke:\n" + b_log.read_text()
+        b.wait(timeout=180)
+    finally:
+        for process in (a, b):
+            if process is not None and process.poll() is None:
+                signal_run(process.pid, signal.SIGKILL)
+                process.wait()
+    output = log.read_text()
+    assert a.returncode == EXIT_TAKEN, f"run A exited {a.returncode}:\n{output}"
+    errors = [line for line in output.splitlines() if "hpckit: error:" in line]
+    assert len(errors) == 1 and f"host {holder.host}, pid {holder.pid}" in errors[0], output
+    assert b.returncode == 0, b_log.read_text()
+    done = re.search(r"FINAL (\{.*\})", b_log.read_text())
+    assert done and json.loads(done.group(1))["shards"] == reference, b_log.read_text()
 
 
 @pytest.mark.parametrize(("status", "attempts"), [(EXIT_TAKEN, 1), (1, 2)])
