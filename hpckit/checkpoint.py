@@ -102,10 +102,13 @@ class Checkpoint:
             yield directory
 
     def to_directory(self, path: str | os.PathLike[str] | None = None) -> str:
-        """Copy the checkpoint's files into ``path`` (a new temporary directory by default)."""
+        """Copy the checkpoint's files into ``path`` (a new temporary directory by default);
+        never into the checkpoint itself or into any experiment."""
         target = os.fspath(path) if path is not None else tempfile.mkdtemp(
             prefix="hpckit-checkpoint-", dir=_local_dir())
         self._require_dir()
+        if path is not None:
+            self._refuse_target(target)
         if self._location.is_local:
             shutil.copytree(self.path, target, dirs_exist_ok=True)
         else:
@@ -117,7 +120,14 @@ class Checkpoint:
         location = self._location.join(METADATA_NAME)
         if files.file_type(location) == pyarrow.fs.FileType.NotFound:
             return {}
-        metadata: dict[str, Any] = json.loads(files.read_bytes(location))
+        try:
+            metadata = json.loads(files.read_bytes(location))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"{location.display} is not checkpoint metadata (JSON): {exc}. "
+                                  "Set the metadata with Checkpoint.set_metadata().") from None
+        if not isinstance(metadata, dict):
+            raise CheckpointError(f"{location.display} is not checkpoint metadata: a JSON "
+                                  f"object was expected, not {type(metadata).__name__}.")
         return metadata
 
     def set_metadata(self, metadata: dict[str, Any]) -> None:
@@ -134,6 +144,7 @@ class Checkpoint:
 
     def update_metadata(self, metadata: dict[str, Any]) -> None:
         """Merge ``metadata`` into the existing metadata."""
+        self._refuse_if_committed()
         self.set_metadata({**self.get_metadata(), **metadata})
 
     def _refuse_if_committed(self) -> None:
@@ -154,6 +165,20 @@ class Checkpoint:
                 "its files are checksummed in the manifest, so its metadata cannot change in "
                 "place. Set metadata before report(), or on a copy: "
                 "Checkpoint.from_directory(checkpoint.to_directory()).update_metadata(...)")
+
+    def _refuse_target(self, target: str) -> None:
+        """A copy onto the checkpoint itself truncates what it reads; one into an experiment
+        overwrites its manifest or a committed checkpoint's checksummed files."""
+        real = os.path.realpath(target)
+        if self._location.is_local and inside(real, self._location.path):
+            raise CheckpointError(f"Checkpoint.to_directory({target!r}) is inside the checkpoint "
+                                  f"{self.uri} itself; choose a directory outside it.")
+        holder = experiment_of(real)
+        if holder is not None:
+            raise CheckpointError(
+                f"Checkpoint.to_directory({target!r}) lies in experiment {holder}: the copy "
+                "would overwrite its manifest or a committed checkpoint's files. Choose a "
+                "directory outside every experiment.")
 
     def _written_when(self, wait: Callable[[], Any]) -> Checkpoint:
         """This checkpoint, whose files are complete once ``wait()`` returns (a save still
@@ -218,6 +243,25 @@ def written_later(directory: str) -> tuple[str, ...]:
     in a directory that every rank shares, only this rank may hash them."""
     with _writes_lock:
         return tuple(name for name, _ in _writes.get(os.path.realpath(directory), []))
+
+
+def experiment_of(path: str) -> str | None:
+    """The experiment directory (one that holds ``manifest.json``) that the local ``path`` lies
+    in, itself or above, links resolved; None where there is none. ``path`` may not exist."""
+    current = os.path.realpath(path)
+    while True:
+        if os.path.isfile(os.path.join(current, MANIFEST_NAME)):
+            return current
+        parent = os.path.dirname(current)
+        if parent == current:
+            return None
+        current = parent
+
+
+def inside(path: str, directory: str) -> bool:
+    """Whether ``path`` is ``directory`` or below it (local paths, links resolved)."""
+    path, directory = os.path.realpath(path), os.path.realpath(directory)
+    return os.path.commonpath([path, directory]) == directory
 
 
 def _local_dir() -> str | None:

@@ -17,7 +17,7 @@ from conftest import HERE, HPCKIT, MPIEXEC, run
 
 import hpckit
 from hpckit import Checkpoint, DataParallelTrainer, RunConfig, settings
-from hpckit.errors import HpckitError
+from hpckit.errors import CheckpointError, HpckitError
 from hpckit.experiment.reading import read_manifest
 from hpckit.storage.location import resolve
 
@@ -236,3 +236,50 @@ def _committed(experiment: Path, count: int) -> bool:
     except HpckitError:  # being replaced: read again
         return False
     return manifest is not None and manifest.next_checkpoint_index >= count
+
+
+def _hands_what_it_is_given(config: dict) -> None:
+    hpckit.report({"loss": 1.0}, checkpoint=Checkpoint.from_directory(config["handed"]),
+                  checkpoint_upload_mode="async")
+
+
+def test_an_experiment_inside_a_handed_directory_is_copied_never_taken(tmp_path):
+    """Found by tests/test_fuzzed_trees.py: ASYNC took (moved, then deleted) the files of an
+    experiment that a handed directory held; only the handed directory itself and those
+    above it were asked whether they are an experiment's."""
+    handed = tmp_path / "handed"
+    handed.mkdir()
+    (handed / "model.bin").write_bytes(b"w")
+    DataParallelTrainer(_reports_each_epoch, train_loop_config={"epochs": 1},
+                        run_config=RunConfig(name="inner", storage_path=str(handed))).fit()
+    inner = _contents(handed / "inner")
+    result = DataParallelTrainer(_hands_what_it_is_given, train_loop_config={"handed": str(handed)},
+                                 run_config=RunConfig(name="e", storage_path=str(tmp_path))).fit()
+    assert _contents(handed / "inner") == inner
+    assert _contents(Path(result.checkpoint.path))["inner/manifest.json"] == inner["manifest.json"]
+    run([HPCKIT, "verify", str(handed / "inner")], timeout=60)
+
+
+def test_an_empty_handed_directory_commits_an_empty_checkpoint_directory(tmp_path):
+    """Found by the fuzzed test: the checkpoint was committed without a directory."""
+    (tmp_path / "empty").mkdir()
+    result = DataParallelTrainer(
+        _hands_what_it_is_given, train_loop_config={"handed": str(tmp_path / "empty")},
+        run_config=RunConfig(name="e", storage_path=str(tmp_path))).fit()
+    with result.checkpoint.as_directory() as directory:
+        assert os.listdir(directory) == []
+
+
+def test_to_directory_never_copies_into_an_experiment_or_onto_itself(tmp_path):
+    """Found by the fuzzed test: a copy into its own experiment replaced the manifest with a
+    checkpoint file of that name; one onto itself raised shutil.Error."""
+    result = DataParallelTrainer(_reports_each_epoch, train_loop_config={"epochs": 1},
+                                 run_config=RunConfig(name="e", storage_path=str(tmp_path))).fit()
+    checkpoint = result.checkpoint
+    for target, refusal in ((tmp_path / "e", "lies in experiment"),
+                            (tmp_path / "e" / "checkpoint_000000", "inside the checkpoint"),
+                            (tmp_path / "e" / "elsewhere", "lies in experiment")):
+        with pytest.raises(CheckpointError, match=refusal):
+            checkpoint.to_directory(target)
+    assert _contents(Path(checkpoint.to_directory(tmp_path / "copy"))) == {"epoch": b"0"}
+    run([HPCKIT, "verify", str(tmp_path / "e")], timeout=60)

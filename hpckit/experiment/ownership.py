@@ -9,8 +9,9 @@ what Ray would delete after the upload, and less:
   on a truncate, and its content is not the directory's to give away),
 - reached from the handed directory through no symbolic link (a link to the dataset, or to
   a directory above the storage root, leads to what is not the checkpoint's),
-- in no experiment (a directory that holds ``manifest.json``): a committed checkpoint of any
-  experiment, handed again, is read, never taken.
+- in no experiment (a directory that holds ``manifest.json``), above the handed directory or
+  within it: a committed checkpoint of any experiment, handed again, is read, never taken,
+  and neither is an experiment that a handed directory happens to hold.
 
 The handed directory itself is removed only when hpckit took everything in it and it holds
 neither the working directory nor a home. Everything else is copied and left as it was.
@@ -22,14 +23,16 @@ import contextlib
 import os
 import stat
 
-from hpckit.experiment.manifest import MANIFEST_NAME
+from hpckit.checkpoint import MANIFEST_NAME, experiment_of, inside
 
 
 def may_take(directory: str, name: str) -> bool:
     """Whether hpckit may move and delete file ``name`` (a relative POSIX path) of the
-    handed ``directory``."""
+    handed ``directory``: not through a link, nor in an experiment nested in it."""
     path = directory
     for part in name.split("/"):
+        if os.path.isfile(os.path.join(path, MANIFEST_NAME)):
+            return False
         path = os.path.join(path, part)
         if os.path.islink(path):
             return False
@@ -42,14 +45,7 @@ def may_take(directory: str, name: str) -> bool:
 
 def in_experiment(path: str) -> bool:
     """Whether ``path`` lies in an experiment directory, any experiment's (links resolved)."""
-    current = os.path.realpath(path)
-    while True:
-        if os.path.isfile(os.path.join(current, MANIFEST_NAME)):
-            return True
-        parent = os.path.dirname(current)
-        if parent == current:
-            return False
-        current = parent
+    return experiment_of(path) is not None
 
 
 def why_kept(directory: str) -> str | None:
@@ -100,9 +96,3 @@ def names_in(directory: str) -> list[str]:
 
 def _holds_name(directory: str, path: str) -> bool:
     return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
-
-
-def inside(path: str, directory: str) -> bool:
-    """Whether ``path`` is ``directory`` or below it (local paths, links resolved)."""
-    path, directory = os.path.realpath(path), os.path.realpath(directory)
-    return os.path.commonpath([path, directory]) == directory
