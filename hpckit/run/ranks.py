@@ -65,6 +65,7 @@ def _run(job: TrainingJob, settings: Settings, trial: Comm | None) -> Result:
             return returned
         ended.result = result = _attempts(job, settings, trial, ranks, ended)
         ranks.group.free()  # every training rank is here: the run ended well
+        launched.Free()
         return result
 
 

@@ -149,6 +149,8 @@ def register_pid(settings: Settings) -> None:
 def prepare_interrupts(comm: Comm) -> None:
     """Every rank, once its world is up: the communicator that :func:`interrupted` uses."""
     global _interrupts
+    if _interrupts is not None:  # an earlier fit()'s in this process: collective, as this is
+        _interrupts.Free()
     _interrupts = comm.Dup()
 
 
