@@ -10,10 +10,10 @@ what the ownership rule lets report() take (hpckit/experiment/ownership.py), and
 committed checkpoint of every experiment in reach still verifies. A refusal is an
 :class:`HpckitError`, never another exception.
 
-The suite runs ``HPCKIT_FUZZ_EXAMPLES`` trees (200), 200 to a process with fixed seeds 0, 1,
-...; a release runs more: ``HPCKIT_FUZZ_EXAMPLES=5000 pytest tests/test_fuzzed_trees.py -n0``
+The suite runs ``FUZZED_TREES`` trees (200), 200 to a process with fixed seeds 0, 1,
+...; a release runs more: ``FUZZED_TREES=5000 pytest tests/test_fuzzed_trees.py -n0``
 (25 processes, about 5 minutes here). A failure prints the tree as drawn; to shrink it, run one
-process by hand: ``HPCKIT_FUZZ_SHRINK=1 python tests/test_fuzzed_trees.py DIR SEED 200``.
+process by hand: ``FUZZED_TREES_SHRINK=1 python tests/test_fuzzed_trees.py DIR SEED 200``.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from hpckit.experiment.manifest import MANIFEST_NAME
 from hpckit.experiment.reading import read_manifest
 from hpckit.storage.location import resolve
 
-EXAMPLES = int(os.environ.get("HPCKIT_FUZZ_EXAMPLES", "200"))
+EXAMPLES = int(os.environ.get("FUZZED_TREES", "200"))
 PER_PROCESS = 200
 OUTCOMES: dict[str, Any] = {"trees": 0, "committed": 0, "refused": collections.Counter()}
 MANIFEST = MANIFEST_NAME.encode()
@@ -556,7 +556,7 @@ def _environment(root: Path) -> dict[str, str]:
 
 
 def test_no_tree_makes_hpckit_change_what_is_not_its_own(tmp_path: Path) -> None:
-    """``HPCKIT_FUZZ_EXAMPLES`` trees, PER_PROCESS to a process of their own (seeds 0, 1, ...):
+    """``FUZZED_TREES`` trees, PER_PROCESS to a process of their own (seeds 0, 1, ...):
     each in-process fit() keeps MPI communicators, and the trees' fits are many."""
     trees = committed = 0
     for chunk in range(math.ceil(EXAMPLES / PER_PROCESS)):
@@ -574,4 +574,4 @@ def test_no_tree_makes_hpckit_change_what_is_not_its_own(tmp_path: Path) -> None
 
 if __name__ == "__main__":
     fuzz(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]),
-         os.environ.get("HPCKIT_FUZZ_SHRINK") == "1")
+         os.environ.get("FUZZED_TREES_SHRINK") == "1")

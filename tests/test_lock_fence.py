@@ -238,14 +238,14 @@ def run_stopped(root: int) -> bool:
     return len(states) >= 4 and all(state in "Tt" for state in states)
 
 
-def start_frozen_candidate(view: LocalView, log: Path,
-                           launcher: list[str] | None = None) -> subprocess.Popen:
+def start_frozen_candidate(view: LocalView, log: Path, launcher: list[str] | None = None,
+                           more: tuple[str, ...] = ()) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HPCKIT_LOCK_STALE_SECONDS": f"{STALE:g}",
            "HPCKIT_RUN_ID": "run-A"}
     with open(log, "w") as out:
         return subprocess.Popen([*(launcher or [MPIEXEC, "-prepend-rank", "-n", "2",
                                                 sys.executable]),
-                                 str(SHARDED), "--storage", view.storage, *ARGS],
+                                 str(SHARDED), "--storage", view.storage, *ARGS, *more],
                                 stdout=out, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
 
@@ -317,15 +317,17 @@ def test_a_frozen_run_is_fenced_on_s3(s3, tmp_path, reference):
     frozen_run_is_fenced(S3View(s3, f"fence-{tmp_path.name}"), tmp_path / "a.log", reference)
 
 
-@pytest.mark.parametrize("launcher", ["mpiexec", "hpckit run"])
+@pytest.mark.parametrize(("launcher", "mode"), [("mpiexec", "sync"), ("hpckit run", "sync"),
+                                               ("mpiexec", "async")])
 def test_a_run_woken_while_the_other_still_trains_names_it_in_one_error(tmp_path, reference,
-                                                                         launcher):
+                                                                         launcher, mode):
     """#51 item 14: run A wakes while run B, which took its experiment over, is still
     training (B's lock is there and fresh): A fails on every rank with one ``hpckit: error:``
-    line naming B, exits 77, and B ends as an uninterrupted run."""
+    line naming B, exits 77, and B ends as an uninterrupted run. ASYNC: A's commit under way
+    in the background meets the fence."""
     view, log = LocalView(tmp_path), tmp_path / "a.log"
     a = start_frozen_candidate(view, log, [HPCKIT, "run", "-n", "2"] if launcher != "mpiexec"
-                               else None)
+                               else None, ("--mode", mode))
     b = None
     try:
         wait_until(lambda: committed(view), "run A's first commit", process=a, log=log)

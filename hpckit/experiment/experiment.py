@@ -1,16 +1,14 @@
 """The experiment directory's one owner.
 
-An :class:`Experiment` holds the location, the lock, the current (immutable) manifest, the
-metrics log, the background purge and the mirror. Its methods are the only way the run
-changes the directory's own files: open (prepare, lock, verify, remove leftovers, begin an
-attempt), commit a checkpoint record, reserve, clear or discard a checkpoint directory, the
-markers, log a report without one, end an attempt, collect garbage, close. A run's changes
-are made by one thread, the experiment's :class:`~.writer.Writer`, whichever thread of rank 0
-asks for them. Every change writes a new manifest atomically before anything is deleted, and
-each write of a run is fenced: it is made only while the lock still holds the run's token
-(``Lock.confirm``). The files inside a pending checkpoint are written by each rank
-(``run.writing``, ``run.levels``) before rank 0 commits them here;
-``tests/test_invariants.py`` names every such writer.
+An :class:`Experiment` holds the location, lock, current (immutable) manifest, metrics log,
+background purge and mirror; its methods are the only way a run changes the directory's own
+files (open, commit, reserve, clear or discard a checkpoint directory, markers, a report
+without a checkpoint, an attempt's end, garbage collection, close). One thread, the
+experiment's :class:`~.writer.Writer`, makes a run's changes, whichever thread of rank 0 asks.
+Every change writes a new manifest atomically before anything is deleted, and each write is
+fenced: made only while the lock holds the run's token (``Lock.confirm``). Each rank writes the
+files of a pending checkpoint (``run.writing``, ``run.levels``) before rank 0 commits them
+here; ``tests/test_invariants.py`` names every such writer.
 """
 
 from __future__ import annotations
@@ -113,7 +111,9 @@ class Experiment:
             self._mirror.after_commit(self._manifest)
 
     def _filed(self, record: CheckpointRecord) -> CheckpointRecord:
-        """A checkpoint of many files keeps its records apart, written before its commit."""
+        """Records of many files are kept apart; a checkpoint of none gets its directory."""
+        if not record.files and record.on_storage:
+            files.make_dir(self.location.join(record.directory))
         if not filed_apart(record.files):
             return record
         reference, data = filed(record.directory, record.index, record.files)

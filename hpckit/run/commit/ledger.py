@@ -21,7 +21,6 @@ from hpckit.errors import HpckitError
 from hpckit.experiment.experiment import Experiment
 from hpckit.experiment.manifest import (
     CACHE,
-    STORAGE,
     CheckpointRecord,
     FileRecord,
     checkpoint_dirname,
@@ -42,7 +41,6 @@ from hpckit.run.writing.plan import (
     raise_background_failure,
     settled_everywhere,
 )
-from hpckit.storage import files
 from hpckit.storage.copy import checksum_file, checksum_stored
 from hpckit.storage.location import Location
 
@@ -217,8 +215,6 @@ class Ledger:
         except (HpckitError, OSError):
             self.experiment.discard(directory)
             raise
-        if not written and plan.level == STORAGE:  # a handed empty directory: no rank made it
-            files.make_dir(target)
         asked = self._validations.pop(directory, None)
         record = CheckpointRecord(index, directory,
                                   plan.step, time.time(), metrics,
