@@ -227,6 +227,11 @@ def test_with_no_spare_node_the_job_is_requeued_and_completes_exact_once_the_nod
                  "--no-kill", "--requeue", HPCKIT_LOCAL_DIR=str(slurm_nodes.local))
     node_back.append("n2")
     lose_node_after(slurm_nodes, tmp_path, job, "nospare", "n2", 3)
+    # As Slurm marks it after SlurmdTimeout. hpckit may requeue sooner (fc18: rank 0's MPI
+    # failed at once on the lost peer), and Slurm then started the requeued job again within
+    # a second on n1 and n2, which it still took for up; slurmd refused it ("Job credential
+    # revoked") and the job ended FAILED.
+    slurm_nodes.run("scontrol", "update", "NodeName=n2", "State=DOWN", "Reason=lost in a test")
     deadline = time.monotonic() + 60
     while "no spare node is left" not in output_of(tmp_path):
         assert time.monotonic() < deadline, output_of(tmp_path)
