@@ -359,3 +359,10 @@ def test_a_slow_import_of_torch_is_told_to_forward_an_early_stop_signal():
                                   "import_s": SLOW_IMPORT_S + 1}])
     assert build.status == "ok" and timing.status == "warn"
     assert "--signal=B:USR2@300" in timing.fix and "trap 'kill -USR2" in timing.fix
+
+
+def test_a_uri_without_credentials_is_recorded_as_typed():
+    """hpckit resume re-ran ``--uri sqlite:////abs/mlflow.db`` as ``sqlite://abs/...``."""
+    assert redact("--uri sqlite:////tmp/x/mlflow.db") == "--uri sqlite:////tmp/x/mlflow.db"
+    assert redact("s3://bucket//a?region=x") == "s3://bucket//a?region=x"
+    assert redact("s3://key:secret@bucket/a") == "s3://***@bucket/a"

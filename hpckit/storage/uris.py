@@ -21,6 +21,8 @@ def redact(text: str) -> str:
 
 
 def redact_uri(uri: str) -> str:
+    """``uri`` with its credentials replaced by ``***``; a URI without any is returned as it
+    is (taken apart and put together again, ``sqlite:////abs/path`` would lose a slash)."""
     try:
         parts = urlsplit(uri)
     except ValueError:
@@ -28,10 +30,10 @@ def redact_uri(uri: str) -> str:
     netloc = parts.netloc
     if "@" in netloc:
         netloc = f"{REDACTED}@{netloc.rsplit('@', 1)[1]}"
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode([(k, REDACTED if _secret_key(k) else v) for k, v in pairs], safe="/:*")
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    if netloc == parts.netloc and not any(_secret_key(k) for k, _ in pairs):
+        return uri
+    query = urlencode([(k, REDACTED if _secret_key(k) else v) for k, v in pairs], safe="/:*")
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
