@@ -361,6 +361,17 @@ def test_a_slow_import_of_torch_is_told_to_forward_an_early_stop_signal():
     assert "--signal=B:USR2@300" in timing.fix and "trap 'kill -USR2" in timing.fix
 
 
+def test_the_no_spare_advice_says_a_new_job_resumes_only_an_experiment_the_user_named():
+    from hpckit.launch.steps import how_to_continue
+
+    named = how_to_continue("42", "/runs/resnet", named=True)
+    assert "submit it again: it resumes" in named and "scontrol requeue 42" in named
+    default = how_to_continue("42", "/runs/train-job42", named=False)
+    assert "submit it again: it resumes" not in default
+    assert "hpckit resume /runs/train-job42 --sbatch" in default
+    assert "scontrol requeue 42" in default
+
+
 def test_a_uri_without_credentials_is_recorded_as_typed():
     """hpckit resume re-ran ``--uri sqlite:////abs/mlflow.db`` as ``sqlite://abs/...``."""
     assert redact("--uri sqlite:////tmp/x/mlflow.db") == "--uri sqlite:////tmp/x/mlflow.db"

@@ -50,7 +50,7 @@ def run_script(ranks: int, argv: list[str], policy: RetryPolicy, cwd: str | None
             return code
         attempt += 1
         if not steps.after_failure():
-            log.error("%s", steps.no_spare())
+            log.error("%s", steps.no_spare(named=bool(settings.name)))
             return EXIT_STOPPED if stop.requeue(settings) else code
         failed = _failure_of(code, seen)
         log.warning("the ranks exited with status %d; restarting (%s)", code,

@@ -54,7 +54,9 @@ def spawn(job: TrainingJob, settings: Settings) -> Result:
     failure."""
     configure_logs(0, job, settings)
     n = job.launched_ranks
-    job = job.resumed(settings)[0].named(settings)
+    job = job.resumed(settings)[0]
+    named = bool(job.run_config.name or settings.name)
+    job = job.named(settings)
     experiment = job.storage_root(settings).join(job.name)
     read_manifest(prepare(experiment.parent, job.name))  # storage and manifest, before ranks
     steps = steps_for(settings, n, [sys.executable, "-m", "hpckit.launch.worker"])
@@ -87,7 +89,7 @@ def spawn(job: TrainingJob, settings: Settings) -> Result:
             end_abandoned_attempt(experiment, str(failure).split("\n", 1)[0],
                                   AttemptStatus.HUNG if code == EXIT_HUNG else AttemptStatus.FAILED)
             if not steps.after_failure() and policy.allows(attempt):
-                _no_spare(steps, settings, failure)
+                _no_spare(steps.no_spare(experiment.display, named), settings, failure)
             if not policy.allows(attempt):
                 log.error("%s", job.resume_hint(settings))
                 raise failure
@@ -127,13 +129,13 @@ def _payload_dir(steps: Steps, experiment: Location, settings: Settings) -> str 
     return experiment.parent.path if experiment.is_local else os.getcwd()
 
 
-def _no_spare(steps: Steps, settings: Settings, failure: BaseException) -> NoReturn:
+def _no_spare(said: str, settings: Settings, failure: BaseException) -> NoReturn:
     """No node is left to replace a lost one: the job requeued where it allows it, else the
     run ends."""
-    log.error("%s", steps.no_spare())
+    log.error("%s", said)
     if stop.requeue(settings):
         raise SystemExit(EXIT_STOPPED) from None
-    raise uncaught.shown_elsewhere(NoSpareNode(steps.no_spare())) from failure
+    raise uncaught.shown_elsewhere(NoSpareNode(said)) from failure
 
 
 def _run(launch: Launch, payload: str, attempt: int, settings: Settings, steps: Steps) -> int:

@@ -54,7 +54,7 @@ class Steps:
     def cancel(self) -> None:
         """End the tasks of a step given up on."""
 
-    def no_spare(self) -> str:
+    def no_spare(self, experiment: str | None = None, named: bool = False) -> str:
         return ""
 
 
@@ -112,19 +112,33 @@ class AllocationSteps(Steps):
                         "leaving them out", ",".join(sorted(found)), self.allocation.job_id)
         return bool(found)
 
-    def no_spare(self) -> str:
-        """What the run says when too few nodes are left."""
+    def no_spare(self, experiment: str | None = None, named: bool = False) -> str:
+        """What the run says when too few nodes are left; ``named``: the experiment's name
+        is the user's (``RunConfig(name=...)``, ``$HPCKIT_NAME``), not the default that
+        holds the job id."""
         allocation = self.allocation
         alive = len(allocation.nodes) - len(self.lost)
         return (f"node(s) {','.join(sorted(self.lost))} of Slurm job {allocation.job_id} "
                 f"lost, and no spare node is left: the run needs "
                 f"{allocation.needed(self.ranks)} node(s) for {self.ranks} rank(s), "
-                f"{alive} answer. Nothing committed is lost. To continue, requeue the job "
-                f"(scontrol requeue {allocation.job_id}, where it allows requeues) or "
-                "submit it again: it resumes from the last committed checkpoint. Ask for a "
+                f"{alive} answer. Nothing committed is lost. To continue, "
+                f"{how_to_continue(allocation.job_id, experiment, named)} Ask for a "
                 "spare node next time (one more node than the ranks fill, with --no-kill). "
                 "Per-rank shards need the same number of ranks; a run whose checkpoints are "
                 "DCP can be resumed on fewer.")
+
+
+def how_to_continue(job_id: str, experiment: str | None, named: bool) -> str:
+    """How a job that cannot go on is continued: requeued, it keeps its id and so its
+    experiment; a job submitted again resumes only an experiment the user named, since a
+    default name holds the job id."""
+    requeue = f"requeue the job (scontrol requeue {job_id}, where it allows requeues)"
+    if named:
+        return f"{requeue} or submit it again: it resumes from the last committed checkpoint."
+    resume = f"hpckit resume {experiment or '<experiment>'} --sbatch resume.sbatch"
+    return (f"{requeue}, or continue it in a new job with `{resume}` (a job submitted again "
+            "would start a new experiment: the default name holds the job id; name it with "
+            "RunConfig(name=...) or HPCKIT_NAME to make resubmitting resume).")
 
 
 def steps_for(settings: Settings, ranks: int, program: list[str]) -> Steps:
