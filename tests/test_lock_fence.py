@@ -318,7 +318,7 @@ def test_a_frozen_run_is_fenced_on_s3(s3, tmp_path, reference):
 
 
 @pytest.mark.parametrize(("launcher", "mode"), [("mpiexec", "sync"), ("hpckit run", "sync"),
-                                               ("mpiexec", "async")])
+                                               ("mpiexec", "async"), ("python", "sync")])
 def test_a_run_woken_while_the_other_still_trains_names_it_in_one_error(tmp_path, reference,
                                                                          launcher, mode):
     """#51 item 14: run A wakes while run B, which took its experiment over, is still
@@ -326,8 +326,9 @@ def test_a_run_woken_while_the_other_still_trains_names_it_in_one_error(tmp_path
     line naming B, exits 77, and B ends as an uninterrupted run. ASYNC: A's commit under way
     in the background meets the fence."""
     view, log = LocalView(tmp_path), tmp_path / "a.log"
-    a = start_frozen_candidate(view, log, [HPCKIT, "run", "-n", "2"] if launcher != "mpiexec"
-                               else None, ("--mode", mode))
+    prefix = {"mpiexec": None, "hpckit run": [HPCKIT, "run", "-n", "2"],
+              "python": [sys.executable]}[launcher]  # python train.py: hpckit starts 2 ranks
+    a = start_frozen_candidate(view, log, prefix, ("--mode", mode, "--workers", "2"))
     b = None
     try:
         wait_until(lambda: committed(view), "run A's first commit", process=a, log=log)

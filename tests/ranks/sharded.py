@@ -176,6 +176,8 @@ def main() -> None:
     p.add_argument("--redundancy", default=None)
     p.add_argument("--stop-at", type=int, default=-1, help="rank 0 gets SIGUSR2 at this epoch")
     p.add_argument("--validate", action="store_true", help="every 4th checkpoint is validated")
+    p.add_argument("--workers", type=int, default=None,
+                   help="ranks (default: the launcher's); under plain python hpckit starts them")
     args = p.parse_args()
     trainer = DataParallelTrainer(
         train_loop,
@@ -184,7 +186,7 @@ def main() -> None:
                            "mode": args.mode, "every": args.every,
                            "topology": args.topology, "stop_at": args.stop_at,
                            "validate": args.validate},
-        scaling_config=ScalingConfig(num_workers=MPI.COMM_WORLD.size),
+        scaling_config=ScalingConfig(num_workers=args.workers or MPI.COMM_WORLD.size),
         run_config=RunConfig(name=args.name, storage_path=args.storage,
                              sync_config=SyncConfig(
                                  sync_artifacts=args.artifacts != "off",
