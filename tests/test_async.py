@@ -24,6 +24,7 @@ from hpckit.run.writing.plan import (
     raise_background_failure,
     settled_everywhere,
 )
+from hpckit.run.writing.rankstate import state_name
 from hpckit.run.writing.shares import share_hashing
 from hpckit.storage import files
 from hpckit.storage.location import resolve
@@ -176,7 +177,8 @@ def test_dcp_state_is_saved_in_place_and_resumed_resharded(flavour, tmp_path):
                     env=QUICK, timeout=180)
     assert json.loads(first.line("FINAL")) == {"sum": 6 * 12 * 4096, "epoch": 2}
     record = json.loads((tmp_path / "dcp" / "manifest.json").read_text())["checkpoints"][-1]
-    assert {f["path"] for f in record["files"]} == {".metadata", "__0_0.distcp", "__1_0.distcp"}
+    assert {f["path"] for f in record["files"]} == {".metadata", "__0_0.distcp", "__1_0.distcp",
+                                                    state_name(0), state_name(1)}
     resumed = mpiexec(3, "--storage", str(tmp_path), "--epochs", "5", *extra, script=DCP,
                       env=QUICK, timeout=180)
     assert "RESUMED epoch=2 world=3" in resumed.output

@@ -17,7 +17,7 @@ import hpckit
 from hpckit import Checkpoint, CheckpointConfig, RunConfig
 from hpckit.cli import main
 from hpckit.storage.uris import parent
-from hpckit.torch import TorchTrainer
+from hpckit import DataParallelTrainer
 
 
 def loop(config):
@@ -30,7 +30,7 @@ def loop(config):
 
 
 def make(storage: str, tmp: Path) -> None:
-    TorchTrainer(loop, train_loop_config={"tmp": str(tmp)},
+    DataParallelTrainer(loop, train_loop_config={"tmp": str(tmp)},
                  run_config=RunConfig(name="e", storage_path=storage, checkpoint_config=CheckpointConfig(
                      checkpoint_score_attribute="loss", checkpoint_score_order="min"))).fit()
 
@@ -139,7 +139,7 @@ def test_a_sha256_manifest_still_verifies_resumes_and_keeps_its_checksums(tmp_pa
         (d / "w.bin").write_bytes(b"y" * 400)
         hpckit.report({"loss": 0.1}, checkpoint=Checkpoint.from_directory(d))
 
-    TorchTrainer(resumed, train_loop_config={"tmp": str(tmp_path)},
+    DataParallelTrainer(resumed, train_loop_config={"tmp": str(tmp_path)},
                  run_config=RunConfig(name="e", storage_path=str(tmp_path / "s"))).fit()
     body = json.loads((exp / "manifest.json").read_text())
     assert body["format_version"] == 3

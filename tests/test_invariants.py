@@ -46,6 +46,7 @@ WRITERS = {
     "hpckit/storage/": "the storage layer itself",
     "hpckit/experiment/": "the experiment directory's owner and its helpers",
     "hpckit/run/writing/shares.py": "each rank's files inside a pending checkpoint",
+    "hpckit/run/writing/rankstate.py": "each rank's resume state, a file of a pending checkpoint",
     "hpckit/run/levels/levels.py": "a cached checkpoint's files, copied to storage_path "
                                    "before rank 0 records them there",
     "hpckit/checkpoint.py": "Checkpoint.set_metadata and to_directory, the user's own calls",

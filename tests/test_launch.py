@@ -13,6 +13,8 @@ import time
 import pytest
 from conftest import MPIEXEC, STEADY, manifest, mpiexec, python, run
 
+from hpckit.run.writing.rankstate import state_name
+
 
 @pytest.mark.parametrize("workers", [2, 3])
 def test_python_script_starts_its_own_ranks(tmp_path, workers):
@@ -22,7 +24,8 @@ def test_python_script_starts_its_own_ranks(tmp_path, workers):
     m = manifest(tmp_path / "exp")
     assert m["world_size"] == workers and m["command"]["launcher"] == "hpckit"
     files = {f["path"] for f in m["checkpoints"][-1]["files"]}
-    assert files == {f"model-rank={r}.pt" for r in range(workers)} | {"state.json"}
+    assert files == ({f"model-rank={r}.pt" for r in range(workers)} | {"state.json"}
+                     | {state_name(r) for r in range(workers)})  # TorchTrainer: exact resume
     assert result["checkpoint"] == str(tmp_path / "exp" / "checkpoint_000001")
 
 

@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 from conftest import MPIEXEC, checkpoint_dirs, manifest, metrics_lines, run, stopped_after_first_checkpoint
 
+from hpckit.experiment.manifest import is_rank_state
+from hpckit.run.writing.rankstate import state_name
+
 pl = pytest.importorskip("lightning.pytorch", reason="pip install -e '.[lightning]'")
 
 from hpckit import Result, RunConfig, ScalingConfig  # noqa: E402
@@ -58,7 +61,11 @@ def test_lightning_stops_keeps_the_best_two_and_resumes_at_the_next_epoch_and_st
     by_loss = sorted(lines, key=lambda m: m["metrics"]["val_loss"])[:2]
     assert checkpoint_dirs(experiment) == sorted(m["checkpoint"] for m in by_loss)
     for entry in body["checkpoints"]:
-        assert [(f["path"], f["rank"]) for f in entry["files"]] == [("checkpoint.ckpt", 0)]
+        states = [f for f in entry["files"] if is_rank_state(f["path"])]  # each rank's own
+        assert [(f["path"], f["rank"]) for f in states] == [
+            (state_name(r), r) for r in range(len(states))] and len(states) >= 2
+        assert [(f["path"], f["rank"]) for f in entry["files"] if f not in states] == [
+            ("checkpoint.ckpt", 0)]
     assert body["latest"] == "checkpoint_000002"
 
 

@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 from conftest import MPIEXEC, checkpoint_dirs, manifest, metrics_lines, run, stopped_after_first_checkpoint
 
+from hpckit.experiment.manifest import is_rank_state
+from hpckit.run.writing.rankstate import state_name
+
 pytest.importorskip("transformers", reason="pip install -e '.[transformers]'")
 
 from hpckit.integrations.transformers.callback import _link_own_files  # noqa: E402
@@ -45,7 +48,9 @@ def test_trainer_checkpoints_are_committed_kept_by_eval_loss_and_resumed(tmp_pat
     latest = next(c for c in body["checkpoints"] if c["directory"] == body["latest"])
     owners = {f["path"].removeprefix("checkpoint/"): f["rank"] for f in latest["files"]}
     assert owners["rng_state_1.pth"] == 1 and owners["model.safetensors"] == 0, owners
-    assert {rank for name, rank in owners.items() if name != "rng_state_1.pth"} == {0}
+    assert {rank for name, rank in owners.items() if name != "rng_state_1.pth"
+            and not is_rank_state(name)} == {0}
+    assert {owners[state_name(rank)] for rank in (0, 1)} == {0, 1}  # hpckit's, exact resume
     state = json.loads((experiment / latest["directory"] / "checkpoint" /
                         "trainer_state.json").read_text())
     assert state["global_step"] == 8 * STEPS_PER_EPOCH

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -45,3 +45,42 @@ class UserCallback:
     def after_exception(self, run_context: TrainRunContext,
                         worker_exceptions: dict[int, BaseException]) -> None:
         """Called after the training function raised, with each failed rank's exception."""
+
+
+@dataclass(frozen=True)
+class TrackedExperiment:
+    """What a tracker is told of the experiment whose run it keeps."""
+
+    name: str  # the experiment's name: the tracker run's name
+    path: str  # where it is stored (credentials redacted)
+    config: dict[str, Any] = field(default_factory=dict)  # train_loop_config: the run's params
+    trial_id: str | None = None  # in a sweep, the trial this experiment is
+    group: str | None = None  # in a sweep, the sweep's name
+
+
+class TrackerRun(Protocol):
+    """One experiment's run in a tracker, as a :class:`TrackerCallback` opens it."""
+
+    run_id: str
+    next_step: int  # the first step the run lacks: what a restore reports again below it, it has
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        """Rank 0's metrics of the report at ``step`` (each step once)."""
+
+    def end(self, status: str) -> None:
+        """The experiment ended (``"FINISHED"``, ``"FAILED"``, ``"KILLED"``), for now: a
+        resume opens the same run again."""
+
+
+class TrackerCallback(UserCallback):
+    """A callback that keeps the experiment as one run of an experiment tracker (MLflow,
+    Weights & Biases): rank 0's experiment writer opens the run when the experiment opens,
+    the run recorded in the manifest when it opens again (a restart, a requeue, ``hpckit
+    resume``), hands it every report's metrics off the training loop (a step reported again
+    after a restore is not sent twice), and ends it as the attempt ends. Subclasses say how."""
+
+    tracker = ""  # the tracker's name, under which the manifest records its run
+
+    def open_run(self, run_id: str | None, experiment: TrackedExperiment) -> TrackerRun:
+        """The tracker run of ``experiment``: ``run_id``'s again, or a new one where None."""
+        raise NotImplementedError

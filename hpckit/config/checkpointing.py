@@ -86,6 +86,13 @@ class CheckpointConfig:
     MPI before the checkpoint commits, so that a node whose disk is lost restarts from its
     partner's copy. None: a cached checkpoint lives on its own node alone."""
 
+    exact_resume: bool = True
+    """Save every rank's random streams (Python, NumPy, torch, each CUDA device) and the
+    positions of its loaders from ``prepare_data_loader`` with every checkpoint, and restore
+    them at the first ``get_checkpoint()`` of a resumed run, so that it continues as the
+    uninterrupted run would have. False: a resumed run's loaders start their epoch afresh
+    and its random streams are left as the script sets them. See docs/resume.md."""
+
     def __post_init__(self) -> None:
         _check_levels(self)
         _check_class_checkpoints(self)
@@ -98,6 +105,9 @@ class CheckpointConfig:
             raise ConfigError(
                 f"CheckpointConfig(max_checkpoints_in_flight={in_flight!r}) is invalid: use an "
                 "integer >= 1 (1 overlaps one checkpoint with training; more use more disk).")
+        if not isinstance(self.exact_resume, bool):
+            raise ConfigError(
+                f"CheckpointConfig(exact_resume={self.exact_resume!r}) must be True or False.")
         if not isinstance(self.verify_on_resume, bool):
             raise ConfigError(
                 f"CheckpointConfig(verify_on_resume={self.verify_on_resume!r}) must be True or False.")

@@ -273,8 +273,8 @@ class Experiment:
             self.writer.close()  # the changes handed over are made; none after
             taken = self._lock is not None and self._lock.lost is not None
             self._purge.close(promptly)
-            if self._metrics is not None:
-                self._metrics.close()
+            if self._metrics is not None:  # the tracker runs end as the attempt ended
+                self._metrics.close(None if taken else self._manifest.last_attempt)
             if self._mirror is not None and not (promptly or taken):
                 self._mirror.close(self._manifest)
         finally:

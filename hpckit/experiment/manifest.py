@@ -11,7 +11,7 @@ import json
 import posixpath
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from typing import Any
 
@@ -25,11 +25,13 @@ from hpckit.experiment.validation import Validation
 FORMAT = "hpckit.manifest"
 # 2 adds cached checkpoints; 3 records each file's checksum with its algorithm ("checksum")
 # where 1 and 2 had a bare SHA-256 ("sha256"); 4 adds validations; 5 keeps the records of a
-# checkpoint of many files in a file of their own (experiment.records). Each manifest is
-# written as the oldest version that holds it: 1 while there are no checkpoints.
-FORMAT_VERSION = 6
+# checkpoint of many files in a file of their own (experiment.records); 6 allows a file whose
+# writer is not known; 7 records the experiment's tracker runs. Each manifest is written as
+# the oldest version that holds it: 1 while there are no checkpoints.
+FORMAT_VERSION = 7
 STAGING_NAME = ".staging"  # asynchronous checkpoints' files, waiting for the background
 METRICS_NAME = "metrics.jsonl"
+SWEEP_NAME = "sweep.json"  # beside its trials' experiments: the sweep manifest (sweep.record)
 _DIRECTORY = re.compile(r"checkpoint_\d{6,}")
 _CUSTOM = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]{0,199}")
 # Directories of the experiment that are never checkpoints (artifacts/, tensorboard/ and the
@@ -39,6 +41,7 @@ LOGS = "logs"  # the hang watchdog's stacks (experiment.hangs)
 RESERVED_NAMES = frozenset({"artifacts", "tensorboard", LOGS, RECORDS_DIR, STAGING_NAME,
                             MANIFEST_NAME, METRICS_NAME})
 PENDING_MARKER = ".hpckit-pending"
+RANK_STATE_DIR = ".hpckit-resume"  # in a checkpoint: each rank's resume state (run.writing.rankstate)
 VISIBLE_PREFIX = ".hpckit-visible-"  # a run's check that every rank sees the experiment
 # Where a committed checkpoint is complete: on storage_path, or only in the node-local caches
 # of the nodes named by its hosts (CheckpointConfig(cache_dir), docs/multilevel.md).
@@ -63,6 +66,12 @@ def custom_dirname_problem(name: str) -> str | None:
         return (f"{name!r} is hpckit's own (its numbered checkpoints, "
                 f"{', '.join(sorted(RESERVED_NAMES))}); choose another name, e.g. 'epoch_3'")
     return None
+
+
+def is_rank_state(name: str) -> bool:
+    """Whether a checkpoint's relative file name is a rank's resume state: hpckit's, read by
+    the rank that wrote it alone, and left behind at another world size."""
+    return name == RANK_STATE_DIR or name.startswith(RANK_STATE_DIR + "/")
 
 
 def is_safe_relpath(path: str) -> bool:
@@ -120,6 +129,8 @@ class Manifest:
     next_checkpoint_index: int = 0
     next_step: int = 0
     attempts: tuple[Attempt, ...] = ()
+    # The experiment's run in each tracker (MLflow, W&B), by tracker: a resume opens them again.
+    tracker_runs: dict[str, str] = field(default_factory=dict)
 
     @property
     def latest(self) -> CheckpointRecord | None:
@@ -192,7 +203,10 @@ class Manifest:
         """The oldest format that holds this manifest, so that older hpckit reads what it
         can: 1 without checkpoints, 4 with validations (which an older hpckit would drop), 5
         with records kept apart (which it could not find), 6 with a file whose writer is not
-        known (which it would take for a damaged record)."""
+        known (which it would take for a damaged record), 7 with tracker runs (which it
+        would drop, and a resume would start new runs)."""
+        if self.tracker_runs:
+            return 7
         if not all(r.writers_known for r in self.checkpoints):
             return 6
         if any(r.records for r in self.checkpoints):

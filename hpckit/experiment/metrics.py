@@ -1,6 +1,6 @@
 """metrics.jsonl: one line per report, appended (or, where storage cannot append, its last
-segment replaced: ``experiment.segments``), and mirrored as TensorBoard scalars where
-tensorboard is installed."""
+segment replaced: ``experiment.segments``), then handed to the experiment's trackers
+(``experiment.tracking``: TensorBoard scalars where tensorboard is installed, MLflow, W&B)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpckit.errors import HpckitError
+from hpckit.experiment.attempts import Attempt
 from hpckit.experiment.manifest import METRICS_NAME, CheckpointRecord
 from hpckit.experiment.reading import parse_line, read_manifest, read_metrics
 from hpckit.experiment.segments import SEGMENT_LINES, read_log, rewrite_log, segment_name
 from hpckit.experiment.tensorboard import Scalars
+from hpckit.experiment.tracking import Trackers
 from hpckit.logs import log
 from hpckit.storage import files
 from hpckit.storage.location import Location
@@ -28,17 +30,21 @@ class MetricsLog:
     experiment: Location
     count: int  # lines in the log
     tail: list[str]  # the last segment's lines, where the storage cannot append
-    scalars: Scalars | None = None
+    trackers: Trackers | None = None
 
     @classmethod
     def resume(cls, experiment: Location, next_step: int,
-               latest: CheckpointRecord | None = None) -> MetricsLog:
+               latest: CheckpointRecord | None = None, raw_lines: list[str] | None = None,
+               trackers: Trackers | None = None) -> MetricsLog:
         """Keep the lines of steps before ``next_step``: later ones describe work being redone.
         The line of a checkpoint is written before its manifest, so a kill never leaves the
         metrics behind the manifest; an experiment written by an earlier hpckit (manifest
         first) may lack the line of its ``latest`` checkpoint: it is written again from the
-        manifest."""
-        raw_lines = read_log(experiment)
+        manifest. ``raw_lines``: the log as the caller read it; ``trackers``: the
+        experiment's (by default its TensorBoard events alone)."""
+        raw_lines = read_log(experiment) if raw_lines is None else raw_lines
+        if trackers is None:
+            trackers = Trackers({}, Scalars.open(experiment))
         kept, steps, unchanged = [], set(), None  # unchanged: the lines before the first dropped
         for number, raw in enumerate(raw_lines):
             entry = parse_line(raw)
@@ -58,7 +64,7 @@ class MetricsLog:
             kept.append(_line(latest.step, latest.reported_at, latest.metrics, latest.directory))
         if dropped or restored:
             rewrite_log(experiment, kept, len(raw_lines) if unchanged is None else unchanged)
-        return cls(experiment, len(kept), _tail(experiment, kept), Scalars.open(experiment))
+        return cls(experiment, len(kept), _tail(experiment, kept), trackers)
 
     def append(self, step: int, metrics: dict[str, Any], checkpoint: str | None) -> None:
         line = _line(step, time.time(), metrics, checkpoint)
@@ -70,8 +76,8 @@ class MetricsLog:
             files.write_atomic(segment, "".join([*tail, line]).encode())
             self.tail = [*tail, line]
         self.count += 1
-        if self.scalars is not None:
-            self.scalars.add(step, metrics)
+        if self.trackers is not None:
+            self.trackers.log(step, metrics)
 
     def retract(self) -> None:
         """Take back the last line (its checkpoint did not commit); best-effort, since a
@@ -103,9 +109,13 @@ class MetricsLog:
         """Every line, read back from storage (the log is not held here)."""
         return read_metrics(self.experiment)
 
-    def close(self) -> None:
-        if self.scalars is not None:
-            self.scalars.close()
+    def close(self, attempt: Attempt | None = None) -> None:
+        """The experiment closes; its tracker runs end as ``attempt`` ended (None: another run
+        took the experiment over, and its runs with it: they are left as they are)."""
+        if self.trackers is not None:
+            if attempt is not None:
+                self.trackers.end(attempt.status)
+            self.trackers.close()
 
 
 def _tail(experiment: Location, lines: list[str]) -> list[str]:

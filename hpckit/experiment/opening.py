@@ -12,6 +12,7 @@ from typing import Any
 
 import pyarrow.fs
 
+from hpckit.config.callbacks import TrackedExperiment, TrackerCallback
 from hpckit.errors import StorageError
 from hpckit.experiment import verify
 from hpckit.experiment.attempts import Attempt, AttemptStatus
@@ -21,6 +22,9 @@ from hpckit.experiment.lock import Lock
 from hpckit.experiment.manifest import CheckpointRecord, Manifest
 from hpckit.experiment.metrics import MetricsLog
 from hpckit.experiment.reading import check_root, read_manifest
+from hpckit.experiment.segments import read_log
+from hpckit.experiment.tensorboard import Scalars
+from hpckit.experiment.tracking import Trackers
 from hpckit.logs import log
 from hpckit.settings import Settings
 from hpckit.storage import files
@@ -43,6 +47,8 @@ class Opening:
     # How the attempt before ended (failed or hung), as its launcher saw it, and its ranks' PIDs.
     previous_failure: tuple[AttemptStatus, str, frozenset[int]] | None = None
     restored: str | None = None  # the cached checkpoint the ranks assembled (run.restore)
+    trackers: tuple[TrackerCallback, ...] = ()  # RunConfig(callbacks=...)'s, and what they are told
+    tracked: TrackedExperiment | None = None
 
 
 def prepare(root: Location, name: str) -> Location:
@@ -94,6 +100,17 @@ def _unservable(manifest: Manifest, restored: str | None) -> list[CheckpointReco
     return gone
 
 
+def _trackers(location: Location, manifest: Manifest, opening: Opening,
+              raw_lines: list[str]) -> Trackers:
+    """The experiment's tracker runs, opened again where the manifest records them, and its
+    TensorBoard events (told on resume that the steps from ``next_step`` are done again)."""
+    tracked = opening.tracked or TrackedExperiment(opening.name, location.display)
+    scalars = Scalars.open(location)
+    if scalars is not None and raw_lines:
+        scalars.restart(manifest.next_step)
+    return Trackers.open(opening.trackers, manifest.tracker_runs, tracked, scalars)
+
+
 def begin(root: Location, opening: Opening, settings: Settings,
           write: Callable[[Location, Manifest], None]) -> tuple[Location, Lock, Manifest, MetricsLog]:
     """Lock the experiment, read its manifest once the lock is ours (or start one), record
@@ -111,11 +128,14 @@ def begin(root: Location, opening: Opening, settings: Settings,
         manifest = manifest.with_attempt(
             numbered(opening, manifest, found),
             opening.previous_failure or hung_unrecorded(location, manifest))
+        raw_lines = read_log(location)
+        trackers = _trackers(location, manifest, opening, raw_lines)
+        manifest = replace(manifest, tracker_runs={**manifest.tracker_runs, **trackers.run_ids})
         write(location, manifest)
         if found is not None:
             remove_leftovers(location, manifest)
         return location, lock, manifest, MetricsLog.resume(location, manifest.next_step,
-                                                           manifest.latest)
+                                                           manifest.latest, raw_lines, trackers)
     except BaseException:
         lock.release()
         raise

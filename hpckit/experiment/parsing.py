@@ -2,7 +2,7 @@
 
 A damaged or hostile manifest fails here with the field it got wrong, and a path that would
 leave the experiment directory is refused, so that reading a manifest can never make hpckit
-touch files outside it. Formats 1 to 5 are read; a newer one is refused with the fix.
+touch files outside it. Formats 1 to 7 are read; a newer one is refused with the fix.
 """
 
 from __future__ import annotations
@@ -60,7 +60,15 @@ def parse(body: Any, where: str, read: Callable[[str], bytes] | None) -> Manifes
                                    *(index + 1 for index in indexes)]),
         next_step=check.field(body, "next_step", int),
         attempts=tuple(Attempt.from_json(a, where) for a in check.field(body, "attempts", list)),
+        tracker_runs=_tracker_runs(body, check),
     )
+
+
+def _tracker_runs(body: dict[str, Any], check: _Checker) -> dict[str, str]:
+    runs = check.field(body, "tracker_runs", dict) if "tracker_runs" in body else {}
+    for tracker, run_id in runs.items():
+        check.type(run_id, str, f"tracker_runs.{tracker}")
+    return dict(runs)
 
 
 def _parse_checkpoint(raw: Any, check: _Checker, name: str) -> CheckpointRecord:

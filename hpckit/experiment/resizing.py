@@ -2,15 +2,17 @@
 
 Files that rank 0 alone wrote are read the same by any world. Torch DCP's files (a
 ``.metadata`` beside its ``.distcp`` shards) are resharded by ``load_state_dcp`` to the world
-that loads them. Per-rank shards of any other kind belong to the ranks that wrote them, and a
-file written in place by one of several ranks (its record's rank ``None``) may be one.
+that loads them. The ranks' resume states are left behind at another world size (the
+ranks' random streams and loader positions start afresh). Per-rank shards of any other kind
+belong to the ranks that wrote them, and a file written in place by one of several ranks
+(its record's rank ``None``) may be one.
 """
 
 from __future__ import annotations
 
 import posixpath
 
-from hpckit.experiment.manifest import CheckpointRecord, FileRecord
+from hpckit.experiment.manifest import CheckpointRecord, FileRecord, is_rank_state
 
 DCP_METADATA = ".metadata"
 DCP_SHARD = ".distcp"
@@ -33,7 +35,7 @@ def refusal(record: CheckpointRecord | None, recorded: int, ranks: int) -> str |
     if record is None or ranks == recorded:
         return None
     dcp = dcp_directories(record)
-    others = [f for f in record.files if not _dcp_file(f, dcp)]
+    others = [f for f in record.files if not _dcp_file(f, dcp) and not is_rank_state(f.path)]
     unknown = sorted(f.path for f in others if f.rank is None)
     shards = sorted({f.rank for f in others if f.rank is not None and f.rank != 0})
     if not shards and not unknown:

@@ -59,6 +59,15 @@ class Scalars:
         staging = tempfile.mkdtemp(prefix="hpckit-tensorboard-", dir=settings.current().local_dir)
         return cls(EventFileWriter(staging), staging, target)
 
+    def restart(self, step: int) -> None:
+        """A resumed run reports ``step`` and the steps after it again: TensorBoard drops
+        the events it holds from ``step`` on when it reads this one (a session start, as
+        TensorFlow writes after a restart), so that each step shows once, as last reported."""
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+        self.writer.add_event(Event(wall_time=time.time(), step=step,
+                                    session_log=SessionLog(status=SessionLog.START)))
+
     def add(self, step: int, metrics: dict[str, Any]) -> None:
         self._add(step, metrics)
         if time.monotonic() - self.flushed >= FLUSH_EVERY:

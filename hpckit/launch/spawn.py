@@ -28,6 +28,7 @@ from hpckit.experiment.experiment import end_abandoned_attempt
 from hpckit.experiment.hangs import HUNG
 from hpckit.experiment.opening import prepare
 from hpckit.experiment.reading import read_manifest
+from hpckit.experiment.tracking import end_recorded
 from hpckit.launch import heartbeat
 from hpckit.launch.forwarding import EXIT_TERMINATED
 from hpckit.launch.process import EXIT_ABANDONED, Launch, run_process, started_for
@@ -92,6 +93,7 @@ def spawn(job: TrainingJob, settings: Settings) -> Result:
                 _no_spare(steps.no_spare(experiment.display, named), settings, failure)
             if not policy.allows(attempt):
                 log.error("%s", job.resume_hint(settings))
+                end_recorded(experiment, *job.trackers(experiment.parent), AttemptStatus.FAILED)
                 raise failure
             attempt += 1
             log.warning("the ranks failed; restarting from the last committed checkpoint "

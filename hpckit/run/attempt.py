@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow.fs
 
 from hpckit.checkpoint import Checkpoint
-from hpckit.config.callbacks import TrainRunContext
+from hpckit.config.callbacks import TrackerCallback, TrainRunContext
 from hpckit.errors import ExperimentTakenError, StorageError
 from hpckit.experiment import retention
 from hpckit.experiment.artifacts import Artifacts
@@ -35,6 +35,7 @@ from hpckit.run.mpi.group import Group
 from hpckit.run.mpi.waiting import from_root
 from hpckit.run.session.context import TrainContext
 from hpckit.run.session.interval import CheckpointClock, agreed_due
+from hpckit.run.session.resumable import RankState
 from hpckit.run.session.session import Session, activate
 from hpckit.run.session.stopped import end_stopped_run
 from hpckit.run.startup.early import ready_since
@@ -116,7 +117,7 @@ def _open(job: TrainingJob, root: Location, world_size: int, settings: Settings,
                       tuple(redact(a) for a in sys.argv), settings.slurm())
     opening = Opening(job.name, world_size, command_record(settings), job.config_record(root),
                       retention.record(config), config.verify_on_resume, attempt,
-                      previous_failure(settings), restored)
+                      previous_failure(settings), restored, *job.trackers(root))
     experiment = Experiment.open(root, opening, settings, job.run_config.sync_config)
     try:
         job.warn_if_meant_to_resume(root, experiment.manifest)
@@ -200,8 +201,10 @@ def _session(job: TrainingJob, ranks: Ranks, settings: Settings, number: int,
                                ranks.group.world, clock, lambda: session.stop_requested is not None))
     watch = HangWatch(job.run_config.failure_config.hang_timeout_s, location, start.recorded_number, rank)
     clock = CheckpointClock(job.run_config.checkpoint_config.mtbf_s)
+    rank_state = RankState(rank, ranks.group.size, latest._location if latest else None,
+                           job.run_config.checkpoint_config.exact_resume, job.backend.keepers())
     session = Session(context, protocol, job.resume_from_checkpoint, artifacts, watch, clock,
-                      job.validation_config)
+                      rank_state, job.validation_config)
     return session
 
 
@@ -209,7 +212,8 @@ def callbacks(job: TrainingJob, location: Location) -> Callbacks:
     """The run's UserCallbacks with what they are told of the run."""
     context = TrainRunContext(job.run_config, job.train_loop_config or {}, job.scaling_config,
                               location.display)
-    return Callbacks(job.run_config.callbacks or [], context)
+    return Callbacks([c for c in job.run_config.callbacks or []  # trackers: the experiment's
+                      if not isinstance(c, TrackerCallback)], context)
 
 
 def _train(job: TrainingJob, session: Session, experiment: Experiment | None,
@@ -217,6 +221,7 @@ def _train(job: TrainingJob, session: Session, experiment: Experiment | None,
     """Run the training function; what it returned."""
     activate(session)
     interrupted = taken = False
+    ended = AttemptStatus.FINISHED  # as the runs that setup_mlflow/setup_wandb started end
     try:
         with session.watch:
             try:
@@ -226,10 +231,11 @@ def _train(job: TrainingJob, session: Session, experiment: Experiment | None,
             session.protocol.returned()
         return returned
     except stop.StopRequested as requested:
+        ended = AttemptStatus.STOPPED
         end_stopped_run(job, session, experiment, settings, str(requested))
     except KeyboardInterrupt:
         stop.exit_on_next_interrupt()
-        interrupted = True
+        interrupted, ended = True, AttemptStatus.INTERRUPTED
         if experiment is not None:
             experiment.end_attempt(AttemptStatus.INTERRUPTED, "interrupted by SIGINT (Ctrl-C)",
                               session.protocol.reports)
@@ -239,7 +245,7 @@ def _train(job: TrainingJob, session: Session, experiment: Experiment | None,
                     experiment.location, latest.directory if latest else None, not job.timestamped))
         raise
     except BaseException as exc:
-        together = raised_together(exc)
+        together, ended = raised_together(exc), AttemptStatus.FAILED
         taken = isinstance(exc, ExperimentTakenError)
         if experiment is not None:
             experiment.end_attempt(AttemptStatus.FAILED, f"{type(exc).__name__}: {exc}",
@@ -248,6 +254,8 @@ def _train(job: TrainingJob, session: Session, experiment: Experiment | None,
         raise AttemptFailed(exc, together) from exc
     finally:
         activate(None)
+        session.tracked.end(ended)
+        session.rank_state.close()
         # A run whose experiment another run took writes nothing more there: its staging and
         # artifacts may be the other run's now (the same ranks' names).
         session.protocol.close(promptly=interrupted or taken)

@@ -19,9 +19,10 @@ import pyarrow.fs
 
 from hpckit.checkpoint import Checkpoint
 from hpckit.config import RunConfig, ScalingConfig, ValidationConfig
+from hpckit.config.callbacks import TrackedExperiment, TrackerCallback
 from hpckit.errors import LaunchError, ProtocolError
 from hpckit.experiment.attempts import AttemptStatus
-from hpckit.experiment.manifest import Manifest
+from hpckit.experiment.manifest import SWEEP_NAME, Manifest
 from hpckit.experiment.reading import read_manifest
 from hpckit.experiment.values import jsonable
 from hpckit.logs import log
@@ -43,6 +44,11 @@ class Backend:
 
     def setup(self, group: Group, scaling: ScalingConfig, settings: Settings) -> None:
         """Prepare this rank; every rank calls it at the same point."""
+
+    def keepers(self) -> dict[str, Any]:
+        """The random streams each checkpoint keeps for an exact resume, by name, as keepers
+        (``run.session.resumable``): none without a framework."""
+        return {}
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,16 @@ class TrainingJob:
     @property
     def launched_ranks(self) -> int:
         return self.scaling_config.num_workers + self.validation_ranks
+
+    def trackers(self, root: Location) -> tuple[tuple[TrackerCallback, ...], TrackedExperiment]:
+        """``RunConfig(callbacks=...)``'s experiment trackers, and what they are told of this
+        experiment (under ``root``)."""
+        trackers = tuple(c for c in self.run_config.callbacks or ()
+                         if isinstance(c, TrackerCallback))
+        trial = bool(trackers) and files.file_type(root.join(SWEEP_NAME)) == pyarrow.fs.FileType.File
+        return trackers, TrackedExperiment(self.name, root.join(self.name).display,
+                                           dict(self.train_loop_config or {}),
+                                           self.name if trial else None, root.name if trial else None)
 
     def storage_root(self, settings: Settings) -> Location:
         path = self.run_config.storage_path or settings.storage or DEFAULT_STORAGE

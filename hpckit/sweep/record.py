@@ -16,11 +16,12 @@ from typing import Any
 import pyarrow.fs
 
 from hpckit.errors import ManifestError
+from hpckit.experiment.manifest import SWEEP_NAME
 from hpckit.experiment.values import jsonable
 from hpckit.storage import files
 from hpckit.storage.location import Location
 
-FILENAME = "sweep.json"
+FILENAME = SWEEP_NAME
 FORMAT = 1
 PENDING, RUNNING, TERMINATED, ERROR = "PENDING", "RUNNING", "TERMINATED", "ERROR"
 SHORT = 60

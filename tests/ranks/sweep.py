@@ -2,7 +2,8 @@
 step a checkpoint. ``--fail-lr X`` makes the trials with that lr fail at their second step;
 $HOLD_LR=X makes them wait there until killed (not a param: a rerun without it is the same
 sweep); $STEP_SECONDS makes every step take that long. ``--samples N`` repeats the grid N times. ``--ranks 2``
-runs each trial on two ranks (a DataParallelTrainer); one rank otherwise (a function)."""
+runs each trial on two ranks (a DataParallelTrainer); one rank otherwise (a function).
+``--mlflow URI`` logs each trial to MLflow (``MLflowLoggerCallback``)."""
 
 from __future__ import annotations
 
@@ -49,7 +50,13 @@ def main() -> None:
     p.add_argument("--max-failures", type=int, default=0)
     p.add_argument("--concurrent", type=int, default=None, help="max_concurrent_trials")
     p.add_argument("--stop", type=json.loads, default=None, help="RunConfig(stop=...), as JSON")
+    p.add_argument("--mlflow", default=None, help="an MLflowLoggerCallback's tracking URI")
     args = p.parse_args()
+    callbacks = []
+    if args.mlflow:
+        from hpckit.mlflow import MLflowLoggerCallback
+
+        callbacks.append(MLflowLoggerCallback(tracking_uri=args.mlflow))
     space = {"lr": tune.grid_search([0.1, 0.2, 0.3]), "shift": tune.uniform(0, 1),
              "fail_lr": args.fail_lr}
     trainable = train_fn if args.ranks == 1 else hpckit.DataParallelTrainer(
@@ -62,7 +69,7 @@ def main() -> None:
                           name="grid", storage_path=args.storage,
                           checkpoint_config=hpckit.CheckpointConfig(num_to_keep=2),
                           failure_config=hpckit.FailureConfig(max_failures=args.max_failures),
-                          stop=args.stop)).fit()
+                          stop=args.stop, callbacks=callbacks)).fit()
     best = grid.get_best_result()
     if os.environ.get("PMI_RANK", "0") == "0":  # every rank has the grid; one prints it
         print("GRID " + json.dumps({

@@ -46,6 +46,11 @@ class TorchBackend(Backend):
     def setup(self, group: Group, scaling: ScalingConfig, settings: Settings) -> None:
         setup(group, scaling, settings, self.config)
 
+    def keepers(self) -> dict[str, Any]:
+        from hpckit.integrations.torch.streams import keepers
+
+        return keepers()
+
 
 def setup(group: Group, scaling: ScalingConfig, settings: Settings, config: TorchConfig) -> Any:
     """Pick this rank's devices, set its threads, and join the process group; returns the

@@ -8,7 +8,7 @@ from typing import Any
 
 from hpckit.checkpoint import Checkpoint
 from hpckit.errors import CheckpointError, HpckitError
-from hpckit.experiment.manifest import FileRecord, is_safe_relpath
+from hpckit.experiment.manifest import FileRecord, is_rank_state, is_safe_relpath
 from hpckit.experiment.reading import read_manifest
 from hpckit.integrations.torch.distributed import device
 from hpckit.logs import log
@@ -39,7 +39,7 @@ def load_state(checkpoint: Checkpoint, filename: str = "state.pt", *, map_locati
     with checkpoint.as_directory() as directory:
         path = os.path.join(directory, filename)
         if not os.path.isfile(path):
-            held = sorted(os.listdir(directory))
+            held = sorted(name for name in os.listdir(directory) if not is_rank_state(name))
             raise CheckpointError(f"checkpoint {checkpoint.uri} has no file {filename!r}; it holds "
                                   f"{', '.join(held) or 'nothing'}.")
         if expected is not None:

@@ -4,7 +4,8 @@ model, and a loader that gives each rank its share and moves batches to the devi
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Iterator
+import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -13,12 +14,16 @@ from torch.utils.data import (
     DataLoader,
     DistributedSampler,
     IterableDataset,
+    RandomSampler,
     SequentialSampler,
 )
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from hpckit.errors import ConfigError
 from hpckit.integrations.torch import distributed as _distributed
+from hpckit.integrations.torch.loader import PreparedLoader
 from hpckit.integrations.torch.sharding import fully_sharded
+from hpckit.run.session.session import keep_loader
 
 PARALLEL_STRATEGIES = ("ddp", "fsdp", None)
 
@@ -61,40 +66,70 @@ def prepare_model(model: torch.nn.Module, move_to_device: bool | torch.device = 
 
 def prepare_data_loader(loader: DataLoader, add_dist_sampler: bool = True,
                         move_to_device: bool = True, auto_transfer: bool = True) -> Any:
-    """Give each rank its own share of ``loader``'s dataset, and move batches to the device.
+    """Give each rank its own share of ``loader``'s dataset, move batches to the device, and
+    keep the loader's position with every checkpoint for an exact resume.
 
-    At world size > 1 the loader is rebuilt around a ``DistributedSampler`` (shuffling as
-    the loader did), keeping every other argument it was given: its generator, prefetch
-    factor, pin-memory device and the rest. Not for an ``IterableDataset``, a loader that
-    already has a ``DistributedSampler``, or with ``add_dist_sampler=False``. The sampler's
+    A ``DataLoader`` is rebuilt as torchdata's ``StatefulDataLoader``, keeping every argument
+    it was given (its generator, prefetch factor, pin-memory device and the rest); at world
+    size > 1 around a ``DistributedSampler`` (shuffling as the loader did), unless its
+    dataset is an ``IterableDataset``, it already has a ``DistributedSampler``, or
+    ``add_dist_sampler=False``. A subclass of ``DataLoader`` is kept as it is. The sampler's
     epoch advances each time the loader is iterated, unless you set it yourself
-    (``loader.sampler.set_epoch(epoch)``, as Ray asks), which then wins. ``auto_transfer``
-    is accepted for Ray's signature: batches move with non-blocking copies to a GPU either
-    way. The loader's worker processes ignore SIGTERM: Slurm sends it to every process of
-    the job step when it preempts the job, and the rank stops at its next report (the
-    workers end with it), where a worker would die at once.
+    (``loader.sampler.set_epoch(epoch)``, as Ray asks), which then wins. A resumed run's
+    first ``get_checkpoint()`` puts the loader back where it was when the checkpoint was
+    reported: the next pass continues the cut one (``CheckpointConfig(exact_resume=...)``).
+    ``auto_transfer`` is accepted for Ray's signature: batches move with non-blocking copies
+    to a GPU either way. The loader's worker processes ignore SIGTERM: Slurm sends it to
+    every process of the job step when it preempts the job, and the rank stops at its next
+    report (the workers end with it), where a worker would die at once.
     """
     if not isinstance(loader.worker_init_fn, _IgnoringTerm):
         loader.worker_init_fn = _IgnoringTerm(loader.worker_init_fn)
-    if (add_dist_sampler and _world_size() > 1
-            and not isinstance(loader.sampler, DistributedSampler)
+    sampler = loader.sampler
+    if (add_dist_sampler and _world_size() > 1 and not isinstance(sampler, DistributedSampler)
             and not isinstance(loader.dataset, IterableDataset)):
-        loader = _with_sampler(loader)
-    return _DeviceLoader(loader, _distributed.device() if move_to_device else None)
+        sampler = DistributedSampler(loader.dataset,
+                                     shuffle=not isinstance(sampler, SequentialSampler))
+        loader = stateful(loader, sampler)
+    elif type(loader) is DataLoader:
+        loader = stateful(loader, sampler)
+    prepared = PreparedLoader(loader, _distributed.device() if move_to_device else None)
+    keep_loader(prepared)
+    return prepared
 
 
-def _with_sampler(loader: DataLoader) -> DataLoader:
-    """``loader`` again, over this rank's share: every argument kept but the sampler."""
-    shuffle = not isinstance(loader.sampler, SequentialSampler)
-    sampler: DistributedSampler = DistributedSampler(loader.dataset, shuffle=shuffle)
+def stateful(loader: DataLoader, sampler: Any) -> StatefulDataLoader:
+    """``loader`` again as a ``StatefulDataLoader`` over ``sampler``: every other argument
+    kept. A plain shuffling or sequential sampler becomes torchdata's own, whose position
+    is kept without reading the batches before it."""
+    with warnings.catch_warnings():  # torchdata 0.11 calls torch.set_vital, deprecated in 2.13
+        warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+        return _stateful(loader, sampler)
+
+
+def _stateful(loader: DataLoader, sampler: Any) -> StatefulDataLoader:
     kept = {name: getattr(loader, name) for name in (
-        "batch_size", "num_workers", "collate_fn", "pin_memory", "drop_last", "timeout",
-        "worker_init_fn", "multiprocessing_context", "generator", "persistent_workers",
-        "pin_memory_device", "in_order")
-        if hasattr(loader, name)}
+        "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
+        "multiprocessing_context", "generator", "persistent_workers", "pin_memory_device",
+        "in_order") if hasattr(loader, name)}
     if loader.num_workers > 0:
         kept["prefetch_factor"] = loader.prefetch_factor
-    return DataLoader(loader.dataset, sampler=sampler, **kept)
+    if loader.batch_size is None and loader.batch_sampler is not None:  # the user's batch sampler
+        return StatefulDataLoader(loader.dataset, batch_sampler=loader.batch_sampler, **kept)
+    if isinstance(loader.dataset, IterableDataset):
+        return StatefulDataLoader(loader.dataset, batch_size=loader.batch_size,
+                                  drop_last=loader.drop_last, **kept)
+    if type(sampler) in (SequentialSampler, RandomSampler) and not _resampling(sampler):
+        return StatefulDataLoader(loader.dataset, batch_size=loader.batch_size,
+                                  drop_last=loader.drop_last,
+                                  shuffle=type(sampler) is RandomSampler, **kept)
+    return StatefulDataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler,
+                              drop_last=loader.drop_last, **kept)
+
+
+def _resampling(sampler: Any) -> bool:
+    """A RandomSampler that draws with replacement or a number of its own."""
+    return bool(getattr(sampler, "replacement", False)) or getattr(sampler, "_num_samples", None) is not None
 
 
 class _IgnoringTerm:
@@ -108,39 +143,3 @@ class _IgnoringTerm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if self.init is not None:
             self.init(worker_id)
-
-
-class _DeviceLoader:
-    def __init__(self, loader: DataLoader, device: torch.device | None) -> None:
-        self.loader = loader
-        self.device = device
-        self.epoch = 0
-        self.set_by_us = getattr(loader.sampler, "epoch", 0)
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.loader, name)
-
-    def __iter__(self) -> Iterator[Any]:
-        sampler = self.loader.sampler
-        if isinstance(sampler, DistributedSampler):
-            if sampler.epoch != self.set_by_us:
-                self.epoch = sampler.epoch  # the user's set_epoch wins
-            sampler.set_epoch(self.epoch)
-            self.set_by_us = self.epoch
-        self.epoch += 1
-        for batch in self.loader:
-            yield batch if self.device is None else _to(batch, self.device)
-
-
-def _to(batch: Any, device: torch.device) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=device.type == "cuda")
-    if isinstance(batch, dict):
-        return {k: _to(v, device) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        moved = [_to(v, device) for v in batch]
-        return type(batch)(*moved) if hasattr(batch, "_fields") else type(batch)(moved)
-    return batch

@@ -125,13 +125,14 @@ class CommitProtocol:
                     self.levels.persist_latest(self.experiment, f"the stop ({plan.stop})")
         elif plan.asynchronous and plan.level != CACHE:
             self._make_room()
-            self.writer.in_background(plan, handed, self.location.join(plan.checkpoint()[0]))
+            self.writer.in_background(plan, handed, self.location.join(plan.checkpoint()[0]),
+                                      upload.state_for(plan))
         else:
             if plan.asynchronous:  # cached now, copied to the partner node in the background
                 self._make_room()
             else:
                 self._drain()
-            if self._persist_now(plan, handed):
+            if self._persist_now(plan, handed, upload.state_for(plan)):
                 release(handed, self.location.is_local)
         self.callbacks.call_due()
         return Outcome(self.latest if self.latest is not before else None, plan.criterion_met)
@@ -266,7 +267,7 @@ class CommitProtocol:
             self._told_of_wait = True
         self._drain(keep=limit - 1)
 
-    def _persist_now(self, plan: Plan, handed: Handed) -> bool:
+    def _persist_now(self, plan: Plan, handed: Handed, state: bytes | None) -> bool:
         """Whether this rank's files are safe (persisted, or cached for the background)."""
         directory = plan.checkpoint()[0]
         started = time.perf_counter()
@@ -282,8 +283,8 @@ class CommitProtocol:
         def commit(per_rank: list[Persisted]) -> None:
             self._ledger().commit(plan, per_rank, self.last_metrics, started)
 
-        all_reduce(self.group, f"persisting {directory}", lambda: self.writer.now(plan, handed, target),
-                   commit, CommitError,
+        all_reduce(self.group, f"persisting {directory}",
+                   lambda: self.writer.now(plan, handed, target, state), commit, CommitError,
                    undo=lambda: self._ledger().experiment.discard(target.name))
         self._now_latest(target)
         return True

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hpckit import settings as _settings
@@ -13,12 +13,14 @@ from hpckit.checkpoint import Checkpoint
 from hpckit.config import CheckpointUploadMode, ValidationConfig, ValidationTaskConfig
 from hpckit.errors import ConfigError, HpckitError
 from hpckit.experiment.artifacts import Artifacts
+from hpckit.experiment.tracking import Trackers
 from hpckit.logs import log
 from hpckit.run.commit.protocol import CommitProtocol
 from hpckit.run.ending.hang import HangWatch
 from hpckit.run.ending.stop import CriterionMet, StopRequested
 from hpckit.run.session.context import TrainContext
 from hpckit.run.session.interval import CheckpointClock
+from hpckit.run.session.resumable import Keeper, RankState
 from hpckit.run.writing.handover import Upload
 
 
@@ -32,7 +34,11 @@ class Session:
     artifacts: Artifacts
     watch: HangWatch
     clock: CheckpointClock
+    rank_state: RankState
     validation_config: ValidationConfig | None = None
+    # tracker runs the training function started (setup_mlflow, setup_wandb): they end as
+    # the attempt ends
+    tracked: Trackers = field(default_factory=lambda: Trackers({}))
 
     def validation(self, asked: bool | ValidationTaskConfig,
                    checkpoint: Checkpoint | None) -> dict[str, Any] | None:
@@ -88,6 +94,13 @@ def current(caller: str) -> Session:
     return _current
 
 
+def keep_loader(loader: Keeper) -> None:
+    """Keep a prepared loader's position with this rank's checkpoints (outside a training
+    run: nothing to keep it for)."""
+    if _current is not None:
+        _current.rank_state.keep_loader(loader)
+
+
 def get_context() -> TrainContext:
     """This rank's :class:`TrainContext`: ranks, topology, experiment, stop requests."""
     return current("get_context").context
@@ -103,8 +116,14 @@ def world_rank() -> int:
 
 
 def get_checkpoint() -> Checkpoint | None:
-    """The latest committed checkpoint (on resume), else ``resume_from_checkpoint``, else None."""
+    """The latest committed checkpoint (on resume), else ``resume_from_checkpoint``, else None.
+
+    The first call of a resumed run also restores this rank's random streams and its
+    loaders' positions as they were when that checkpoint was reported
+    (``CheckpointConfig(exact_resume=True)``, the default): call it once the model and
+    loaders are built, right before the training loop."""
     session = current("get_checkpoint")
+    session.rank_state.restore()
     return session.protocol.latest or session.seed
 
 
@@ -148,6 +167,8 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None, *,
     elif not isinstance(delete, bool):
         raise ConfigError(f"report(delete_local_checkpoint_after_upload={delete!r}) must be True, "
                           "False or None (Ray's default: True for ASYNC, else False).")
+    keeper = session.rank_state
     session.report(metrics, checkpoint, Upload(mode, delete, checkpoint_dir_name,
                                                 session.validation(validation, checkpoint),
-                                                checkpoint_upload_fn))
+                                                checkpoint_upload_fn,
+                                                keeper.capture if keeper.enabled else None))

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import xxhash
 
 from hpckit.errors import CheckpointError, ProtocolError
-from hpckit.experiment.manifest import CACHE, FileRecord, is_safe_relpath
+from hpckit.experiment.manifest import CACHE, FileRecord, is_rank_state, is_safe_relpath
 from hpckit.storage.checksum import short
 
 if TYPE_CHECKING:  # plan.py makes its plans with this module's assignment
@@ -165,11 +165,12 @@ def attributed(plan: Plan, per_rank: list[Persisted], records: list[FileRecord]
     (written in place, or uploaded by ``checkpoint_upload_fn``), each with the rank that wrote
     its file rather than the one that hashed it: the rank whose own save wrote it, else the
     one rank that handed the directory; ``None`` where several ranks handed it, since any of
-    them may have written any file there."""
+    them may have written any file there. A rank's resume state keeps its writer."""
     if not plan.in_place or not any(persisted.listed for persisted in per_rank):
         return records
     saved = {name: rank for rank, names in plan.later.items() for name in names}
-    return [r._replace(rank=saved.get(r.path, plan.placed_by)) for r in records]
+    return [r if is_rank_state(r.path) else r._replace(rank=saved.get(r.path, plan.placed_by))
+            for r in records]
 
 
 def check_copies(plan: Plan, per_rank: list[Persisted]) -> None:

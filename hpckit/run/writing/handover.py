@@ -25,9 +25,10 @@ from hpckit.checkpoint import Checkpoint, written_later
 from hpckit.config import CheckpointUploadMode
 from hpckit.errors import CheckpointError
 from hpckit.experiment import ownership
-from hpckit.experiment.manifest import STAGING_NAME
+from hpckit.experiment.manifest import CACHE, STAGING_NAME
 from hpckit.experiment.ownership import inside
 from hpckit.logs import log
+from hpckit.run.writing.plan import Plan
 from hpckit.run.writing.shares import list_source, local_source
 from hpckit.run.writing.uploads import check_returned
 from hpckit.storage.location import Location
@@ -42,6 +43,14 @@ class Upload:
     dir_name: str | None = None
     validation: dict[str, Any] | None = None  # ValidationConfig.task(): rank 0's decides
     upload_fn: Callable[[Checkpoint, str], Checkpoint] | None = None  # checkpoint_upload_fn
+    rank_state: Callable[[], bytes | None] | None = None  # this rank's resume state, if any
+
+    def state_for(self, plan: Plan) -> bytes | None:
+        """This rank's resume state where ``plan`` writes a checkpoint to storage_path (the
+        node caches' partner copies do not carry it yet: docs/limits.md)."""
+        if self.rank_state is None or plan.directory is None or plan.level == CACHE:
+            return None
+        return self.rank_state()
 
 
 @dataclass(frozen=True)

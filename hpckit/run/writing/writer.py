@@ -15,6 +15,7 @@ from hpckit.run.mpi.comm import captured
 from hpckit.run.writing.handover import Handed, Staging, hand_over, same_filesystem, upload
 from hpckit.run.writing.inflight import InFlight, done_now
 from hpckit.run.writing.plan import Persisted, Plan
+from hpckit.run.writing.rankstate import with_state
 from hpckit.run.writing.shares import hash_uploaded, sync_in_place, write_share
 from hpckit.run.writing.uploads import Meeting
 from hpckit.storage.location import Location
@@ -30,8 +31,13 @@ class ShareWriter:
     in_flight: InFlight
     meeting: Meeting
 
-    def now(self, plan: Plan, handed: Handed, target: Location) -> Persisted:
-        """Persist this rank's share into ``target`` before ``report()`` returns."""
+    def now(self, plan: Plan, handed: Handed, target: Location, state: bytes | None = None
+            ) -> Persisted:
+        """Persist this rank's share (and its resume ``state``) into ``target`` before
+        ``report()`` returns."""
+        return with_state(lambda: self._now(plan, handed, target), target, self.rank, state)()
+
+    def _now(self, plan: Plan, handed: Handed, target: Location) -> Persisted:
         if plan.uploaded:
             persisted = self._uploaded(handed, target, background=False)
         elif plan.in_place:
@@ -44,21 +50,22 @@ class ShareWriter:
         faults.reached("written", self.rank)
         return persisted
 
-    def in_background(self, plan: Plan, handed: Handed, target: Location) -> None:
-        """Start persisting this rank's share on the in-flight thread; a failed hand-over is
-        raised there, so that every rank learns of it at the next collective step."""
+    def in_background(self, plan: Plan, handed: Handed, target: Location,
+                      state: bytes | None = None) -> None:
+        """Start persisting this rank's share (and its resume ``state``) on the in-flight
+        thread; a failed hand-over is raised there, so that every rank learns of it at the
+        next collective step."""
         directory = plan.checkpoint()[0]
         if plan.uploaded:
             background = self.meeting.in_background()
-
-            def uploaded() -> Persisted:
-                return self._uploaded(handed, target, background)
-
+            uploaded = with_state(lambda: self._uploaded(handed, target, background), target,
+                                  self.rank, state)
             self.in_flight.start(directory, target,
                                  uploaded if background else done_now(uploaded))
             return
         if plan.in_place:
-            self.in_flight.start(directory, target, lambda: self._in_place(plan, handed, target))
+            self.in_flight.start(directory, target, with_state(
+                lambda: self._in_place(plan, handed, target), target, self.rank, state))
             return
         staged, failure = captured(self.rank, lambda: self._hand_over(plan, handed))
 
@@ -73,7 +80,7 @@ class ShareWriter:
             faults.reached("persisted", self.rank)
             return Persisted(records)
 
-        self.in_flight.start(directory, target, staged_files)
+        self.in_flight.start(directory, target, with_state(staged_files, target, self.rank, state))
 
     def _in_place(self, plan: Plan, handed: Handed, target: Location) -> Persisted:
         if handed.checkpoint is not None:

@@ -1,0 +1,88 @@
+"""What exact resume costs a rank per checkpoint: taking its resume state (random streams and
+loader positions) and writing it as its file of the checkpoint.
+
+    python benchmarks/resume_state.py [--repeat 200] [--workers 2] [--storage DIR]
+
+In one process, as a rank holds them: torch's random streams (and each CUDA device's where
+CUDA is available and started), Python's and NumPy's, and one loader from
+``prepare_data_loader`` (a ``StatefulDataLoader`` with ``--workers`` worker processes) cut
+mid-pass. Timed, interleaved, ``--repeat`` times each:
+
+- ``capture``: every keeper's ``state_dict`` and the pickle of them together: the time the
+  training thread spends at every report that writes a checkpoint (target: ≤ 1 ms);
+- ``write``: the state file written durably into a checkpoint directory under ``--storage``
+  (on the background thread with ``ASYNC``; in ``report()`` with ``SYNC``);
+- ``baseline``: ``torch.get_rng_state()`` alone, the least any such state costs.
+
+One JSON line: the medians in ms, the p90 of ``capture`` and the file's size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from hpckit.integrations.torch.prepare import prepare_data_loader
+from hpckit.integrations.torch.streams import keepers
+from hpckit.run.session.resumable import RankState
+from hpckit.run.writing.rankstate import write_state
+from hpckit.storage.location import local
+
+
+class Images(Dataset):
+    def __len__(self) -> int:
+        return 50_000
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.zeros(3, 32, 32)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=200)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--storage", default=None)
+    args = parser.parse_args()
+    if torch.cuda.is_available():
+        torch.cuda.init()
+    state = RankState(rank=0, world_size=1, start=None, streams=keepers())
+    loader = prepare_data_loader(DataLoader(Images(), batch_size=64, shuffle=True,
+                                            num_workers=args.workers))
+    state.keep_loader(loader)
+    batches = iter(loader)
+    for _ in range(10):
+        next(batches)
+    with tempfile.TemporaryDirectory(dir=args.storage) as directory:
+        target = local(directory)
+        samples: dict[str, list[float]] = {"baseline": [], "capture": [], "write": []}
+        size = 0
+        for _ in range(args.repeat):
+            began = time.perf_counter()
+            torch.get_rng_state()
+            samples["baseline"].append(time.perf_counter() - began)
+            began = time.perf_counter()
+            data = state.capture()
+            samples["capture"].append(time.perf_counter() - began)
+            began = time.perf_counter()
+            write_state(target, 0, data)
+            samples["write"].append(time.perf_counter() - began)
+            size = len(data)
+    capture = sorted(samples["capture"])
+    print(json.dumps({
+        "benchmark": "resume_state", "repeat": args.repeat, "loader_workers": args.workers,
+        "cuda_devices": torch.cuda.device_count() if torch.cuda.is_initialized() else 0,
+        "state_bytes": size, "target_capture_ms": 1.0,
+        **{f"{name}_ms": round(1000 * statistics.median(values), 3)
+           for name, values in samples.items()},
+        "capture_p90_ms": round(1000 * capture[int(0.9 * len(capture))], 3),
+    }), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""``WandbLoggerCallback``: each experiment (each trial of a sweep) one W&B run, kept across
+restarts, requeues and ``hpckit resume`` by its id, fed by rank 0's experiment writer."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from typing import Any
+
+import wandb
+
+from hpckit.config.callbacks import TrackedExperiment, TrackerCallback
+from hpckit.integrations.tracking import numbers
+
+EXIT_CODES = {"FINISHED": 0, "FAILED": 1, "KILLED": 2}
+
+
+class WandbLoggerCallback(TrackerCallback):
+    """Ray's ``WandbLoggerCallback``, for ``RunConfig(callbacks=[...])`` of a trainer or a
+    ``Tuner``: one W&B run per experiment (per trial in a sweep), named after it, in
+    ``project`` ($WANDB_PROJECT, else the sweep's name or the experiment's own) and
+    ``group`` (the sweep's name in a sweep); every other keyword goes to ``wandb.init``.
+    Each report's numeric metrics but ``excludes`` are logged at its ``training_iteration``
+    (the metrics log's step + 1, as in Ray); ``log_config``
+    puts the training function's config in the run's config."""
+
+    tracker = "wandb"
+
+    def __init__(self, project: str | None = None, group: str | None = None,
+                 api_key_file: str | None = None, api_key: str | None = None,
+                 excludes: list[str] | None = None, log_config: bool = False,
+                 upload_checkpoints: bool = False, save_checkpoints: bool = False,
+                 upload_timeout: int = 1800, **kwargs: Any) -> None:
+        self.project = project
+        self.group = group
+        self.api_key_file = api_key_file
+        self.api_key = api_key
+        self.excludes = list(excludes or [])
+        self.log_config = log_config
+        self.upload_checkpoints = upload_checkpoints or save_checkpoints
+        self.upload_timeout = upload_timeout
+        self.kwargs = kwargs
+
+    def open_run(self, run_id: str | None, experiment: TrackedExperiment) -> WandbRun:
+        use_api_key(self.api_key_file, self.api_key)
+        run = wandb.init(**{
+            "id": run_id or secrets.token_hex(4), "resume": "allow",
+            "name": experiment.name,
+            "project": self.project or os.environ.get("WANDB_PROJECT")
+            or experiment.group or experiment.name,
+            "group": self.group or experiment.group,
+            "config": experiment.config if self.log_config else None,
+            "reinit": "create_new", **self.kwargs})
+        return WandbRun(run, self.excludes)
+
+
+class WandbRun:
+    """One experiment's W&B run, opened by :class:`WandbLoggerCallback`."""
+
+    def __init__(self, run: Any, excludes: list[str]) -> None:
+        self.run = run
+        self.run_id: str = run.id
+        self.excludes = excludes
+        # W&B's next step is its next training_iteration (hpckit's step + 1); offline, a
+        # resumed run does not know its steps (0), and W&B drops a repeated one when it syncs.
+        self.next_step = max(int(run.step) - 1, 0)
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        """At Ray's step, the report's ``training_iteration``: ``step + 1``."""
+        logged = {k: v for k, v in numbers(metrics).items() if k not in self.excludes}
+        self.run.log(logged, step=step + 1)
+
+    def end(self, status: str) -> None:
+        self.run.finish(exit_code=EXIT_CODES.get(status, 1))
+
+
+def use_api_key(api_key_file: str | None, api_key: str | None) -> None:
+    """Ray's ``api_key_file``/``api_key``: the key for wandb, through its environment
+    variable (never logged)."""
+    if api_key_file:
+        with open(os.path.expanduser(api_key_file)) as f:
+            os.environ["WANDB_API_KEY"] = f.read().strip()
+    elif api_key:
+        os.environ["WANDB_API_KEY"] = api_key

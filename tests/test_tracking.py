@@ -1,0 +1,132 @@
+"""Experiment trackers (#52): each experiment one run in MLflow and in W&B (offline), kept
+across a restart, a resume and a failure, each step logged once; TensorBoard shows each step
+once. Real components: MLflow's sqlite store, W&B's offline run files, TensorBoard's events,
+read back."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from conftest import HERE, HPCKIT, manifest, python, run
+from wandb_files import offline_runs
+
+TRACKED = HERE / "ranks" / "tracked.py"
+LOSSES = [round(1 / (step + 2), 6) for step in range(8)]  # what steps 0-7 report
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> str:
+    """One MLflow sqlite store for the module (making one costs seconds of migrations)."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
+    MlflowClient(uri).search_experiments()
+    return uri
+
+
+def mlflow_runs(uri: str, experiment: str, metric: str = "loss") -> list[dict]:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    assert found is not None, f"no MLflow experiment {experiment!r}"
+    return [{"id": r.info.run_id, "name": r.info.run_name, "status": r.info.status,
+             "params": r.data.params,
+             "tags": r.data.tags,
+             metric: [(m.step, round(m.value, 6)) for m in sorted(
+                 client.get_metric_history(r.info.run_id, metric), key=lambda m: m.step)]}
+            for r in client.search_runs([found.experiment_id])]
+
+
+def tensorboard_steps(experiment: Path) -> list[tuple[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(experiment / "tensorboard"))
+    events.Reload()
+    return [(e.step, round(e.value, 6)) for e in events.Scalars("loss")]
+
+
+def tracked(tmp_path: Path, *args: str, expect: int | None = 0, env: dict | None = None):
+    markers = tmp_path / "markers"
+    markers.mkdir(exist_ok=True)
+    return python("--storage", str(tmp_path / "runs"), "--markers", str(markers), *args,
+                  script=TRACKED, expect=expect, timeout=180,
+                  env={"HPCKIT_TENSORBOARD": "1", **(env or {})})
+
+
+def test_a_killed_and_restarted_experiment_is_one_mlflow_run_with_each_step_once(
+        tmp_path, store):
+    tracked(tmp_path, "--name", "restarted", "--tracker", "mlflow", "--uri", store,
+            "--kill", "5")
+    [mlflow_run] = mlflow_runs(store, "restarted")
+    assert mlflow_run["status"] == "FINISHED" and mlflow_run["name"] == "restarted"
+    assert mlflow_run["loss"] == [(step + 1, loss) for step, loss in enumerate(LOSSES)]
+    assert mlflow_run["params"]["steps"] == "8"
+    recorded = manifest(tmp_path / "runs" / "restarted")
+    assert recorded["tracker_runs"] == {"mlflow": mlflow_run["id"]}
+    assert len(recorded["attempts"]) == 2
+    assert tensorboard_steps(tmp_path / "runs" / "restarted") == list(enumerate(LOSSES))
+
+
+def test_an_experiment_that_failed_ends_its_mlflow_run_failed_and_a_resume_finishes_it(
+        tmp_path, store):
+    """``hpckit resume`` continues the same run, from the step after what it holds."""
+    tracked(tmp_path, "--name", "resumed", "--tracker", "mlflow", "--uri", store,
+            "--kill", "5", "--no-restart", expect=None)
+    [failed] = mlflow_runs(store, "resumed")
+    assert failed["status"] == "FAILED"  # rank 0 was killed: the launching process ended it
+    tracked_failure = tracked(tmp_path, "--name", "failing", "--tracker", "mlflow", "--uri",
+                              store, "--fail", expect=None)
+    assert tracked_failure.returncode != 0
+    assert [r["status"] for r in mlflow_runs(store, "failing")] == ["FAILED"]
+    run([HPCKIT, "resume", str(tmp_path / "runs" / "resumed")], timeout=180)
+    [resumed] = mlflow_runs(store, "resumed")
+    assert resumed["id"] == failed["id"] and resumed["status"] == "FINISHED"
+    assert resumed["loss"] == [(step + 1, loss) for step, loss in enumerate(LOSSES)]
+
+
+def test_setup_mlflow_gives_the_training_function_the_same_run_after_a_restart(tmp_path, store):
+    out = tracked(tmp_path, "--name", "set-up", "--setup", "mlflow", "--uri", store,
+                  "--kill", "5")
+    ids = re.findall(r"SETUP (\w+)", out.output)
+    assert len(ids) == 2 and len(set(ids)) == 1, out.output
+    [mlflow_run] = mlflow_runs(store, "set-up")
+    assert mlflow_run["id"] == ids[0] and mlflow_run["status"] == "FINISHED"
+    assert mlflow_run["params"] == {"lr": "0.1"}
+
+
+def test_a_wandb_offline_run_keeps_its_id_across_a_restart(tmp_path):
+    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
+    tracked(tmp_path, "--name", "wandb-restarted", "--tracker", "wandb", "--kill", "5",
+            env=env)
+    directories = sorted((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(directories) == 2  # one per attempt, each the same run
+    assert len({d.name.rsplit("-", 1)[1] for d in directories}) == 1
+    last = offline_runs(tmp_path)[-1]
+    recorded = manifest(tmp_path / "runs" / "wandb-restarted")["tracker_runs"]
+    assert last["id"] == recorded["wandb"] == directories[0].name.rsplit("-", 1)[1]
+    assert last["exit_code"] == 0
+    steps = [row["_step"] for row in last["history"]]
+    assert steps == sorted(set(steps)) and steps[-1] == 8
+
+
+def test_setup_wandb_gives_the_training_function_the_same_run_after_a_restart(tmp_path):
+    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
+    out = tracked(tmp_path, "--name", "wandb-set-up", "--setup", "wandb", "--kill", "5",
+                  env=env)
+    ids = re.findall(r"SETUP (\w+)", out.output)
+    assert len(ids) == 2 and len(set(ids)) == 1, out.output
+    assert offline_runs(tmp_path)[-1]["exit_code"] == 0
+
+
+def test_a_sweep_logs_each_trial_as_a_run_of_its_own_under_the_sweeps_name(tmp_path, store):
+    python("--storage", str(tmp_path), "--mlflow", store, script=HERE / "ranks" / "sweep.py",
+           timeout=180)
+    runs = mlflow_runs(store, "grid", "score")  # the MLflow experiment is the sweep
+    assert len(runs) == 3 and {r["status"] for r in runs} == {"FINISHED"}
+    assert sorted(r["name"] for r in runs) == sorted(r["tags"]["trial_id"] for r in runs)
+    assert len({r["name"] for r in runs}) == 3
+    assert sorted(r["params"]["lr"] for r in runs) == ["0.1", "0.2", "0.3"]
+    assert all([step for step, _ in r["score"]] == [1, 2, 3] for r in runs)
