@@ -240,3 +240,22 @@ def test_a_directory_that_holds_the_working_directory_is_never_deleted(tmp_path)
     assert "which holds the current directory; it is not deleted" in done.output, done.output
     kept = tmp_path / "storage" / "e" / "checkpoint_000001" / "notes.txt"
     assert kept.read_text() == "keep me", done.output  # persisted all the same
+
+
+def uploads_a_name_that_is_not_utf8(config: dict) -> None:
+    def upload(checkpoint: Checkpoint, checkpoint_dir_name: str) -> Checkpoint:
+        directory = os.path.join(hpckit.get_context().get_experiment_path(), checkpoint_dir_name)
+        with open(os.path.join(os.fsencode(directory), b"bad\xffname"), "wb") as f:
+            f.write(b"w")
+        return Checkpoint.from_directory(directory)
+
+    with tempfile.TemporaryDirectory() as d:
+        hpckit.report({"step": 0}, checkpoint=Checkpoint.from_directory(d),
+                      checkpoint_upload_fn=upload)
+
+
+def test_an_uploaded_name_that_is_not_utf8_is_refused_naming_it(tmp_path):
+    """#51: the refusal was a CommitError that named no file."""
+    with pytest.raises(HpckitError, match=r"bad\\udcffname' is not UTF-8"):
+        fit(uploads_a_name_that_is_not_utf8, str(tmp_path))
+    assert read_manifest(resolve(str(tmp_path / "exp"))).checkpoints == ()

@@ -131,7 +131,25 @@ def list_files(location: Location) -> list[tuple[str, int]]:
         infos = location.filesystem.get_file_info(
             pyarrow.fs.FileSelector(location.path, recursive=True))
     base = location.path.rstrip("/") + "/"
-    return sorted((i.path[len(base):], i.size) for i in infos if i.type == pyarrow.fs.FileType.File)
+    try:
+        return sorted((i.path[len(base):], i.size) for i in infos
+                      if i.type == pyarrow.fs.FileType.File)
+    except UnicodeDecodeError:
+        raise StorageError(f"cannot list {location.display}: {_not_text(location)} is not "
+                           "UTF-8 (names are recorded as text, and S3 keys are UTF-8); rename "
+                           "it") from None
+
+
+def _not_text(location: Location) -> str:
+    """The first name under a local ``location`` that is not UTF-8, for the error."""
+    if location.is_local:
+        for parent, dirs, names in os.walk(os.fsencode(location.path)):
+            for name in [*dirs, *names]:
+                try:
+                    name.decode("utf-8")
+                except UnicodeDecodeError:
+                    return repr(os.fsdecode(os.path.join(parent, name)))
+    return "a name"
 
 
 def escapes(location: Location, root: Location) -> bool:
