@@ -10,8 +10,10 @@ import pytest
 
 import hpckit
 import hpckit.lightning
+import hpckit.mlflow
 import hpckit.torch
 import hpckit.transformers
+import hpckit.wandb
 
 pytestmark = pytest.mark.quick
 
@@ -42,6 +44,10 @@ RAY_TRAIN_LIGHTNING = {
 
 RAY_TRAIN_TRANSFORMERS = {"RayTrainReportCallback", "prepare_trainer"}
 
+# ray.air.integrations.mlflow and .wandb: what Ray's tracking guides import.
+RAY_MLFLOW = {"MLflowLoggerCallback", "setup_mlflow"}
+RAY_WANDB = {"WandbLoggerCallback", "setup_wandb"}
+
 
 def _table(heading: str) -> dict[str, str]:
     section = PAGE.read_text().split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
@@ -59,7 +65,11 @@ def test_every_ray_name_is_in_the_table_once_and_supported_means_exported():
                                     RAY_TRAIN_LIGHTNING, hpckit.lightning),
                                    ("`ray.train.huggingface.transformers` → "
                                     "`hpckit.transformers`", RAY_TRAIN_TRANSFORMERS,
-                                    hpckit.transformers)):
+                                    hpckit.transformers),
+                                   ("`ray.air.integrations.mlflow` → `hpckit.mlflow`",
+                                    RAY_MLFLOW, hpckit.mlflow),
+                                   ("`ray.air.integrations.wandb` → `hpckit.wandb`",
+                                    RAY_WANDB, hpckit.wandb)):
         table = _table(heading)
         assert set(table) == names, set(table) ^ names
         assert set(table.values()) <= {"yes", "yes, differs", "no: not applicable", "not yet"}
