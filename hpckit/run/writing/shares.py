@@ -142,6 +142,7 @@ def hash_uploaded(target: Location, rank: int, ranks: int, phase: str) -> Persis
         if not is_safe_relpath(name):
             raise CheckpointError(f"rank {rank}: checkpoint_upload_fn left {name!r} in "
                                   f"{target.display}, not a plain relative path; rename it.")
+
     def one(name: str) -> FileRecord:
         if target.is_local:
             size, digest = checksum_file(target.join(name).path, sync=True)
