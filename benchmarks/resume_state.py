@@ -74,6 +74,7 @@ def main() -> None:
             samples["write"].append(time.perf_counter() - began)
             size = len(data)
     capture = sorted(samples["capture"])
+    median_ms = 1000 * statistics.median(capture)
     print(json.dumps({
         "benchmark": "resume_state", "repeat": args.repeat, "loader_workers": args.workers,
         "cuda_devices": torch.cuda.device_count() if torch.cuda.is_initialized() else 0,
@@ -81,6 +82,7 @@ def main() -> None:
         **{f"{name}_ms": round(1000 * statistics.median(values), 3)
            for name, values in samples.items()},
         "capture_p90_ms": round(1000 * capture[int(0.9 * len(capture))], 3),
+        "capture_within_target": median_ms <= 1.0,
     }), flush=True)
 
 

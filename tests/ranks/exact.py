@@ -79,6 +79,7 @@ def train(config: dict) -> None:
             loss.backward()
             optimizer.step()
             step += 1
+            time.sleep(config["step_seconds"])
             killed_once(config, rank, step)
             saved = None
             if step % 5 == 0 and rank == 0:
@@ -105,6 +106,7 @@ def main() -> None:
     parser.add_argument("--mlflow", default=None, help="an MLflow tracking URI to log to")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--gpu", action="store_true", help="use_gpu=True (NCCL, CUDA dropout)")
+    parser.add_argument("--step-seconds", type=float, default=0.0, help="each step's sleep")
     args = parser.parse_args()
     callbacks = []
     if args.mlflow:
@@ -114,7 +116,8 @@ def main() -> None:
     TorchTrainer(
         train, train_loop_config={"steps": args.steps, "kill": args.kill,
                                   "experiment": os.path.join(args.storage, args.name),
-                                  "markers": args.markers, "mode": args.mode},
+                                  "markers": args.markers, "mode": args.mode,
+                                  "step_seconds": args.step_seconds},
         scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=args.gpu),
         run_config=RunConfig(storage_path=args.storage, name=args.name, callbacks=callbacks,
                              failure_config=FailureConfig(max_failures=len(args.kill)),
