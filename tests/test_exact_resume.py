@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import HERE, manifest, python
+from conftest import HERE, HPCKIT, manifest, python, run
 from slurm_jobs import minimal_script, output_of, sbatch, wait, wait_for_reports
 from torch.utils.data import DataLoader, Dataset
 
@@ -195,4 +195,21 @@ def test_a_slurm_job_requeued_mid_epoch_ends_bit_identical_as_one_mlflow_run(
     assert re.search(r"resuming experiment \S+ from checkpoint_\d+", output), output
     assert _final(output) == uninterrupted
     status, history = _logged(store, "requeued")
+    assert status == "FINISHED" and history == _logged(store, "ref")[1]
+
+
+def test_a_run_killed_mid_epoch_and_continued_by_hpckit_resume_ends_bit_identical(
+        tmp_path, uninterrupted, store):
+    """The same through ``hpckit resume``: a kill ends the run (no restarts), and the
+    command the manifest recorded continues it."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    python("--storage", str(tmp_path), "--name", "resumed", "--markers", str(markers),
+           "--kill", "1:12", "--no-restart", "--mlflow", store, script=EXACT, timeout=240,
+           expect=None)
+    assert (markers / "1-12").exists()
+    out = run([HPCKIT, "resume", str(tmp_path / "resumed")], timeout=240)
+    assert re.search(r"from checkpoint_00000[01]", out.output), out.output  # steps 5, 10
+    assert _final(out.output) == uninterrupted
+    status, history = _logged(store, "resumed")
     assert status == "FINISHED" and history == _logged(store, "ref")[1]

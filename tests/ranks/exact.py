@@ -107,6 +107,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--gpu", action="store_true", help="use_gpu=True (NCCL, CUDA dropout)")
     parser.add_argument("--step-seconds", type=float, default=0.0, help="each step's sleep")
+    parser.add_argument("--no-restart", action="store_true",
+                        help="a kill ends the run (hpckit resume continues it)")
     args = parser.parse_args()
     callbacks = []
     if args.mlflow:
@@ -120,7 +122,8 @@ def main() -> None:
                                   "step_seconds": args.step_seconds},
         scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=args.gpu),
         run_config=RunConfig(storage_path=args.storage, name=args.name, callbacks=callbacks,
-                             failure_config=FailureConfig(max_failures=len(args.kill)),
+                             failure_config=FailureConfig(
+                                 max_failures=0 if args.no_restart else len(args.kill)),
                              checkpoint_config=CheckpointConfig(
                                  num_to_keep=2, exact_resume=args.exact == "on")),
     ).fit()
