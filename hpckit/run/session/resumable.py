@@ -88,7 +88,7 @@ class RankState:
         """At the first ``get_checkpoint()`` of a resumed attempt: every keeper's state from
         the checkpoint it resumes from (once; later calls change nothing)."""
         start, self._start = self._start, None
-        if start is None:
+        if start is None or not self.keepers:  # nothing kept: nothing to put back or miss
             return
         data = read_state(start, self.rank)
         saved = pickle.loads(data) if data is not None else None
@@ -105,9 +105,9 @@ class RankState:
         if self.rank != 0:
             return
         if saved is None:
-            log.warning("%s holds no resume state of rank 0 (written before hpckit kept one, or "
-                        "with CheckpointConfig(exact_resume=False)): random streams and loader "
-                        "positions start afresh", start.display)
+            log.warning("%s holds no resume state of rank 0 (written before hpckit kept one, "
+                        "with CheckpointConfig(exact_resume=False), or kept in node-local caches "
+                        "only): random streams and loader positions start afresh", start.display)
         else:
             log.warning("%s was written by %d ranks and this run has %d: random streams and "
                         "loader positions start afresh (an exact resume needs %d ranks, e.g. "
