@@ -68,21 +68,22 @@ def to_float(sample: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, t
     return image.float() / 255.0, label
 
 
-def loader(path: str, split: str, shuffle: bool, batch_size: int) -> object:
+def loader(path: str, split: str, shuffle: bool, batch_size: int, workers: int = 1) -> object:
     dataset = HDF5Dataset(path, (f"{split}/images", f"{split}/labels"), transform=to_float)
     # forkserver: a rank runs threads (hpckit's writer, Gloo's), and a worker forked from a
     # threaded process can hang in the child on a lock another thread held (docs/site.md).
     return prepare_data_loader(torch.utils.data.DataLoader(
-        dataset, batch_size=batch_size, shuffle=shuffle, num_workers=1, persistent_workers=True,
-        multiprocessing_context="forkserver"))
+        dataset, batch_size=batch_size, shuffle=shuffle, num_workers=workers,
+        persistent_workers=workers > 0, multiprocessing_context="forkserver" if workers else None))
 
 
 def train_loop(config: dict) -> None:
     torch.manual_seed(0)
     model = prepare_model(Net())
     optimizer = torch.optim.Adam(model.parameters(), lr=config["lr"])
-    train, test = (loader(config["data"], "train", True, config.get("batch_size", 64)),
-                   loader(config["data"], "test", False, 256))
+    workers = config.get("loader_workers", 1)
+    train, test = (loader(config["data"], "train", True, config.get("batch_size", 64), workers),
+                   loader(config["data"], "test", False, 256, workers))
     start = 0
     checkpoint = hpckit.get_checkpoint()
     if checkpoint:
@@ -136,13 +137,21 @@ def arguments(description: str, name: str) -> argparse.ArgumentParser:
     return parser
 
 
+def with_loader_workers(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--loader-workers", type=int, default=1,
+                        help="data loader worker processes per loader and rank (0: none)")
+    return parser
+
+
 def main() -> None:
-    args = arguments("FashionMNIST-shaped HDF5 training with hpckit", "fashion-hdf5").parse_args()
+    args = with_loader_workers(arguments("FashionMNIST-shaped HDF5 training with hpckit",
+                                         "fashion-hdf5")).parse_args()
     if not os.path.exists(args.data):
         write_dataset(args.data)
     trainer = TorchTrainer(
         train_loop,
-        train_loop_config={"epochs": args.epochs, "lr": args.lr, "data": args.data},
+        train_loop_config={"epochs": args.epochs, "lr": args.lr, "data": args.data,
+                           "loader_workers": args.loader_workers},
         scaling_config=ScalingConfig(num_workers=args.workers),
         run_config=RunConfig(
             name=args.name, storage_path=args.storage,

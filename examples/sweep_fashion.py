@@ -16,20 +16,22 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from fashion_hdf5 import arguments, train_loop, write_dataset  # noqa: E402
+from fashion_hdf5 import arguments, train_loop, with_loader_workers, write_dataset  # noqa: E402
 
 from hpckit import CheckpointConfig, RunConfig, ScalingConfig, tune, world_rank  # noqa: E402
 from hpckit.torch import TorchTrainer  # noqa: E402
 
 
 def main() -> None:
-    parser = arguments("A learning rate x batch size sweep on FashionMNIST-shaped HDF5",
-                       "sweep-fashion")
+    parser = with_loader_workers(arguments(
+        "A learning rate x batch size sweep on FashionMNIST-shaped HDF5", "sweep-fashion"))
     parser.add_argument("--train-size", type=int, default=6000, help="images to train on")
     args = parser.parse_args()
     if world_rank() == 0 and not os.path.exists(args.data):
         write_dataset(args.data, n_train=args.train_size)
-    trainer = TorchTrainer(train_loop, train_loop_config={"epochs": args.epochs, "data": args.data},
+    trainer = TorchTrainer(train_loop,
+                           train_loop_config={"epochs": args.epochs, "data": args.data,
+                                              "loader_workers": args.loader_workers},
                            scaling_config=ScalingConfig(num_workers=args.workers))
     tuner = tune.Tuner(
         trainer,
