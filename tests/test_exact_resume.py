@@ -8,10 +8,12 @@ import json
 import random
 import re
 import sys
+import tempfile
 
 import numpy as np
 import pytest
 import torch
+from cluster_nodes import nodes  # noqa: F401  (the fixture)
 from conftest import HERE, HPCKIT, manifest, python, run
 from slurm_jobs import minimal_script, output_of, sbatch, wait, wait_for_reports
 from torch.utils.data import DataLoader, Dataset
@@ -129,6 +131,31 @@ def test_two_ranks_killed_mid_epoch_at_different_steps_end_bit_identical(
     assert status == "FINISHED"
     assert [step for step, _ in history] == list(range(1, 25))
     assert history == _logged(store, "ref")[1]
+
+
+def test_a_restart_from_a_partner_copy_in_the_node_caches_ends_bit_identical(
+        nodes, tmp_path, uninterrupted):
+    """Checkpoints kept in node-local caches carry the ranks' states too, partner copies
+    included: rank 1 is killed mid-epoch on nodeb, whose disk is then lost; the rerun restarts
+    from the partner copy on nodea and ends as the uninterrupted run."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    args = ("--storage", str(tmp_path), "--name", "cached", "--cache", str(nodes.local),
+            "--markers", str(markers), "--kill", "1:12", "--no-restart")
+    # The "nodes" share this machine's network; a loader worker's socket path must fit in
+    # AF_UNIX's 108 bytes, which the nodes' TMPDIR under pytest's folders may not.
+    with tempfile.TemporaryDirectory(prefix="exact-") as short:
+        here = {"HPCKIT_MASTER_ADDR": "127.0.0.1", "TMPDIR": short}
+        killed = nodes.mpiexec(["nodea", "nodeb"], 1, EXACT, *args, env=here, expect=None,
+                               timeout=180)
+        assert killed.returncode != 0 and (markers / "1-12").exists(), killed.output
+        assert {c["level"] for c in manifest(tmp_path / "cached")["checkpoints"]} == {"cache"}
+        nodes.lose_disk("nodeb")
+        rerun = nodes.mpiexec(["nodea", "nodeb"], 1, EXACT, *args, env=here, timeout=180)
+    assert re.search(r"restarting from checkpoint_\d+ in the node-local caches \(.*from partner "
+                     r"copies: [1-9]", rerun.output), rerun.output
+    assert "no resume state" not in rerun.output, rerun.output
+    assert _final(rerun.output) == uninterrupted
 
 
 def test_without_exact_resume_the_same_kills_end_elsewhere(tmp_path, uninterrupted):

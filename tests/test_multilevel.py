@@ -304,6 +304,18 @@ def test_files_sent_to_a_rank_arrive_whole_in_chunks_and_errors_come_back(tmp_pa
     assert "could not read" in str(got["missing"].error)
 
 
+def test_an_optional_file_its_sender_lacks_arrives_as_absent_and_the_others_whole(tmp_path):
+    """A rank's resume state goes with its partner copy where it has one: the receiver
+    expects it either way, so a sender without one says so rather than leave it waiting."""
+    (tmp_path / "kept").write_bytes(b"state")
+    sends = [Send(0, str(tmp_path / name), name, optional=True) for name in ("none", "kept")]
+    receives = [Receive(0, name, str(tmp_path / "out" / name)) for name in ("none", "kept")]
+    got = {r.name: r for r in exchange(MPI.COMM_SELF, sends, receives)}
+    assert got["none"].absent and got["none"].error is None
+    assert not (tmp_path / "out" / "none").exists()
+    assert not got["kept"].absent and (tmp_path / "out" / "kept").read_bytes() == b"state"
+
+
 def test_a_background_copy_waiting_for_a_peer_ends_when_its_attempt_is_abandoned(tmp_path):
     """A partner copy whose peer never sends (gone with its attempt) must not keep the
     background thread, and so the attempt's end, waiting for ever."""

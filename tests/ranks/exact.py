@@ -14,13 +14,15 @@ import contextlib
 import json
 import os
 import signal
+import tempfile
 import time
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
 
 import hpckit
-from hpckit import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from hpckit import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from hpckit.torch import TorchTrainer, load_state, prepare_data_loader, prepare_model, save_state
 
 SAMPLES, BATCH = 44, 3  # 22 a rank: 8 batches an epoch, the last of one sample
@@ -58,6 +60,18 @@ def committed(experiment: str, directory: str) -> None:
     raise AssertionError(f"{directory} was not committed within 30 s")
 
 
+@contextlib.contextmanager
+def handed(cached: str | None, state: dict | None) -> Iterator[Checkpoint | None]:
+    """The checkpoint to report: ``save_state``'s, or with node-local caches (where a staged
+    checkpoint goes to storage_path) a directory handed over, as Ray's guide writes one."""
+    if state is None or not cached:
+        yield None if state is None else save_state(state, "model.pt")
+        return
+    with tempfile.TemporaryDirectory() as d:
+        torch.save(state, os.path.join(d, "model.pt"))
+        yield Checkpoint.from_directory(d)
+
+
 def train(config: dict) -> None:
     torch.manual_seed(0)
     model = prepare_model(torch.nn.Sequential(
@@ -81,12 +95,10 @@ def train(config: dict) -> None:
             step += 1
             time.sleep(config["step_seconds"])
             killed_once(config, rank, step)
-            saved = None
-            if step % 5 == 0 and rank == 0:
-                saved = save_state({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                                    "step": step}, "model.pt")
-            hpckit.report({"loss": loss.item(), "step": step}, checkpoint=saved,
-                          checkpoint_upload_mode=config["mode"])
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
+            with handed(config["cache"], state if step % 5 == 0 and rank == 0 else None) as saved:
+                hpckit.report({"loss": loss.item(), "step": step}, checkpoint=saved,
+                              checkpoint_upload_mode=config["mode"])
             if step == config["steps"]:
                 break
     if rank == 0:
@@ -107,6 +119,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--gpu", action="store_true", help="use_gpu=True (NCCL, CUDA dropout)")
     parser.add_argument("--step-seconds", type=float, default=0.0, help="each step's sleep")
+    parser.add_argument("--cache", default=None,
+                        help="CheckpointConfig(cache_dir): every checkpoint but the last cached")
     parser.add_argument("--no-restart", action="store_true",
                         help="a kill ends the run (hpckit resume continues it)")
     args = parser.parse_args()
@@ -119,13 +133,15 @@ def main() -> None:
         train, train_loop_config={"steps": args.steps, "kill": args.kill,
                                   "experiment": os.path.join(args.storage, args.name),
                                   "markers": args.markers, "mode": args.mode,
-                                  "step_seconds": args.step_seconds},
+                                  "step_seconds": args.step_seconds, "cache": args.cache},
         scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=args.gpu),
         run_config=RunConfig(storage_path=args.storage, name=args.name, callbacks=callbacks,
                              failure_config=FailureConfig(
                                  max_failures=0 if args.no_restart else len(args.kill)),
                              checkpoint_config=CheckpointConfig(
-                                 num_to_keep=2, exact_resume=args.exact == "on")),
+                                 num_to_keep=2, exact_resume=args.exact == "on",
+                                 cache_dir=args.cache, persist_every=100 if args.cache else 1,
+                                 redundancy="partner" if args.cache else None)),
     ).fit()
 
 

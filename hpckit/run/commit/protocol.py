@@ -275,7 +275,7 @@ class CommitProtocol:
         if plan.level == CACHE and self.levels is not None:
             cached, safe = self.levels.write(plan, handed.source, lambda per_rank: self._ledger()
                                              .commit(plan, per_rank, self.last_metrics, started),
-                                             self.in_flight)
+                                             self.in_flight, state)
             if cached is not None:
                 self._now_latest(cached)
             return safe

@@ -30,6 +30,7 @@ from hpckit.run.mpi.comm import (
 from hpckit.run.mpi.transfer import Receive, Received, Send, exchange
 from hpckit.run.writing.inflight import InFlight, done_now
 from hpckit.run.writing.plan import Persisted, Plan, in_background
+from hpckit.run.writing.rankstate import state_name, with_state
 from hpckit.run.writing.shares import write_share
 from hpckit.storage.checksum import algorithm_of
 from hpckit.storage.copy import fsync_tree, persist_file
@@ -79,17 +80,17 @@ class Levels:
             self.cache.keep_only(plan.kept)
 
     def write(self, plan: Plan, source: str | None, commit: Callable[[list[Persisted]], None],
-              in_flight: InFlight) -> tuple[Location | None, bool]:
-        """Write this rank's files of ``plan`` into the node's cache. Without partners, a
-        collective step in which rank 0 ``commit``s it (its location is returned). With them,
-        the partner copy starts in the ``in_flight``, where a failed write is raised too (as
-        a failed hand-over of an asynchronous checkpoint is), and a later report commits it
-        or raises on every rank. Also: whether this rank's files are in the cache."""
+              in_flight: InFlight, state: bytes | None = None) -> tuple[Location | None, bool]:
+        """Write this rank's files of ``plan`` (and its resume ``state``) into the node's
+        cache. Without partners, a collective step in which rank 0 ``commit``s it (its
+        location is returned). With them, the partner copy starts in the ``in_flight``, where
+        a failed write is raised too (as a failed hand-over of an asynchronous checkpoint is),
+        and a later report commits it or raises on every rank. Also: whether this rank's files
+        are in the cache."""
         rank, directory = self.comm.rank, plan.checkpoint()[0]
         target = self.cache.location(directory)
-
-        def write() -> Persisted:
-            return Persisted(write_share(plan, target, source, rank))
+        write = with_state(lambda: Persisted(write_share(plan, target, source, rank)), target,
+                           rank, state)
 
         if not self.partnered:
             all_reduce(self.comm, f"caching {directory} on each node", write, commit, CommitError)
@@ -107,21 +108,25 @@ class Levels:
         return None, mine is not None
 
     def _partner_copy(self, plan: Plan) -> list[Received]:
-        """This rank's files to the partner node, and the previous node's files into this
-        node's partner directory: on the background thread, on a communicator of its own."""
+        """This rank's files (and its resume state, where it has one) to the partner node, and
+        the previous node's into this node's partner directory: on the background thread, on
+        a communicator of its own."""
         rank, directory = self.comm.rank, plan.checkpoint()[0]
-        sends = [Send(self.nodes.sends_to(rank), self.cache.path(OWN, directory, name), name)
+        partner = self.nodes.sends_to(rank)
+        sends = [Send(partner, self.cache.path(OWN, directory, name), name)
                  for name in plan.writes.get(rank, [])]
+        sends.append(Send(partner, self.cache.path(OWN, directory, state_name(rank)),
+                          state_name(rank), optional=True))  # the plan cannot know of it
         receives = [Receive(source, name, self.cache.path(PARTNER, directory, name))
                     for source in self.nodes.receives_from(rank)
-                    for name in plan.writes.get(source, [])]
+                    for name in [*plan.writes.get(source, []), state_name(source)]]
         received = exchange(self._copies or self.comm, sends, receives,
                             lambda: faults.reached("partnering", rank), self._abandon)
         failed = [r for r in received if r.error]
         if failed:
             raise CheckpointError(f"rank {rank} on {self.host}: the partner copy of {directory} "
                                   f"failed: {failed[0].error}")
-        return received
+        return [r for r in received if not r.absent]
 
     def abandon(self) -> None:
         """The attempt ends: a partner copy still under way stops (its peers may be gone),

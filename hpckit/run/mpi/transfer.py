@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 TRANSFER_TAG = 0x4852
 CHUNK = 16 << 20
+ABSENT = "absent"  # an optional file its sender does not have: no error, nothing written
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class Send:
     dest: int
     path: str  # the local file
     name: str  # its name in the checkpoint
+    optional: bool = False  # one its receiver expects either way: absent, it says so
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class Received:
     size: int
     checksum: str
     error: str | None = None
+    absent: bool = False  # an optional file its sender did not have
 
 
 def exchange(comm: Comm, sends: list[Send], receives: list[Receive],
@@ -87,7 +90,8 @@ def exchange(comm: Comm, sends: list[Send], receives: list[Receive],
             if finished is not None:
                 done.append(finished)
                 expected[source].popleft()
-                arrived()
+                if not finished.absent:
+                    arrived()
         return in_flight is None and pending is None and not any(expected.values())
 
     poll(progress)
@@ -113,6 +117,9 @@ def _messages(sends: list[Send]) -> Iterator[tuple[int, tuple[bytes | None, bool
                     if not following:
                         break
                     chunk = following
+        except FileNotFoundError as exc:
+            yield send.dest, (None, True, ABSENT if send.optional else
+                              f"rank could not read {send.path}: {exc}")
         except OSError as exc:
             yield send.dest, (None, True, f"rank could not read {send.path}: {exc}")
 
@@ -127,6 +134,8 @@ class _Writer:
     def take(self, receive: Receive, message: tuple[bytes | None, bool, str | None]
              ) -> Received | None:
         chunk, last, error = message
+        if error == ABSENT:
+            return Received(receive.name, 0, "", absent=True)
         if error is not None:
             self.errors.setdefault(receive.path, error)
         elif receive.path not in self.errors:

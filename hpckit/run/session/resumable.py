@@ -106,8 +106,8 @@ class RankState:
             return
         if saved is None:
             log.warning("%s holds no resume state of rank 0 (written before hpckit kept one, "
-                        "with CheckpointConfig(exact_resume=False), or kept in node-local caches "
-                        "only): random streams and loader positions start afresh", start.display)
+                        "or with CheckpointConfig(exact_resume=False)): random streams and "
+                        "loader positions start afresh", start.display)
         else:
             log.warning("%s was written by %d ranks and this run has %d: random streams and "
                         "loader positions start afresh (an exact resume needs %d ranks, e.g. "

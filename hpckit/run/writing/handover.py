@@ -25,7 +25,7 @@ from hpckit.checkpoint import Checkpoint, written_later
 from hpckit.config import CheckpointUploadMode
 from hpckit.errors import CheckpointError
 from hpckit.experiment import ownership
-from hpckit.experiment.manifest import CACHE, STAGING_NAME
+from hpckit.experiment.manifest import STAGING_NAME
 from hpckit.experiment.ownership import inside
 from hpckit.logs import log
 from hpckit.run.writing.plan import Plan
@@ -46,9 +46,8 @@ class Upload:
     rank_state: Callable[[], bytes | None] | None = None  # this rank's resume state, if any
 
     def state_for(self, plan: Plan) -> bytes | None:
-        """This rank's resume state where ``plan`` writes a checkpoint to storage_path (the
-        node caches' partner copies do not carry it yet: docs/limits.md)."""
-        if self.rank_state is None or plan.directory is None or plan.level == CACHE:
+        """This rank's resume state where ``plan`` writes a checkpoint."""
+        if self.rank_state is None or plan.directory is None:
             return None
         return self.rank_state()
 
