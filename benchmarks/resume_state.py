@@ -14,13 +14,18 @@ mid-pass. Timed, interleaved, ``--repeat`` times each:
   (on the background thread with ``ASYNC``; in ``report()`` with ``SYNC``);
 - ``baseline``: ``torch.get_rng_state()`` alone, the least any such state costs.
 
-One JSON line: the medians in ms, the p90 of ``capture`` and the file's size.
+One JSON line: the medians in ms, the p90 of ``capture`` and the file's size. Then, counted
+(not timed) for ``--ranks`` ranks, what the state files add to rank 0's work per checkpoint
+of a run where each rank writes one shard: the bytes of the ranks' results that reach rank 0
+(each rank's :class:`Persisted`, pickled as it is sent) and the bytes of the checkpoint's
+file records (the records file, or the manifest's entry), each with and without the states.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import statistics
 import tempfile
 import time
@@ -31,7 +36,9 @@ from torch.utils.data import DataLoader, Dataset
 from hpckit.integrations.torch.prepare import prepare_data_loader
 from hpckit.integrations.torch.streams import keepers
 from hpckit.run.session.resumable import RankState
-from hpckit.run.writing.rankstate import write_state
+from hpckit.experiment.records import FileRecord, render_records
+from hpckit.run.writing.plan import Persisted
+from hpckit.run.writing.rankstate import state_name, write_state
 from hpckit.storage.location import local
 
 
@@ -48,6 +55,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=200)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--storage", default=None)
+    parser.add_argument("--ranks", default="8,64,1024,10240",
+                        type=lambda text: [int(n) for n in text.split(",")])
     args = parser.parse_args()
     if torch.cuda.is_available():
         torch.cuda.init()
@@ -84,6 +93,28 @@ def main() -> None:
         "capture_p90_ms": round(1000 * capture[int(0.9 * len(capture))], 3),
         "capture_within_target": median_ms <= 1.0,
     }), flush=True)
+    for ranks in args.ranks:
+        print(json.dumps(counted(ranks, size)), flush=True)
+
+
+def counted(ranks: int, state_bytes: int) -> dict:
+    """Rank 0's bytes per checkpoint at ``ranks`` ranks, each writing one 64 MiB shard, with
+    and without a ``state_bytes`` state file per rank (its checksum as hpckit writes one)."""
+    checksum = "xxh3-128:" + "0" * 32
+    shards = [[FileRecord(f"model-rank{r:05d}.pt", 64 << 20, r, checksum)] for r in range(ranks)]
+    states = [[*files, FileRecord(state_name(r), state_bytes, r, checksum)]
+              for r, files in enumerate(shards)]
+
+    def gathered(per_rank: list[list[FileRecord]]) -> int:
+        return sum(len(pickle.dumps(Persisted(files))) for files in per_rank)
+
+    def recorded(per_rank: list[list[FileRecord]]) -> int:
+        return len(render_records("checkpoint_000001", [f for files in per_rank for f in files]))
+
+    return {"benchmark": "resume_state", "counted": "rank0_bytes_per_checkpoint",
+            "ranks": ranks, "gathered_bytes": gathered(shards),
+            "gathered_bytes_with_state": gathered(states), "recorded_bytes": recorded(shards),
+            "recorded_bytes_with_state": recorded(states)}
 
 
 if __name__ == "__main__":
