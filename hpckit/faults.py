@@ -31,6 +31,9 @@ and those of ``hpckit.torch.save_state``:
 ``serialising`` a rank's save thread has written the file into the pending checkpoint;
                 report() has not persisted it
 
+and that of exact resume: ``resume_state``, a rank has written its resume state file
+after its share of the checkpoint, and has not told rank 0;
+
 and, on rank 0, ``committing``: every rank has finished a background checkpoint and rank 0's
 commit thread is about to write its metrics line and manifest, while the ranks train on;
 ``validating``: a committed checkpoint's validation process has started, and its outcome is

@@ -227,16 +227,21 @@ def test_a_slurm_job_requeued_mid_epoch_ends_bit_identical_as_one_mlflow_run(
 
 def test_a_run_killed_mid_epoch_and_continued_by_hpckit_resume_ends_bit_identical(
         tmp_path, uninterrupted, store):
-    """The same through ``hpckit resume``: a kill ends the run (no restarts), and the
-    command the manifest recorded continues it."""
-    markers = tmp_path / "markers"
-    markers.mkdir()
-    python("--storage", str(tmp_path), "--name", "resumed", "--markers", str(markers),
-           "--kill", "1:12", "--no-restart", "--mlflow", store, script=EXACT, timeout=240,
-           expect=None)
-    assert (markers / "1-12").exists()
-    out = run([HPCKIT, "resume", str(tmp_path / "resumed")], timeout=240)
-    assert re.search(r"from checkpoint_00000[01]", out.output), out.output  # steps 5, 10
+    """The same through ``hpckit resume``, at the kill harness's phase of exact resume: rank 1
+    dies right after its background thread wrote its state file of checkpoint_000002, before
+    rank 0 hears of it, which ends the run (no restarts). That checkpoint is never committed;
+    the command the manifest recorded continues from checkpoint_000001, ends as the
+    uninterrupted run, and the experiment verifies."""
+    experiment = tmp_path / "resumed"
+    killed = python("--storage", str(tmp_path), "--name", "resumed", "--no-restart", "--mlflow",
+                    store, script=EXACT, timeout=240, expect=None,
+                    env={"HPCKIT_FAULT": "resume_state:1:3"})
+    assert killed.returncode != 0, killed.output
+    assert [c["directory"] for c in manifest(experiment)["checkpoints"]] == [
+        "checkpoint_000000", "checkpoint_000001"], killed.output
+    out = run([HPCKIT, "resume", str(experiment)], timeout=240)
+    assert re.search(r"resuming experiment \S+ from checkpoint_000001", out.output), out.output
     assert _final(out.output) == uninterrupted
+    assert run([HPCKIT, "verify", str(experiment)], timeout=60).returncode == 0
     status, history = _logged(store, "resumed")
     assert status == "FINISHED" and history == _logged(store, "ref")[1]

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import pyarrow.fs
 
+from hpckit import faults
 from hpckit.experiment.manifest import RANK_STATE_DIR, FileRecord
 from hpckit.run.writing.plan import Persisted
 from hpckit.storage import files
@@ -27,6 +28,7 @@ def write_state(target: Location, rank: int, data: bytes) -> FileRecord:
     if target.is_local:  # object storage has no directories (a marker object would be one more)
         files.make_dir(target.join(RANK_STATE_DIR))
     files.write_atomic(target.join(name), data)
+    faults.reached("resume_state", rank)
     return FileRecord(name, len(data), rank, checksum_of(data))
 
 
