@@ -16,7 +16,7 @@ import pytest
 from conftest import HERE, HPCKIT, MPIEXEC, run
 
 import hpckit
-from hpckit import Checkpoint, DataParallelTrainer, RunConfig, settings
+from hpckit import Checkpoint, CheckpointConfig, DataParallelTrainer, RunConfig, settings
 from hpckit.errors import CheckpointError, HpckitError
 from hpckit.experiment.reading import read_manifest
 from hpckit.storage.location import resolve
@@ -93,6 +93,35 @@ def test_another_experiments_checkpoint_handed_back_is_copied_and_stays_committe
     assert _contents(runs / "pre") == before
     assert run([HPCKIT, "verify", str(runs / "pre")], timeout=60).returncode == 0
     assert _contents(runs / "fine" / "checkpoint_000000") == {"model.bin": b"pretrained"}
+
+
+def _hands_back_the_latest_each_step(config: dict) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        Path(d, "model.bin").write_bytes(os.urandom(4 << 20))
+        hpckit.report({"step": 0}, checkpoint=Checkpoint.from_directory(d))
+    for step in range(1, 8):  # evaluation-only epochs: the same weights, reported again
+        hpckit.report({"step": step}, checkpoint=hpckit.get_checkpoint(),
+                      checkpoint_upload_mode=config["mode"])
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_the_latest_checkpoint_handed_back_while_retention_evicts_it_is_still_copied(
+        tmp_path, mode):
+    """``num_to_keep=1``: with ASYNC, the checkpoint a report hands back is evicted by the
+    commit of an earlier report's checkpoint at that report's own meeting. The hand-over reads
+    it from links made before the ranks meet, so the run ends with the weights, and nothing of
+    the links is left. (SYNC commits each before the next is handed: the same holds.)"""
+    result = DataParallelTrainer(
+        _hands_back_the_latest_each_step, train_loop_config={"mode": mode},
+        run_config=RunConfig(name="e", storage_path=str(tmp_path),
+                             checkpoint_config=CheckpointConfig(num_to_keep=1))).fit()
+    assert result.checkpoint is not None and result.metrics["step"] == 7
+    weights = Path(result.checkpoint.path, "model.bin")
+    assert weights.stat().st_size == 4 << 20 and weights.stat().st_nlink == 1
+    left = os.listdir(tmp_path / "e")
+    assert [name for name in left if name.startswith("checkpoint_")] == ["checkpoint_000007"]
+    assert ".staging" not in left
+    assert run([HPCKIT, "verify", str(tmp_path / "e")], timeout=60).returncode == 0
 
 
 def _hands_a_name_that_is_not_utf8(config: dict) -> None:

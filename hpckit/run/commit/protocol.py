@@ -181,7 +181,7 @@ class CommitProtocol:
         if checkpoint is None:
             return Handed()
         pending = self.staging.in_place_path(checkpoint_dirname(self.next_index))
-        return hand_in(checkpoint, upload, self.comm.rank, pending, self.location)
+        return self.writer.pinned(hand_in(checkpoint, upload, self.comm.rank, pending, self.location))
 
     def _announce(self, announcement: Announcement) -> Plan:
         if self._broken is not None:

@@ -17,6 +17,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +67,9 @@ class Handed:
     """Files of an in-place checkpoint that this rank's saves are still writing."""
     upload_fn: Callable[[Checkpoint, str], Checkpoint] | None = None
     """``checkpoint_upload_fn``: it uploads the files straight into the checkpoint's directory."""
+    pinned: bool = False
+    """``source`` is this rank's links to a committed checkpoint's files (run/writing/pinning.py),
+    removed once they are read."""
 
 
 def hand_in(checkpoint: Checkpoint, upload: Upload, rank: int, pending: str,
@@ -137,7 +141,7 @@ def release(handed: Handed, shared_in_place: bool) -> None:
     (a local staging directory written in place, or as ``delete_local`` says)."""
     if handed.source is None or (handed.in_place and shared_in_place):
         return
-    if handed.in_place:  # hpckit's own local staging
+    if handed.in_place or handed.pinned:  # hpckit's own staging
         shutil.rmtree(handed.source, ignore_errors=True)
     elif handed.owned:
         ownership.remove_taken(handed.source, [name for name, _ in handed.files or []])
@@ -216,6 +220,21 @@ class Staging:
         shutil.rmtree(staged, ignore_errors=True)
         os.makedirs(staged)
         return staged
+
+    def pin(self, source: str, names: list[str]) -> str:
+        """A fresh staging directory of hard links to ``names`` in ``source`` (copies where
+        the filesystem has no links), which only this rank reads, then releases."""
+        pin = self.for_files(source, f"pinned-{uuid.uuid4().hex[:12]}")
+        for name in names:
+            original, link = os.path.join(source, name), os.path.join(pin, name)
+            os.makedirs(os.path.dirname(link), exist_ok=True)
+            try:
+                os.link(original, link)
+            except OSError as exc:
+                if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+                    raise
+                shutil.copyfile(original, link)
+        return pin
 
     def release(self, staged: str) -> None:
         """A staged (or local in-place) directory whose files are persisted."""

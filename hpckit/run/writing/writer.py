@@ -14,6 +14,7 @@ from hpckit.errors import CheckpointError
 from hpckit.run.mpi.comm import captured
 from hpckit.run.writing.handover import Handed, Staging, hand_over, same_filesystem, upload
 from hpckit.run.writing.inflight import InFlight, done_now
+from hpckit.run.writing.pinning import pinned
 from hpckit.run.writing.plan import Persisted, Plan
 from hpckit.run.writing.rankstate import with_state
 from hpckit.run.writing.shares import hash_uploaded, sync_in_place, write_share
@@ -109,12 +110,19 @@ class ShareWriter:
             faults.reached("persisted", self.rank)
         return persisted
 
+    def pinned(self, handed: Handed) -> Handed:
+        """Before the ranks meet: ``handed``, reading from links where it is a committed
+        checkpoint that retention may evict at that meeting (run/writing/pinning.py)."""
+        return pinned(handed, self.staging)
+
     def _hand_over(self, plan: Plan, handed: Handed) -> str | None:
         if handed.source is None:
             return None
         staged = self.staging.for_files(handed.source, plan.checkpoint()[0])
         hand_over(handed.source, staged, plan.writes.get(self.rank, []),
                   plan.hashes.get(self.rank, []), handed.owned)
+        if handed.pinned:
+            self.staging.release(handed.source)
         faults.reached("handed", self.rank)
         return staged
 
