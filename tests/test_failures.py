@@ -7,7 +7,7 @@ import re
 import sys
 
 import pytest
-from conftest import checkpoint_dirs, manifest, mpiexec, python
+from conftest import HERE, checkpoint_dirs, manifest, mpiexec, python
 from scenarios import killed_once_and_restarted
 
 
@@ -89,3 +89,11 @@ def test_a_killed_rank_is_restarted_and_the_run_resumes(tmp_path):
     assert m["latest"] == "checkpoint_000003"
     left = set(glob.glob("/dev/shm/mpich_*")) - segments_before
     assert not left, f"the killed attempt's shared memory is still in RAM: {left}"
+
+
+def test_a_process_may_call_fit_again_after_hundreds_of_failed_ones(tmp_path):
+    """Each in-process fit() frees the communicators it made, failed or not: before, the
+    682nd failed fit() of one process ended it in MPICH's 'Too many communicators'."""
+    done = python(str(tmp_path), "1000", script=HERE / "ranks" / "failing_fits.py", timeout=120,
+                  env={"HPCKIT_LOG_LEVEL": "CRITICAL", "HPCKIT_TENSORBOARD": "0"})
+    assert done.line("DONE") == "1000", done.output[-3000:]

@@ -63,10 +63,20 @@ def _run(job: TrainingJob, settings: Settings, trial: Comm | None) -> Result:
             with stop.terminations(settings.stop_signal):  # a stop comes from rank 0, not SIGTERM
                 returned: Result = pool.serve(part, settings.local_dir)
             return returned
-        ended.result = result = _attempts(job, settings, trial, ranks, ended)
-        ranks.group.free()  # every training rank is here: the run ended well
-        launched.Free()
+        try:
+            ended.result = result = _attempts(job, settings, trial, ranks, ended)
+        except BaseException:
+            if launched.size == 1:  # a failed fit() in this process, which may call another
+                _free(ranks, launched)
+            raise
+        _free(ranks, launched)  # every training rank is here: the run ended well
         return result
+
+
+def _free(ranks: Ranks, launched: Comm) -> None:
+    """The communicators this fit() made (MPI has a few thousand in a process)."""
+    ranks.group.free()
+    launched.Free()
 
 
 def _agree(job: TrainingJob, settings: Settings, comm: Comm,
