@@ -48,7 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hpckit.experiment.manifest import CheckpointRecord, FileRecord, Manifest  # noqa: E402
 from hpckit.experiment.records import filed, filed_apart, records_name  # noqa: E402
 from hpckit.run.writing.assignment import HandedFiles, SentFiles, merge  # noqa: E402
-from hpckit.run.writing.plan import REPORT, Announcement, Persisted, make_plan  # noqa: E402
+from hpckit.run.writing.plan import REPORT, Announcement, Persisted  # noqa: E402
+from hpckit.run.writing.planning import make_plan  # noqa: E402
 from hpckit.storage.checksum import checksum_of  # noqa: E402
 
 FILE_BYTES = 1024

@@ -16,14 +16,8 @@ from hpckit.errors import CommitError
 from hpckit.experiment.manifest import FileRecord
 from hpckit.run.mpi.comm import RankFailure
 from hpckit.run.writing.assignment import attributed, merge, unrecorded
-from hpckit.run.writing.plan import (
-    Announcement,
-    Persisted,
-    Plan,
-    Settled,
-    raise_background_failure,
-    settled_everywhere,
-)
+from hpckit.run.writing.plan import Announcement, Persisted, Plan, Settled
+from hpckit.run.writing.planning import raise_background_failure, settled_everywhere
 from hpckit.run.writing.rankstate import state_name
 from hpckit.run.writing.shares import share_hashing
 from hpckit.storage import files

@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from hpckit.errors import ManifestError
+from hpckit.experiment import parsing
 from hpckit.experiment.attempts import Attempt, AttemptStatus
 from hpckit.experiment.manifest import CheckpointRecord, FileRecord, Manifest, is_safe_relpath
 
@@ -25,7 +26,7 @@ def sample() -> Manifest:
 def test_round_trip_is_exact():
     m = sample()
     text = m.to_json()
-    assert Manifest.from_json(text, "x") == m
+    assert parsing.from_json(text, "x") == m
     body = json.loads(text)
     assert body["format"] == "hpckit.manifest" and body["format_version"] == 3
     assert body["latest"] == "checkpoint_000003"
@@ -51,7 +52,7 @@ def test_invalid_fields_are_named(edit, fragment):
     body = json.loads(sample().to_json())
     edit(body)
     with pytest.raises(ManifestError) as info:
-        Manifest.from_json(json.dumps(body), "/x/manifest.json")
+        parsing.from_json(json.dumps(body), "/x/manifest.json")
     assert fragment in str(info.value) and "/x/manifest.json" in str(info.value)
 
 

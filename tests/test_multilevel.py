@@ -17,13 +17,14 @@ import pytest
 from cluster_nodes import Nodes as Cluster
 from cluster_nodes import nodes  # noqa: F401  (the fixture)
 from conftest import HPCKIT, manifest, metrics_lines, mpiexec, run
-from once import computed_once
 from mpi4py import MPI
+from once import computed_once
 
 import hpckit
 from hpckit import Checkpoint, DataParallelTrainer, RunConfig, UserCallback
 from hpckit.config import CheckpointConfig
 from hpckit.errors import CheckpointError, ConfigError
+from hpckit.experiment import parsing
 from hpckit.experiment.manifest import (
     CACHE,
     STORAGE,
@@ -283,10 +284,10 @@ def test_a_manifest_with_cached_checkpoints_round_trips_and_says_its_version():
     cached = Manifest("e", 1, {}, {}, {}, 1.0).with_checkpoint(record)
     body = json.loads(cached.to_json())
     assert body["format_version"] == 3 and body["checkpoints"][0]["level"] == CACHE
-    assert Manifest.from_json(cached.to_json(), "here") == cached
+    assert parsing.from_json(cached.to_json(), "here") == cached
     stored = cached.persisted("checkpoint_000000")
     assert stored.checkpoints[0].on_storage and stored.checkpoints[0].hosts == ()
-    assert Manifest.from_json(stored.to_json(), "here") == stored
+    assert parsing.from_json(stored.to_json(), "here") == stored
 
 
 def test_files_sent_to_a_rank_arrive_whole_in_chunks_and_errors_come_back(tmp_path, monkeypatch):

@@ -12,16 +12,8 @@ from hpckit.experiment.manifest import FileRecord
 from hpckit.run.ending.retry import RetryPolicy
 from hpckit.run.mpi.comm import RankFailure
 from hpckit.run.writing.assignment import HandedFiles, SentFiles, every_part, merge, own_part
-from hpckit.run.writing.plan import (
-    REPORT,
-    RETURNED,
-    Announcement,
-    Persisted,
-    Plan,
-    in_background,
-    make_plan,
-    mixed_modes,
-)
+from hpckit.run.writing.plan import REPORT, RETURNED, Announcement, Persisted, Plan, in_background
+from hpckit.run.writing.planning import make_plan, mixed_modes
 
 pytestmark = pytest.mark.quick
 

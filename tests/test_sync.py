@@ -9,8 +9,8 @@ import re
 import pytest
 from conftest import HERE, manifest, mpiexec
 
+from hpckit.experiment import parsing
 from hpckit.experiment import verify as _verify
-from hpckit.experiment.manifest import Manifest
 from hpckit.storage.location import resolve
 
 SHARDED = HERE / "ranks" / "sharded.py"
@@ -44,8 +44,8 @@ def test_every_ranks_artifacts_on_s3_when_asked(s3):
 def check_mirror(source, mirror) -> None:
     """The mirror is a consistent copy: same manifest, every kept checkpoint verifies there,
     nothing evicted left behind."""
-    copied = Manifest.from_json(mirror_read(mirror, "exp/manifest.json"), "mirror")
-    assert copied.to_json() == Manifest.from_json((source / "manifest.json").read_bytes(), "s").to_json()
+    copied = parsing.from_json(mirror_read(mirror, "exp/manifest.json"), "mirror")
+    assert copied.to_json() == parsing.from_json((source / "manifest.json").read_bytes(), "s").to_json()
     location = resolve(mirror_uri(mirror, "exp"))
     for record in copied.checkpoints:
         assert _verify.verify(location, record) == [], record.directory

@@ -18,7 +18,8 @@ import hpckit
 from hpckit import Checkpoint, DataParallelTrainer, RunConfig
 from hpckit.errors import CheckpointError, HpckitError
 from hpckit.experiment.reading import read_manifest
-from hpckit.run.writing.plan import REPORT, Announcement, make_plan
+from hpckit.run.writing.plan import REPORT, Announcement
+from hpckit.run.writing.planning import make_plan
 from hpckit.storage.location import resolve
 
 SHARDED = HERE / "ranks" / "sharded.py"

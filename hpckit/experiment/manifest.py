@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 import posixpath
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from typing import Any
 
 from hpckit.checkpoint import MANIFEST_NAME as MANIFEST_NAME
-from hpckit.errors import ManifestError
 from hpckit.experiment.attempts import Attempt, AttemptStatus
 from hpckit.experiment.records import RECORDS_DIR, RecordsFile
 from hpckit.experiment.records import FileRecord as FileRecord
@@ -212,22 +211,6 @@ class Manifest:
         if any(r.records for r in self.checkpoints):
             return 5
         return 4 if any(r.validation for r in self.checkpoints) else 3 if self.checkpoints else 1
-
-    @classmethod
-    def from_json(cls, text: str | bytes, where: str,
-                  read: Callable[[str], bytes] | None = None) -> Manifest:
-        """The manifest ``text`` (read from ``where``); ``read`` reads a file of the
-        experiment by its relative name, for the records a format 5 manifest keeps apart."""
-        try:
-            body = json.loads(text)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ManifestError(
-                f"manifest {where} is not valid JSON ({exc}); it was left untouched. Restore it "
-                "from a backup or move the experiment aside; hpckit never overwrites a corrupt "
-                "manifest.") from None
-        from hpckit.experiment.parsing import parse  # it builds this module's values
-
-        return parse(body, where, read)
 
 
 def checkpoint_json(record: CheckpointRecord, inline: bool = False) -> dict[str, Any]:

@@ -7,6 +7,7 @@ touch files outside it. Formats 1 to 7 are read; a newer one is refused with the
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +29,20 @@ from hpckit.experiment.records import RecordsFile, parse_reference, read_records
 from hpckit.experiment.validation import parse as parse_validation
 from hpckit.storage.checksum import SHA256
 from hpckit.storage.checksum import problem as checksum_problem
+
+
+def from_json(text: str | bytes, where: str,
+              read: Callable[[str], bytes] | None = None) -> Manifest:
+    """The manifest ``text`` (read from ``where``); ``read`` reads a file of the experiment by
+    its relative name, for the records a format 5 manifest keeps apart."""
+    try:
+        body = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ManifestError(
+            f"manifest {where} is not valid JSON ({exc}); it was left untouched. Restore it "
+            "from a backup or move the experiment aside; hpckit never overwrites a corrupt "
+            "manifest.") from None
+    return parse(body, where, read)
 
 
 def parse(body: Any, where: str, read: Callable[[str], bytes] | None) -> Manifest:

@@ -12,6 +12,7 @@ from typing import Any
 import pyarrow.fs
 
 from hpckit.errors import ManifestError, StorageError
+from hpckit.experiment import parsing
 from hpckit.experiment.manifest import MANIFEST_NAME, Manifest
 from hpckit.experiment.segments import read_log, segments
 from hpckit.storage import files
@@ -36,10 +37,10 @@ def read_manifest(experiment: Location) -> Manifest | None:
 
     for wait in TORN_READ_WAITS:
         try:
-            return Manifest.from_json(files.read_bytes(location), location.display, read)
+            return parsing.from_json(files.read_bytes(location), location.display, read)
         except ManifestError:
             time.sleep(wait)
-    return Manifest.from_json(files.read_bytes(location), location.display, read)
+    return parsing.from_json(files.read_bytes(location), location.display, read)
 
 
 def require_manifest(experiment: Location) -> Manifest:

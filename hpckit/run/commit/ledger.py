@@ -33,14 +33,8 @@ from hpckit.run.commit.callbacks import Callbacks
 from hpckit.run.commit.committer import Committer
 from hpckit.run.validation.validator import Validator
 from hpckit.run.writing.assignment import attributed, check_copies, merge, unrecorded
-from hpckit.run.writing.plan import (
-    Announcement,
-    Persisted,
-    Plan,
-    mixed_modes,
-    raise_background_failure,
-    settled_everywhere,
-)
+from hpckit.run.writing.plan import Announcement, Persisted, Plan
+from hpckit.run.writing.planning import mixed_modes, raise_background_failure, settled_everywhere
 from hpckit.storage.copy import checksum_file, checksum_stored
 from hpckit.storage.location import Location
 

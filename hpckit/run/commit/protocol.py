@@ -44,15 +44,8 @@ from hpckit.run.validation.validator import Validator
 from hpckit.run.writing.assignment import HandedFiles, SentFiles, every_part, own_part
 from hpckit.run.writing.handover import Handed, Staging, Upload, hand_in, release
 from hpckit.run.writing.inflight import InFlight
-from hpckit.run.writing.plan import (
-    DRAIN,
-    REPORT,
-    RETURNED,
-    Announcement,
-    Persisted,
-    Plan,
-    make_plan,
-)
+from hpckit.run.writing.plan import DRAIN, REPORT, RETURNED, Announcement, Persisted, Plan
+from hpckit.run.writing.planning import make_plan
 from hpckit.run.writing.uploads import Meeting
 from hpckit.run.writing.writer import ShareWriter
 from hpckit.storage.location import Location

@@ -17,16 +17,13 @@ no list of names crosses the network and rank 0 assigns nothing.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
 
 import xxhash
 
 from hpckit.errors import CheckpointError, ProtocolError
 from hpckit.experiment.manifest import CACHE, FileRecord, is_rank_state, is_safe_relpath
+from hpckit.run.writing.plan import Announcement, Persisted, Plan
 from hpckit.storage.checksum import short
-
-if TYPE_CHECKING:  # plan.py makes its plans with this module's assignment
-    from hpckit.run.writing.plan import Persisted, Plan
 
 Files = list[tuple[str, int]]  # (name, size) of each file a rank hands
 
@@ -105,16 +102,16 @@ class HandedFiles:
         self._assigned: tuple[frozenset[int], dict[str, int]] | None = None
         self._changed = True
 
-    def of(self, announcements: list[Any]) -> dict[int, Files]:
+    def of(self, announcements: list[Announcement]) -> dict[int, Files]:
         """Every handing rank's files at this report, lists sent or remembered (recorded
         even where the report then fails: the ranks remember what they sent)."""
         handed: dict[int, Files] = {}
         for rank, a in enumerate(announcements):
-            if getattr(a, "files", None) is not None:
+            if a.files is not None:
                 self.files[rank], self.digests[rank] = a.files, digest(a.files)
                 self._changed = True
                 handed[rank] = a.files
-            elif getattr(a, "same_files", None) is not None:
+            elif a.same_files is not None:
                 if self.digests.get(rank) != a.same_files:
                     raise ProtocolError(f"rank {rank} handed the files it handed last time, "
                                         "which rank 0 does not know (a bug in hpckit: please "

@@ -1,0 +1,147 @@
+"""Rank 0's side of each step, tested without MPI: the plan it makes from every rank's
+announcement (are all ranks at the same report? which rank writes which file? which
+background checkpoints has every rank finished?), and the errors when ranks disagree."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hpckit.errors import CheckpointError, CommitError, ReportMismatchError
+from hpckit.experiment.manifest import checkpoint_dirname, custom_dirname_problem
+from hpckit.run.mpi.comm import RankFailure, raise_failures
+from hpckit.run.writing.assignment import HandedFiles
+from hpckit.run.writing.plan import REPORT, Announcement, Persisted, Plan, in_background
+
+
+def make_plan(announcements: list[Announcement], step: int, next_index: int,
+              handed_before: HandedFiles | None = None) -> Plan:
+    """The plan for this report: a checkpoint directory and its writers when any rank handed
+    files, else a metrics-only report. Raises when ranks disagree or one failed to prepare.
+    ``handed_before``: rank 0's memory of the files each rank handed last."""
+    memory = handed_before or HandedFiles()
+    handed = memory.of(announcements)
+    check_counts(announcements)
+    failures = [a.failure for a in announcements if a.failure]
+    if failures:
+        raise_failures(failures, "report()", CommitError)
+    stop = next((a.stop for a in announcements if a.stop), None)
+    in_place = [rank for rank, a in enumerate(announcements) if a.in_place]
+    if announcements[0].kind != REPORT or not (handed or in_place):
+        return Plan(step, stop)
+    uploaded = _uploaded(announcements)
+    if in_place and handed:
+        raise CheckpointError(
+            f"rank {in_place[0]} wrote its checkpoint in place (get_checkpoint_dir()) while rank "
+            f"{min(handed)} handed a directory of its own; in one report every rank either writes "
+            "into get_checkpoint_dir() or hands its own directory. Write the extra files into "
+            "get_checkpoint_dir() too.")
+    asked = [a.asynchronous for a in announcements if a.hands or a.in_place]
+    asynchronous = in_background(stop, all(asked))
+    named = _directory_name(announcements, bool(in_place) and not uploaded)
+    directory = named or checkpoint_dirname(next_index)
+    later = {rank: a.later for rank, a in enumerate(announcements) if a.later}
+    return Plan(step, stop, directory, shared=memory.writers(handed), in_place=bool(in_place),
+                asynchronous=asynchronous, index=next_index, later=later, uploaded=uploaded,
+                placed_by=in_place[0] if len(in_place) == 1 else None)
+
+
+def _uploaded(announcements: list[Announcement]) -> bool:
+    """Whether checkpoint_upload_fn uploads this checkpoint: then on every rank handing one."""
+    uploading = [rank for rank, a in enumerate(announcements) if a.uploading]
+    other = [rank for rank, a in enumerate(announcements)
+             if (a.hands or a.in_place) and not a.uploading]
+    if uploading and other:
+        raise CheckpointError(
+            f"rank(s) {_ranks(uploading)} passed checkpoint_upload_fn and rank(s) {_ranks(other)} "
+            "handed a checkpoint without one; in one report pass it on every rank that hands a "
+            "checkpoint (checkpoint=None on a rank with nothing to upload).")
+    return bool(uploading)
+
+
+def mixed_modes(announcements: list[Announcement]) -> str | None:
+    """Which ranks that hand a checkpoint asked ASYNC and which did not, when they disagree (a
+    rank that hands none has nothing to upload, and no say, as in Ray)."""
+    handing = [(rank, a.asynchronous) for rank, a in enumerate(announcements)
+               if a.hands or a.in_place]
+    chose = {mode for _, mode in handing}
+    if len(chose) < 2:
+        return None
+    asynchronous = _ranks([rank for rank, mode in handing if mode])
+    other = _ranks([rank for rank, mode in handing if not mode])
+    return f"rank(s) {asynchronous} asked for ASYNC, rank(s) {other} for SYNC or NO_UPLOAD"
+
+
+def _directory_name(announcements: list[Announcement], in_place: bool) -> str | None:
+    """The ``checkpoint_dir_name`` every rank that gave one agrees on, checked."""
+    names = {a.dir_name for a in announcements if a.dir_name is not None}
+    if not names:
+        return None
+    name = names.pop()
+    if names:
+        raise CheckpointError(
+            f"ranks gave different checkpoint_dir_name values ({sorted([name, *names])}); give "
+            "every rank the same name, or None.")
+    problem = custom_dirname_problem(name)
+    if problem is not None:
+        raise CheckpointError(f"report(checkpoint_dir_name={name!r}): {problem}.")
+    if in_place:
+        raise CheckpointError(
+            f"report(checkpoint_dir_name={name!r}) cannot rename a checkpoint written in place: "
+            "get_checkpoint_dir() is already the directory it is committed in; drop the name, "
+            "or hand a directory of your own.")
+    return name
+
+
+def settled_everywhere(announcements: list[Announcement], pending: list[str]
+                        ) -> tuple[list[tuple[str, list[Persisted]]], list[RankFailure]]:
+    """The oldest of the ``pending`` checkpoints that every rank has finished, in order, with
+    what each rank persisted; and the failures of the next one, when a rank's failed."""
+    done = [{f.directory: f for f in a.settled} for a in announcements]
+    ready: list[tuple[str, list[Persisted]]] = []
+    for directory in pending:
+        outcomes = [d.get(directory) for d in done]
+        failures = [o.failure for o in outcomes if o is not None and o.failure is not None]
+        if failures:
+            return ready, failures
+        if any(o is None for o in outcomes):
+            break
+        ready.append((directory, [o.persisted or Persisted([]) for o in outcomes if o]))
+    return ready, []
+
+
+def raise_background_failure(directory: str, failures: list[RankFailure]) -> None:
+    raise_failures(failures, f"persisting {directory} in the background", CommitError, wrap=True)
+
+
+def check_agreed(heard: list[Any], kind: type, call: str) -> None:
+    """Every rank made the same collective call: a rank in ``report()`` while another asks
+    ``should_checkpoint()`` (say, on rank 0 alone) pairs two different calls."""
+    other = [rank for rank, value in enumerate(heard) if not isinstance(value, kind)]
+    if other:
+        raise ReportMismatchError(
+            f"rank(s) {_ranks(other)} made another collective call where the others called "
+            f"{call}; every rank must call {call} and report() the same number of times, in "
+            "the same order (ask on every rank, then act on rank 0 alone if you like).")
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks))
+
+
+def check_counts(announcements: list[Announcement]) -> None:
+    check_agreed(announcements, Announcement, "report()")
+    kinds = {(a.kind, a.number) for a in announcements}
+    if len(kinds) == 1:
+        return
+    lines = [f"rank {r}: called report() for the {_ordinal(a.number)} time" if a.kind == REPORT
+             else f"rank {r}: returned from the training function after {a.number} report() call(s)"
+             for r, a in enumerate(announcements)]
+    raise ReportMismatchError(
+        "ranks disagree on the number of report() calls; every rank must call report() the same "
+        "number of times (report is collective; pass checkpoint=None on ranks without files):\n  "
+        + "\n  ".join(lines))
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
