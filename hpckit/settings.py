@@ -43,6 +43,7 @@ TABLE: dict[str, tuple[str, Callable[[str], Any]]] = {
     "mpiexec": ("HPCKIT_MPIEXEC", text),
     "master_addr": ("HPCKIT_MASTER_ADDR", text),
     "worker": ("HPCKIT_WORKER", text),
+    "heartbeat": ("HPCKIT_HEARTBEAT", text),
     "sweep_payload": ("HPCKIT_SWEEP_PAYLOAD", text),
     "pid_dir": ("HPCKIT_PID_DIR", text),
     "attempt": ("HPCKIT_ATTEMPT", count),
@@ -101,6 +102,7 @@ class Settings:
     mpiexec: str | None = None
     master_addr: str | None = None
     worker: str | None = None
+    heartbeat: str | None = None  # the folder a node's first rank beats into
     sweep_payload: str | None = None  # a sweep's ranks that python sweep.py started
     pid_dir: str | None = None
     attempt: int = 0

@@ -280,9 +280,12 @@ def sbatch_problems(script: str, cpu_only: bool) -> list[str]:
 
 def _forwarding_problems(signal: str, commands: str, sruns: list[str]) -> list[str]:
     """``--signal=B:`` warns the batch shell alone, whose default is to die of the signal: it
-    must trap it and pass it on to the ranks, as requeue.sbatch does."""
+    must trap it and pass it on to the ranks, as requeue.sbatch does, or ``exec`` the program
+    that starts them (``exec python train.py``, multi-node.sbatch), which is then warned
+    itself."""
     problems = []
-    if not re.search(rf"^\s*trap\b[^\n]*\b(SIG)?{signal}\b", commands, flags=re.M):
+    warned_itself = not sruns and re.search(r"^\s*exec\s+\S", commands, flags=re.M)
+    if not warned_itself and not re.search(rf"^\s*trap\b[^\n]*\b(SIG)?{signal}\b", commands, flags=re.M):
         problems.append(f"--signal=B:{signal} but no `trap ... {signal}`: the warning kills the batch shell")
     if sruns and not re.search(rf"\bkill\s+-(SIG)?{signal}\b", commands):
         problems.append(f"--signal=B:{signal} but the ranks are never sent {signal} (`kill -{signal}` "

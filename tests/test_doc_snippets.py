@@ -301,6 +301,10 @@ def test_the_sbatch_checker_finds_a_warning_that_kills_the_batch_shell():
         "--signal=B:USR2 but the ranks are never sent USR2 (`kill -USR2` the backgrounded srun)",
         "srun runs in the foreground: the batch shell cannot trap the warning until it ends",
         "--gres=gpu:4 asks for GPUs for a CPU example"]
+    driver = "#!/bin/bash\n#SBATCH --signal=B:USR2@120\nexport HPCKIT_STOP_SIGNAL=USR2\nexec python train.py\n"
+    assert sbatch_problems(driver, cpu_only=False) == []  # the batch process is train.py itself
+    assert sbatch_problems(driver.replace("exec ", ""), cpu_only=False) == [
+        "--signal=B:USR2 but no `trap ... USR2`: the warning kills the batch shell"]
 
 
 @pytest.mark.quick

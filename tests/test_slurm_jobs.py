@@ -145,8 +145,8 @@ def test_hpckit_resume_sbatch_submits_a_job_that_continues(tmp_path, slurm, stea
     out = run([HPCKIT, "resume", "--sbatch", str(script), "--time", "5", "--slurm",
                "cpus-per-task=1", str(tmp_path / "r")], timeout=30, env=slurm.env)
     text = script.read_text()
-    assert "#SBATCH --time=5\n#SBATCH --cpus-per-task=1\n" in text, text
-    assert "srun --mpi=pmi2 " in text, text  # the pip MPICH's plugin, asked of its mpi4py
+    assert "#SBATCH --ntasks=2\n#SBATCH --time=5\n#SBATCH --cpus-per-task=1\n" in text, text
+    assert f" -m hpckit resume {tmp_path / 'r'} --max-failures 0\n" in text, text
     job = re.search(r"submitted job (\d+)", out.output).group(1)
     assert wait(slurm, tmp_path, job, 180) == {job: "COMPLETED"}
     log = (tmp_path / f"r-{job}.out")

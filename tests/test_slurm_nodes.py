@@ -12,10 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import HERE, HPCKIT, final_params, manifest, metrics_lines
+from conftest import HERE, HPCKIT, final_params, manifest, metrics_lines, run
 from slurm_jobs import output_of, sbatch, wait
 
 STEADY = HERE / "ranks" / "steady.py"
+TEMPLATES = HERE.parent / "slurm"
 pytestmark = pytest.mark.timeout(300)
 
 
@@ -198,13 +199,6 @@ def spare_takes_over(slurm, tmp_path: Path, name: str, args: str, reports: int,
     return output
 
 
-def test_a_lost_node_is_replaced_by_a_spare_and_the_job_completes_exact(
-        tmp_path, slurm_nodes, node_back, steady_reference):
-    node_back.append("n2")
-    output = spare_takes_over(slurm_nodes, tmp_path, "spare", "", 3, steady_reference)
-    assert re.search(r"node\(s\) n2 of Slurm job \d+ lost", output), output
-
-
 def test_the_lost_nodes_cached_checkpoint_comes_from_its_partner_and_not_from_storage(
         tmp_path, slurm_nodes, node_back, steady_reference):
     cache = slurm_nodes.local / "cache"  # each node's own disk, at the same path
@@ -246,23 +240,86 @@ def test_with_no_spare_node_the_job_is_requeued_and_completes_exact_once_the_nod
     assert "Restarts=1" in slurm_nodes.run("scontrol", "show", "job", "-o", job).stdout
 
 
-def test_the_stop_signal_to_the_driver_reaches_the_ranks_on_every_node_and_the_job_requeues(
-        tmp_path, slurm_nodes, steady_reference):
-    """Slurm's warning (``--signal=B:USR2``) goes to the batch process, here the driver
-    itself (``exec python train.py``): srun passes it to the ranks on both nodes, they stop
-    at the next report and requeue the job, which resumes exact."""
-    script = tmp_path / "train.sbatch"
-    script.write_text(f"#!/bin/bash\nexec {sys.executable} {STEADY} --storage {tmp_path} "
-                      "--name warned --workers 2 --epochs 8 --epoch-seconds 1 --show-hosts\n")
-    job = sbatch(slurm_nodes, tmp_path, script, "--nodes=2", "--ntasks-per-node=1", "--requeue",
-                 HPCKIT_LOCAL_DIR=str(slurm_nodes.local))
-    wait_committed(slurm_nodes, tmp_path, job, "warned", 2)
+def requeued_and_resumed(slurm, tmp_path: Path, job: str, name: str, reports: int) -> None:
+    """Until the requeued job's run has committed ``reports`` reports in all."""
+    deadline = time.monotonic() + 120
+    while committed(tmp_path, name) < reports or len(manifest(tmp_path / name)["attempts"]) < 2:
+        assert time.monotonic() < deadline, output_of(tmp_path)
+        time.sleep(0.2)
+
+
+def test_the_multi_node_script_as_written_survives_a_time_limit_warning_then_a_lost_node(
+        tmp_path, slurm_nodes, node_back, steady_reference):
+    """slurm/multi-node.sbatch as it is, only its ranks per node and time limit sized to the
+    test's three nodes of one CPU: Slurm's warning before the time limit (``--signal=B:USR2``,
+    sent here as Slurm sends it, to the batch process: ``exec python train.py``) reaches the
+    ranks on both nodes, which commit, requeue the job and exit; the requeued job resumes,
+    then loses n2, and the spare n3 takes rank 1's place in the same job. It ends exact."""
+    args = "--name multi --workers 2 --epochs 8 --epoch-seconds 1 --max-failures 2 --show-hosts"
+    job = sbatch(slurm_nodes, tmp_path, TEMPLATES / "multi-node.sbatch", "--ntasks-per-node=1",
+                 "--time=10", PYTHON=sys.executable, SCRIPT=str(STEADY), SCRIPT_ARGS=args,
+                 HPCKIT_STORAGE=str(tmp_path), HPCKIT_LOCAL_DIR=str(slurm_nodes.local))
+    wait_committed(slurm_nodes, tmp_path, job, "multi", 2)
     slurm_nodes.run("scancel", "--batch", "--signal=USR2", job)
-    assert wait(slurm_nodes, tmp_path, job, 180) == {job: "COMPLETED"}, output_of(tmp_path)
+    requeued_and_resumed(slurm_nodes, tmp_path, job, "multi", 4)
+    node_back.append("n2")
+    lose_node_after(slurm_nodes, tmp_path, job, "multi", "n2", 5)
+    assert ended(slurm_nodes, tmp_path, job) == "COMPLETED", output_of(tmp_path)
     output = output_of(tmp_path)
     assert final_params(output) == steady_reference, output
-    assert hosts_of(output) == {0: {"n1"}, 1: {"n2"}}, output
-    statuses = [a["status"] for a in manifest(tmp_path / "warned")["attempts"]]
-    assert statuses == ["requeued", "finished"], statuses
+    assert hosts_of(output) == {0: {"n1"}, 1: {"n2", "n3"}}, output
+    assert re.search(r"node\(s\) n2 of Slurm job \d+ lost", output), output
+    statuses = [a["status"] for a in manifest(tmp_path / "multi")["attempts"]]
+    assert statuses == ["requeued", "failed", "finished"], statuses
+    restarts = slurm_nodes.run("scontrol", "show", "job", "-o", job).stdout
+    assert "Restarts=1" in restarts, "the lost node requeued the job: " + restarts
     # Slurm ends a requeued job's batch process with SIGTERM: the driver says nothing of it.
     assert "second SIGTERM" not in output, output
+
+
+def test_hpckit_resume_sbatch_writes_that_form_and_its_job_replaces_a_lost_node(
+        tmp_path, slurm_nodes, node_back, steady_reference):
+    """A run of multi-node.sbatch stopped by the warning in a job that may not requeue:
+    ``hpckit resume --sbatch`` writes the script's form with the last allocation's three
+    nodes (a spare among them), and its job, ``hpckit resume`` as the batch process, starts
+    the ranks on two nodes, watches their heartbeats, replaces n2 by the spare when n2 is
+    lost, and finishes the run exact."""
+    args = "--name again --workers 2 --epochs 8 --epoch-seconds 1 --show-hosts"
+    env = {"HPCKIT_LOCAL_DIR": str(slurm_nodes.local)}
+    job = sbatch(slurm_nodes, tmp_path, TEMPLATES / "multi-node.sbatch", "--ntasks-per-node=1",
+                 "--no-requeue", "--time=10", PYTHON=sys.executable, SCRIPT=str(STEADY),
+                 SCRIPT_ARGS=args, HPCKIT_STORAGE=str(tmp_path), **env)
+    wait_committed(slurm_nodes, tmp_path, job, "again", 2)
+    slurm_nodes.run("scancel", "--batch", "--signal=USR2", job)
+    wait(slurm_nodes, tmp_path, job, 120)
+    stopped = committed(tmp_path, "again")
+    script = tmp_path / "resume.sbatch"
+    out = run([HPCKIT, "resume", "--sbatch", str(script), "--max-failures", "2", "--time", "10",
+               "--slurm", "cpus-per-task=1", str(tmp_path / "again")], timeout=30,
+              env={**slurm_nodes.env, **env})
+    text = script.read_text()
+    assert "#SBATCH --nodes=3\n#SBATCH --ntasks-per-node=1\n#SBATCH --no-kill\n" in text, text
+    again = re.search(r"submitted job (\d+)", out.output).group(1)
+    node_back.append("n2")
+    lose_node_after(slurm_nodes, tmp_path, again, "again", "n2", stopped + 2)
+    assert ended(slurm_nodes, tmp_path, again) == "COMPLETED", output_of(tmp_path)
+    output = output_of(tmp_path)
+    assert final_params(output) == steady_reference, output
+    assert hosts_of(output) == {0: {"n1"}, 1: {"n2", "n3"}}, output
+    assert re.search(r"node\(s\) n2 of Slurm job \d+ lost", output), output
+    attempts = manifest(tmp_path / "again")["attempts"]
+    assert [a["status"] for a in attempts] == ["stopped", "failed", "finished"], attempts
+    assert attempts[1]["error"] == "node(s) n2 lost, with their ranks", attempts
+
+
+def test_the_gpu_script_differs_from_the_multi_node_one_only_in_its_resources():
+    """What the three-node test proves of multi-node.sbatch holds for multi-node-gpu.sbatch."""
+    def body(name: str) -> list[str]:
+        lines = (TEMPLATES / name).read_text().splitlines()
+        return [line for line in lines if line.startswith("#SBATCH") or not line.startswith("#")]
+
+    cpu, gpu = body("multi-node.sbatch"), body("multi-node-gpu.sbatch")
+    resources = ("#SBATCH --ntasks-per-node", "#SBATCH --gpus-per-node", "#SBATCH --cpus-per-task")
+    assert [line for line in cpu if not line.startswith(resources)] == \
+        [line for line in gpu if not line.startswith(resources)]
+    assert any(line.startswith("#SBATCH --gpus-per-node") for line in gpu)

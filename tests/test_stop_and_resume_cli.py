@@ -18,7 +18,7 @@ from scenarios import driver_killed_then_rerun, wait_for_epochs
 import hpckit
 from hpckit import Checkpoint, DataParallelTrainer, RunConfig
 from hpckit.errors import ConfigError
-from hpckit.launch.slurm import render_sbatch
+from hpckit.launch.slurm import Layout, render_resume_job
 from hpckit.run.ending.stop import EXIT_STOPPED
 from hpckit.settings import Settings
 from hpckit.torch import TorchTrainer
@@ -217,11 +217,25 @@ def test_resume_with_a_job_script_in_a_missing_directory_is_one_line(tmp_path):
     assert len(lines) == 1 and f"cannot write the job script {script}" in lines[0], out.output
 
 
-def test_sbatch_rendering_matches_the_golden_file():
-    text = render_sbatch(["train.py", "--lr", "0.1 0.2"], 4, "/home/me/proj", "resnet",
-                         "/home/me/venv/bin/python",
-                         {"HPCKIT_NAME": "resnet", "HPCKIT_STORAGE": "/lustre/me/runs"})
+def test_the_resume_job_script_matches_the_golden_file():
+    """slurm/multi-node.sbatch's form, hpckit resume itself the batch process: the last
+    allocation's three nodes of one rank (a spare among them) for a world of two."""
+    text = render_resume_job("/lustre/me/runs/resnet", Layout.of(2, "1(x2)", 3),
+                             ["--max-failures", "3"], "/home/me/proj", "resnet",
+                             "/home/me/venv/bin/python", ("--time=04:00:00",))
     assert text == (HERE / "golden" / "resume.sbatch").read_text()
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(("ntasks", "per_node", "nodes", "directives"), [
+    (2, "1(x2)", 3, ["--nodes=3", "--ntasks-per-node=1", "--no-kill"]),
+    (8, "4,4", 2, ["--nodes=2", "--ntasks-per-node=4", "--no-kill"]),
+    (4, "4", 1, ["--ntasks=4"]),               # one node: as the run had it
+    (8, "2(x2)", 2, ["--ntasks=8"]),           # too few for the world: Slurm lays them out
+    (2, None, 3, ["--ntasks=2"]),
+    (2, "2(x", 3, ["--ntasks=2"])])
+def test_a_resumed_job_asks_for_the_last_allocations_nodes(ntasks, per_node, nodes, directives):
+    assert Layout.of(ntasks, per_node, nodes).directives() == directives
 
 
 @pytest.mark.parametrize("environ,expected", [

@@ -13,11 +13,12 @@ import click
 from hpckit import settings
 from hpckit.cli.app import main
 from hpckit.cli.common import require
+from hpckit.errors import LaunchError
 from hpckit.experiment import resizing
 from hpckit.experiment.manifest import Manifest
 from hpckit.launch import allocation
 from hpckit.launch.script import run_script
-from hpckit.launch.slurm import render_sbatch
+from hpckit.launch.slurm import Layout, render_array_job, render_resume_job
 from hpckit.run.ending.retry import RetryPolicy
 from hpckit.run.mpi.library import srun_plugin
 from hpckit.settings import variable
@@ -26,13 +27,14 @@ from hpckit.storage.uris import parent, redact, restore_credentials
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("-n", "--ranks", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Number of ranks to start on this node.")
+              help="Number of ranks to start (on this node; in a Slurm allocation, across it).")
 @click.option("--max-failures", type=click.IntRange(min=-1), default=0, show_default=True,
               help="Restarts after a failure (-1: no limit); each resumes from the manifest.")
 @click.argument("script", type=click.Path(exists=True, dir_okay=False))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(ranks: int, max_failures: int, script: str, args: tuple[str, ...]) -> None:
-    """Start SCRIPT on N ranks of this node with mpiexec, restarting it after failures.
+    """Start SCRIPT on N ranks, restarting it after failures: on this node with mpiexec, or
+    in a Slurm allocation with srun across its nodes (spares replace nodes that failed).
 
     Example: hpckit run -n 4 --max-failures 3 train.py --epochs 10
     """
@@ -44,8 +46,9 @@ def run(ranks: int, max_failures: int, script: str, args: tuple[str, ...]) -> No
 @click.option("-n", "--ranks", type=click.IntRange(min=1), default=None,
               help="World size (default: the recorded one; changing it needs checkpoints of "
                    "rank 0's files or DCP's). Ranks set aside to validate are started beside it.")
-@click.option("--max-failures", type=click.IntRange(min=-1), default=0, show_default=True,
-              help="Restarts after a failure (-1: no limit).")
+@click.option("--max-failures", type=click.IntRange(min=-1), default=None,
+              help="Restarts after a failure (-1: no limit; default: the recorded "
+                   "FailureConfig(max_failures), else 0).")
 @click.option("--sbatch", "sbatch_file", type=click.Path(dir_okay=False), default=None,
               help="Write an sbatch script to FILE and submit it instead of running here.")
 @click.option("--time", "time_limit", default=None, metavar="TIME",
@@ -53,7 +56,7 @@ def run(ranks: int, max_failures: int, script: str, args: tuple[str, ...]) -> No
 @click.option("--slurm", "directives", multiple=True, metavar="KEY=VALUE",
               help="With --sbatch: another #SBATCH option, e.g. --slurm partition=gpu "
                    "--slurm gpus-per-task=1 (repeatable).")
-def resume(experiment: str, ranks: int | None, max_failures: int, sbatch_file: str | None,
+def resume(experiment: str, ranks: int | None, max_failures: int | None, sbatch_file: str | None,
            time_limit: str | None, directives: tuple[str, ...]) -> None:
     """Continue EXPERIMENT with the command, arguments and world size in its manifest.
 
@@ -65,6 +68,8 @@ def resume(experiment: str, ranks: int | None, max_failures: int, sbatch_file: s
         raise click.UsageError("--time and --slurm are options of the job script: add "
                                "--sbatch FILE, or leave them out to resume here.")
     location, manifest = require(experiment)
+    if max_failures is None:
+        max_failures = int((manifest.config.get("failure_config") or {}).get("max_failures") or 0)
     world = _world_size(manifest, ranks)
     launched = world + int(manifest.config.get("validation_ranks") or 0)
     command = manifest.command
@@ -78,15 +83,31 @@ def resume(experiment: str, ranks: int | None, max_failures: int, sbatch_file: s
     env = {variable("name"): manifest.experiment, variable("storage"): root,
            variable("resume"): str(manifest.config.get("train_loop") or "*")}
     if sbatch_file:
-        python = command.get("executable") or sys.executable
-        _submit(sbatch_file, render_sbatch(argv, launched, cwd, manifest.experiment, python, env,
-                                           directives=options, srun_mpi=_srun_mpi(python)))
+        again = [*(["-n", str(ranks)] if ranks else []), "--max-failures", str(max_failures)]
+        _submit(sbatch_file, render_resume_job(
+            experiment if "://" in experiment else os.path.abspath(experiment),
+            _layout(manifest, launched, world), again, cwd, manifest.experiment,
+            command.get("executable") or sys.executable, options))
         return
     _warn_outside_an_allocation(manifest, launched)
     aside = f" and {launched - world} set aside to validate" if launched > world else ""
     click.echo(f"resuming {location.display} with {world} rank(s){aside}: "
                f"{redact(' '.join(argv))}", err=True)
     sys.exit(run_script(launched, argv, RetryPolicy(max_failures), cwd=cwd, extra_env=env))
+
+
+def _layout(manifest: Manifest, launched: int, world: int) -> Layout:
+    """The last allocation's shape (its spares included) where the world size is the same;
+    else ``--ntasks``."""
+    last = manifest.last_attempt
+    if last is None or not last.slurm.get("nodelist") or world != manifest.world_size:
+        return Layout(launched)
+    nodelist = last.slurm["nodelist"]
+    try:
+        nodes = len(allocation.hostnames(nodelist))
+    except LaunchError:
+        return Layout(launched)
+    return Layout.of(launched, last.slurm.get("tasks_per_node"), nodes)
 
 
 def _check_resumable(experiment: str, argv: list[str], cwd: str) -> None:
@@ -152,10 +173,9 @@ def sweep(tasks: int, ntasks: int, time_limit: str | None, directives: tuple[str
     Example: hpckit sweep --array 4 --ntasks 2 --time 02:00:00 sweep.py --epochs 10
     """
     name = os.path.splitext(os.path.basename(script))[0]
-    text = render_sbatch([os.path.abspath(script), *args], ntasks, os.getcwd(), name,
-                         sys.executable, {}, array=tasks,
-                         directives=_sbatch_options(time_limit, directives),
-                         srun_mpi=_srun_mpi(sys.executable))
+    text = render_array_job([os.path.abspath(script), *args], ntasks, os.getcwd(), name,
+                            sys.executable, tasks, _sbatch_options(time_limit, directives),
+                            _srun_mpi(sys.executable))
     if dry_run:
         click.echo(text, nl=False)
         return

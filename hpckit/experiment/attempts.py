@@ -106,7 +106,8 @@ def _short(value: Any) -> str:
 
 def previous_failure(settings: Settings) -> tuple[AttemptStatus, str, frozenset[int]] | None:
     """How the attempt before this one ended, where its launcher (``hpckit run``) restarted
-    its ranks after seeing them fail or hang, with their PIDs."""
+    its ranks after seeing them fail or hang, with their PIDs (none where srun started them:
+    then it is the attempt left running that failed so)."""
     if not settings.previous_failure:
         return None
     pids = frozenset(int(p) for p in (settings.previous_pids or "").split(",") if p.isdigit())

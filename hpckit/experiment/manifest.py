@@ -170,11 +170,11 @@ class Manifest:
                      ) -> Manifest:
         """A new attempt begins: earlier ones still marked running were interrupted, or
         failed (or hung) as their launcher saw (``previous_failure``: how, why, and the PIDs
-        of the ranks that died before rank 0 could record it)."""
+        of the ranks that died before rank 0 could record it; none known: any left running)."""
         def ended(a: Attempt) -> Attempt:
             if a.status is not AttemptStatus.RUNNING:
                 return a
-            if previous_failure and a.pid in previous_failure[2]:
+            if previous_failure and (a.pid in previous_failure[2] or not previous_failure[2]):
                 return a.ended(previous_failure[0], previous_failure[1])
             return a.ended(AttemptStatus.INTERRUPTED)
 

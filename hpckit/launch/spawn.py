@@ -145,6 +145,7 @@ def _run(launch: Launch, payload: str, attempt: int, settings: Settings, steps: 
         shutil.rmtree(os.path.join(payload, folder), ignore_errors=True)
         os.makedirs(os.path.join(payload, folder))
     code = run_process(launch, {variable("worker"): payload, variable("attempt"): str(attempt),
+                                variable("heartbeat"): os.path.join(payload, heartbeat.FOLDER),
                                 variable("run_id"): os.path.basename(payload),
                                 variable("started_at"): started_for(attempt, settings)},
                        settings, abandon=steps.watch(os.path.join(payload, heartbeat.FOLDER)))

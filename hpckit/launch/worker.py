@@ -4,24 +4,21 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
 
 from hpckit import settings
 from hpckit.errors import LaunchError
-from hpckit.launch import heartbeat
 from hpckit.launch.mainimport import enter
 from hpckit.launch.spawn import RETURNED
 from hpckit.run.mpi.comm import world
 from hpckit.run.ranks import run_ranks
+from hpckit.run.startup import beating
 
 
 def main() -> None:
     current = settings.refresh()
     if not current.worker:
         raise LaunchError("hpckit.launch.worker is started by a trainer's fit(), not by hand")
-    alive = os.path.join(current.worker, heartbeat.FOLDER)
-    if current.slurm_localid == "0" and os.path.isdir(alive):  # a node's first rank
-        heartbeat.start_beating(alive, socket.gethostname())
+    beating.start(current)
     enter(current.worker)
     with open(os.path.join(current.worker, "job.pkl"), "rb") as f:
         job = pickle.load(f)
