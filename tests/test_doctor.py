@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import stat
 
 import pytest
 from cluster_nodes import nodes  # noqa: F401  (the fixture)
 from conftest import HERE, HPCKIT, MPIEXEC, run
 from slurm_jobs import output_of, sbatch, wait
+
+from hpckit.doctor.slurm import signal_in
+from hpckit.settings import Settings
 
 DOCTOR = HERE / "ranks" / "doctor.py"
 
@@ -116,19 +120,68 @@ def test_under_srun_it_checks_the_job_and_catches_tasks_that_run_alone(tmp_path,
     assert "fix: srun --mpi=pmi2 for MPICH" in alone.output
 
 
-@pytest.mark.parametrize("script", ["#SBATCH --signal=B:USR2@120", "#SBATCH --time=5"])
-def test_in_a_batch_job_it_reads_the_signal_from_the_script(tmp_path, slurm, script):
+@pytest.mark.parametrize(("directive", "step"), [
+    ("#SBATCH --signal=B:USR2@120", "srun -n 1 --mpi=pmi2 {doctor}"),
+    ("#SBATCH --time=5", "exec {doctor}")])
+def test_in_a_batch_job_it_reads_the_signal_from_the_script(tmp_path, slurm, directive, step):
+    """Its fix fits how the script starts the ranks (finding 2 of #55): srun in the foreground
+    needs the warning without ``B:``, and with ``B:`` is told so; a script that execs the
+    program is warned with ``B:``."""
     batch = tmp_path / "job.sbatch"
-    batch.write_text(f"#!/bin/bash\n#SBATCH --requeue\n{script}\n"
-                     f"srun -n 1 --mpi=pmi2 {HPCKIT} doctor --storage {tmp_path} --json\n")
+    doctor = f"{HPCKIT} doctor --storage {tmp_path} --json"
+    batch.write_text(f"#!/bin/bash\n#SBATCH --requeue\n{directive}\n{step.format(doctor=doctor)}\n")
     job = sbatch(slurm, tmp_path, batch)  # not sbatch --wait, which looks every 10 s
     ended = wait(slurm, tmp_path, job, 180)
     text = output_of(tmp_path)
     found = findings(text)
     assert found["Slurm requeue"]["status"] == "ok", text
-    signal = found["Slurm signal"]
-    if "signal" in script:
-        assert signal["status"] == "ok" and signal["found"] == "--signal=B:USR2@120"
+    told = found["Slurm signal"]
+    assert told["status"] == "warn", text
+    if step.startswith("srun"):
+        assert "warns the batch shell, which runs srun in the foreground" in told["found"]
+        assert told["fix"].startswith("#SBATCH --signal=USR2@120 (the ranks are warned)")
     else:
-        assert signal["status"] == "warn" and "#SBATCH --signal=B:USR2@120" in signal["fix"]
+        assert told["fix"].startswith("#SBATCH --signal=B:USR2@120: the job is then warned")
+    assert ended == {job: "COMPLETED"}, text
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(("script", "status", "fix"), [
+    ("#SBATCH --signal=B:USR2@120\nexec python train.py\n", "ok", ""),
+    ("#SBATCH --signal=USR2@120\nsrun --mpi=pmi2 python train.py\n", "ok", ""),
+    ("#SBATCH --signal=B:USR2@120\ntrap 'kill -USR2 $step' USR2\nsrun python t.py &\nstep=$!\n",
+     "ok", ""),
+    ("#SBATCH --signal=B:USR2@120\nsrun python train.py\n", "warn", "--signal=USR2@120 "),
+    ("#SBATCH --time=5\nexec python train.py\n", "warn", "--signal=B:USR2@120:"),
+    ("#SBATCH --signal=B:USR1@120\nexec python train.py\n", "warn", "HPCKIT_STOP_SIGNAL=USR1")])
+def test_the_signal_fix_fits_how_the_script_starts_the_ranks(script, status, fix):
+    found = signal_in(script, signal.SIGUSR2)
+    assert found.status == status and fix in found.fix, found
+
+
+@pytest.mark.quick
+def test_a_node_whose_slurmd_does_not_answer_is_said_to_hide_a_lost_node(monkeypatch):
+    """The driver tells a lost node by asking its slurmd: one it cannot reach (here names no
+    resolver knows, and no scontrol to give their addresses) is named, with the fix."""
+    from hpckit.doctor import nodes as node_checks
+
+    silent = ("hpckit-test-no-such-node-1", "hpckit-test-no-such-node-2")
+    monkeypatch.setattr(node_checks, "hostnames", lambda nodelist: silent)
+    found = node_checks.lost_node_watch(Settings(slurm_nodelist="hpckit-test-no-such-node-[1-2]"))
+    assert found.status == "warn" and all(name in found.found for name in silent), found
+    assert "SlurmdPort" in found.fix
+    alone = node_checks.lost_node_watch(Settings(slurm_nodelist=None))
+    assert alone.status == "info" and alone.found == "not in a job of several nodes"
+
+
+def test_in_a_job_of_three_nodes_every_slurmd_answers_the_batch_node(tmp_path, slurm_nodes):
+    batch = tmp_path / "job.sbatch"
+    batch.write_text(f"#!/bin/bash\n{HPCKIT} doctor --storage {tmp_path} --json\n")
+    job = sbatch(slurm_nodes, tmp_path, batch, "--nodes=3", "--ntasks-per-node=1")
+    ended = wait(slurm_nodes, tmp_path, job, 120)
+    text = output_of(tmp_path)
+    watch = findings(text)["lost nodes"]
+    assert watch["status"] == "ok" and "the slurmd of all 3 nodes answers from n1" in \
+        watch["found"], text
+    assert "hang_timeout_s" in watch["found"]
     assert ended == {job: "COMPLETED"}, text

@@ -358,7 +358,7 @@ def test_a_slow_import_of_torch_is_told_to_forward_an_early_stop_signal():
     build, timing = torch_build([{"version": "2.13.0", "cuda": None,
                                   "import_s": SLOW_IMPORT_S + 1}])
     assert build.status == "ok" and timing.status == "warn"
-    assert "--signal=B:USR2@300" in timing.fix and "trap 'kill -USR2" in timing.fix
+    assert "@300 rather than @120 in #SBATCH --signal" in timing.fix
 
 
 def test_the_no_spare_advice_says_a_new_job_resumes_only_an_experiment_the_user_named():

@@ -6,7 +6,7 @@ import os
 import socket
 from typing import TYPE_CHECKING, Any
 
-from hpckit.doctor import framework, mpi, slurm, startup, storage
+from hpckit.doctor import framework, mpi, nodes, slurm, startup, storage
 from hpckit.doctor.finding import FAIL, Finding, worst
 from hpckit.run.job import DEFAULT_STORAGE
 from hpckit.run.mpi.library import loaded_version
@@ -36,6 +36,7 @@ def checkup(comm: Comm, settings: Settings, storage_path: str | None,
             *framework.torch_build([r["torch"] for r in everyone]),
             framework.gpus([r["torch"] for r in everyone]), framework.nccl(),
             *[f for f in (shared, cached) if f is not None],
-            startup.early_stop(), *slurm.job_settings(settings)]
+            startup.early_stop(), *slurm.job_settings(settings),
+            nodes.lost_node_watch(settings)]
     status = from_root(comm, 1 if findings and worst(findings) == FAIL else 0)
     return findings, int(status)

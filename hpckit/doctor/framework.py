@@ -56,9 +56,8 @@ def torch_build(per_rank: list[dict[str, Any]]) -> list[Finding]:
                      f"{slowest:.1f} s on the slowest of {len(per_rank)} rank(s)",
                      "" if slowest < SLOW_IMPORT_S else "a slow shared filesystem: put the "
                      "environment on node-local disk or in a container image, and send the "
-                     "stop signal early enough: #SBATCH --signal=B:USR2@300, forwarded to the "
-                     "ranks by the batch script (docs/slurm.md's job script: srun ... & "
-                     "trap 'kill -USR2 $!' USR2)")
+                     "stop signal earlier: @300 rather than @120 in #SBATCH --signal (the "
+                     "Slurm signal check says which form fits the batch script)")
     return [build, timing]
 
 
