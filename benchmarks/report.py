@@ -14,7 +14,9 @@ names a results file, selectors ``field=pattern`` (shell-style patterns, matched
 field's text) that leave one line, or several that agree, and the field to show: a dotted path
 (``report_ms.async``, ``by_ranks.0.median_ms``), then ``*1000`` to scale it and ``:.1f`` to
 format it (``:met`` writes yes or **no**). ``{{run core}}`` says when, where and by which
-command that file's figures were made. A placeholder no results file answers is an error.
+command that file's figures were made; on a page with ``{{machines}}`` the machines are listed
+there once and named "machine A", "machine B"... in the run lines. A placeholder no results
+file answers is an error.
 """
 
 from __future__ import annotations
@@ -47,13 +49,29 @@ def load(results: Path = RESULTS) -> dict[str, list[dict]]:
 
 
 def render(template: str, recorded: dict[str, list[dict]]) -> str:
-    return PLACEHOLDER.sub(lambda found: resolve(found.group(1), recorded), template)
+    machines = named_machines(template, recorded) if "{{machines}}" in template else {}
+    return PLACEHOLDER.sub(lambda found: resolve(found.group(1), recorded, machines), template)
 
 
-def resolve(spec: str, recorded: dict[str, list[dict]]) -> str:
+def named_machines(template: str, recorded: dict[str, list[dict]]) -> dict[str, str]:
+    """Each machine the page's ``{{run NAME}}`` lines name, in order, as "machine A", "B"...:
+    a page with ``{{machines}}`` lists them there once and names them so elsewhere."""
+    found: dict[str, str] = {}
+    for spec in PLACEHOLDER.findall(template):
+        words = shlex.split(spec)
+        if len(words) == 2 and words[0] == "run":
+            for line in recorded.get(words[1], []):
+                if "machine" in line and line["machine"] not in found:
+                    found[line["machine"]] = f"machine {chr(ord('A') + len(found))}"
+    return found
+
+
+def resolve(spec: str, recorded: dict[str, list[dict]], machines: dict[str, str]) -> str:
     words = shlex.split(spec)
+    if words == ["machines"]:
+        return "\n".join(f"- **{name}**: {machine}" for machine, name in machines.items())
     if len(words) == 2 and words[0] == "run":
-        return run_line(words[1], lines_of(words[1], recorded, spec))
+        return run_line(words[1], lines_of(words[1], recorded, spec), machines)
     if len(words) < 2:
         raise MissingFigure(f"{{{{{spec}}}}}: a placeholder is NAME [field=pattern ...] FIELD")
     name, *selectors, field = words
@@ -108,11 +126,14 @@ def shown(value: object, factor: str | None, form: str | None) -> str:
     return format(value, form) if form else str(value)
 
 
-def run_line(name: str, lines: list[dict]) -> str:
-    """'date, machine, command' of a results file, each once, as one sentence."""
+def run_line(name: str, lines: list[dict], machines: dict[str, str] | None = None) -> str:
+    """'date, machine, command' of a results file, each once, as one sentence (the machine by
+    its name where the page lists ``machines``)."""
     said = {}
     for field in ("date", "commit", "command", "machine", "label"):
         values = list(dict.fromkeys(str(line[field]) for line in lines if field in line))
+        if field == "machine" and machines:
+            values = [machines.get(value, value) for value in values]
         said[field] = " / ".join(values)
     at = f" at {said['commit']}" if said["commit"] else ""
     text = f"Recorded {said['date']}{at} by `{said['command']}` on {said['machine']}"
