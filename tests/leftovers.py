@@ -15,9 +15,11 @@ what runs beside it on the other worker.
 - **Mounts**: new mount points, except under the other workers' (and other runs') temporary
   directories and under a session cluster's root.
 - **/dev/shm**: new entries that no process maps. MPI's segments (MPICH's ``mpich_*``, UCX's
-  ``ucx_shm_posix_*``, Open MPI's ``sm_segment.*``) and Python's named semaphores
-  (``sem.mp-*``) are what a SIGKILLed rank cannot remove (MPICH removes its segments in
-  MPI_Finalize): the tests that kill ranks do it on purpose, so those are removed here, and
+  ``ucx_shm_posix_*``, Open MPI's ``sm_segment.*``), Python's named semaphores
+  (``sem.mp-*``) and glibc's file for one being made (``sem.`` and six characters, linked to
+  its name and removed by ``sem_open`` itself, left where a rank is killed in between: a
+  DataLoader starting its workers) are what a SIGKILLed rank cannot remove (MPICH removes
+  its segments in MPI_Finalize): the tests that kill ranks do it on purpose, so those are removed here, and
   at the end of the session. Anything else is a leftover.
 """
 
@@ -45,7 +47,7 @@ TORCH_GROUP_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                          "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")
 # Set for the process by hpckit.torch's deterministic seeding (cuBLAS reads it once).
 PROCESS_VARIABLES = ("CUBLAS_WORKSPACE_CONFIG",)
-KILLED_RANKS_LEAVE = ("mpich_*", "ucx_shm_posix_*", "sm_segment.*", "sem.mp-*")
+KILLED_RANKS_LEAVE = ("mpich_*", "ucx_shm_posix_*", "sm_segment.*", "sem.mp-*", "sem.??????")
 
 
 @dataclass(frozen=True)
