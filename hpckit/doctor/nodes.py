@@ -2,7 +2,7 @@
 node): every node's slurmd answering a TCP connection from here. hpckit takes a node whose
 ranks stopped beating for lost only when its slurmd does not answer (launch/lost.py); a node
 whose slurmd answers while its ranks hang is never taken for lost, and only
-``FailureConfig(hang_timeout_s)`` ends that run (docs/slurm.md)."""
+``FailureConfig(hang_timeout_s)`` ends that run (docs/slurm-lost-nodes.md)."""
 
 from __future__ import annotations
 
