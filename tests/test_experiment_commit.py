@@ -52,3 +52,24 @@ def test_a_failed_manifest_write_takes_the_metrics_line_back_unless_it_landed(
     assert [e["step"] for e in experiment.history()] == _steps(tmp_path)
     named = [r["directory"] for r in json.loads((tmp_path / "manifest.json").read_text())["checkpoints"]]
     assert named == (["checkpoint_000000", "checkpoint_000001"] if landed else ["checkpoint_000000"])
+
+
+def test_an_attempt_end_that_cannot_be_written_leaves_the_manifest_as_on_storage(
+        tmp_path, monkeypatch):
+    """#54: every change to the manifest is written first and only then held (end_attempt
+    held the ended attempt before its write, which could fail)."""
+    from hpckit.experiment.attempts import Attempt, AttemptStatus
+
+    location = resolve(str(tmp_path))
+    experiment = Experiment(location, Manifest("exp", 1, {}, {}, {}, 0.0).with_attempt(
+        Attempt(0, AttemptStatus.RUNNING, 1.0)))
+    experiment.commit(_record(0), CheckpointConfig())
+
+    def failing(location, manifest):
+        raise StorageError(f"{location.display}: no space left on device (made by the test)")
+
+    monkeypatch.setattr(owner, "_write", failing)
+    experiment.end_attempt(AttemptStatus.FINISHED)  # best-effort: said, not raised
+    assert experiment.manifest.last_attempt.status is AttemptStatus.RUNNING
+    on_storage = json.loads((tmp_path / "manifest.json").read_text())
+    assert on_storage["attempts"][-1]["status"] == "running"

@@ -240,9 +240,7 @@ class Experiment:
         if last is None:
             return
         try:
-            self._fence()
-            self._manifest = self._manifest.with_last_attempt(last.ended(status, error, reports))
-            _write(self.location, self._manifest)
+            self._replace(self._manifest.with_last_attempt(last.ended(status, error, reports)))
         except (ExperimentTakenError, ExperimentClosedError) as exc:
             log.debug("the attempt's end is not recorded: %s", exc)
         except StorageError as exc:
@@ -258,8 +256,7 @@ class Experiment:
         if dry_run:
             return garbage
         if evicted:
-            self._manifest = manifest.without(evicted)
-            _write(self.location, self._manifest)
+            self._replace(manifest.without(evicted))
         remove_garbage(self.location, garbage)  # a command: a failure is its error
         return garbage
 
