@@ -71,8 +71,13 @@ CASES = [
     (lambda e: RunConfig(storage_path=b"/tmp"), "storage_path=b'/tmp'"),
     (lambda e: RunConfig(checkpoint_config={"num_to_keep": 1}), "checkpoint_config={'num_to_keep': 1}"),
     # world sizes
-    (lambda e: _check_world(2, 3, 0, Settings()), "num_workers=3) but 2 rank(s)"),
-    (lambda e: _check_world(2, 2, 0, Settings(pmi_size="4")), "started 4 tasks but MPI sees a world of 2"),
+    (lambda e: _check_world(2, ScalingConfig(num_workers=3), 0, Settings()), "num_workers=3) but 2 rank(s)"),
+    (lambda e: _check_world(2, ScalingConfig(num_workers=2), 0, Settings(pmi_size="4")), "started 4 tasks but MPI sees a world of 2"),
+    (lambda e: ScalingConfig(num_workers=(3, 2)), "num_workers=(3, 2)) is invalid: an elastic run needs 1 <= min_workers <= max_workers, such as (2, 3)"),
+    (lambda e: ScalingConfig(num_workers=(0, 2)), "such as (1, 2)"),
+    (lambda e: ScalingConfig(num_workers=(1, 2, 3)), "a tuple (min_workers, max_workers) of two integers"),
+    (lambda e: ScalingConfig(num_workers=(1, 2.5)), "num_workers=(1, 2.5)) is invalid"),
+    (lambda e: ScalingConfig(elastic_resize_monitor_interval_s=-1), "elastic_resize_monitor_interval_s=-1) must be a number of seconds >= 0"),
     # paths and URIs
     (lambda e: Checkpoint(""), "path=''"),
     (lambda e: Checkpoint.from_directory(e.parent / "absent"), "absent"),

@@ -73,3 +73,28 @@ def test_rerunning_a_finished_experiment_continues_its_numbering(tmp_path):
     assert run.line("SEEN") == "[2]"
     assert checkpoint_dirs(tmp_path / "exp") == ["checkpoint_000000", "checkpoint_000001",
                                                  "checkpoint_000002"]
+
+
+@pytest.mark.parametrize("every_rank_saves", [False, True])
+def test_an_elastic_restart_on_fewer_ranks_is_refused_in_one_line_where_ranks_wrote_shards(
+        tmp_path, every_rank_saves):
+    """What an elastic run asks before it starts again on another number of ranks, of a
+    2-rank run's manifest: rank 0's files load on one rank; per-rank shards are refused with
+    the checkpoint, the writers and both ways to go on."""
+    from conftest import HPCKIT, HERE, run
+
+    from hpckit.launch.elastic import refusal
+    from hpckit.storage.location import resolve
+
+    extra = ["--every-rank-saves"] if every_rank_saves else []
+    run([HPCKIT, "run", "-n", "2", str(HERE / "ranks" / "steady.py"), "--storage", str(tmp_path),
+         "--name", "e", "--epochs", "1", *extra], timeout=120)
+    said = refusal(resolve(str(tmp_path / "e")), 0, 1)
+    if not every_rank_saves:
+        assert said is None
+        return
+    assert said is not None and "\n" not in said, said
+    assert said.startswith("the elastic restart on 1 rank(s) differs from the recorded world "
+                           "size 2, but checkpoint_000000 holds files written by ranks [0, 1]"), said
+    assert "Keep 2 rank(s) with a spare node, or ScalingConfig(num_workers=2)" in said, said
+    assert "save_state_dcp" in said, said

@@ -280,14 +280,33 @@ def test_validation_configs_say_what_is_wrong():
 
 
 def test_ranks_set_aside_to_validate_are_counted_in_the_launch():
+    from hpckit import ScalingConfig
     from hpckit.errors import LaunchError
     from hpckit.run.ranks import check_world
 
-    check_world(4, 3, 1, None)
+    check_world(4, ScalingConfig(num_workers=3), 1, None)
     with pytest.raises(LaunchError, match=r"num_workers=3\) and ValidationConfig\(ranks=1\) "
                                           r"but 3 rank\(s\) were launched; make them agree "
                                           r"\(mpirun -n 4"):
-        check_world(3, 3, 1, None)
+        check_world(3, ScalingConfig(num_workers=3), 1, None)
+
+
+def test_an_elastic_run_takes_any_world_within_its_range_and_names_the_nearest_end():
+    from hpckit import ScalingConfig
+    from hpckit.errors import LaunchError
+    from hpckit.run.ranks import check_world
+
+    elastic = ScalingConfig(num_workers=(2, 4))
+    for size in (2, 3, 4):
+        check_world(size, elastic, 0, None)
+    for size, nearest in ((1, 2), (5, 4)):
+        with pytest.raises(LaunchError, match=rf"num_workers=\(2, 4\)\) but {size} rank\(s\) "
+                                              rf"were launched; .*mpirun -n {nearest} "):
+            check_world(size, elastic, 0, None)
+    assert (elastic.min_workers, elastic.max_workers, elastic.elastic) == (2, 4, True)
+    fixed = ScalingConfig(num_workers=(3, 3))
+    assert (fixed.min_workers, fixed.max_workers, fixed.elastic) == (3, 3, False)
+    assert ScalingConfig(num_workers=[1, 2]).num_workers == (1, 2)  # as a JSON config gives it
 
 
 def test_waiting_for_a_purge_never_joins_a_thread_not_yet_started(tmp_path, monkeypatch):

@@ -14,9 +14,12 @@ _RESOURCE_KEYS = ("CPU", "GPU")
 class ScalingConfig:
     """How many ranks to run and what each one uses."""
 
-    num_workers: int = 1
+    num_workers: int | tuple[int, int] = 1
     """Number of ranks (world size). Under ``mpirun``/``srun`` it must equal the launched
-    world; with ``python train.py`` hpckit starts this many ranks on this node."""
+    world; with ``python train.py`` hpckit starts this many ranks (on this node, or across the
+    Slurm allocation it runs in). ``(min_workers, max_workers)``, as Ray's elastic training:
+    hpckit starts up to ``max_workers`` ranks, goes on with fewer (never under
+    ``min_workers``) after a node is lost with no spare, and grows back when it returns."""
 
     use_gpu: bool = False
     """Train on CUDA devices with NCCL; otherwise on CPUs with Gloo."""
@@ -25,11 +28,19 @@ class ScalingConfig:
     """``{"GPU": n, "CPU": m}``: GPUs per rank (may be fractional to share a device) and
     CPU threads per rank (sets ``torch.set_num_threads``)."""
 
+    elastic_resize_monitor_interval_s: float = 60.0
+    """An elastic run with fewer than ``max_workers`` ranks asks this often whether the
+    nodes it lost are back, and grows back to them (as Ray)."""
+
     def __post_init__(self) -> None:
-        if not is_int(self.num_workers) or self.num_workers < 1:
+        _check_workers(self.num_workers)
+        if isinstance(self.num_workers, list):
+            object.__setattr__(self, "num_workers", tuple(self.num_workers))
+        interval = self.elastic_resize_monitor_interval_s
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval < 0:
             raise ConfigError(
-                f"ScalingConfig(num_workers={self.num_workers!r}) is invalid: "
-                "num_workers must be an integer >= 1 (the number of ranks).")
+                f"ScalingConfig(elastic_resize_monitor_interval_s={interval!r}) must be a "
+                "number of seconds >= 0 (Ray's default is 60).")
         if not isinstance(self.use_gpu, bool):
             raise ConfigError(f"ScalingConfig(use_gpu={self.use_gpu!r}) must be True or False.")
         resources = self.resources_per_worker
@@ -57,6 +68,21 @@ class ScalingConfig:
                 "number of CPU threads.")
 
     @property
+    def min_workers(self) -> int:
+        """The fewest ranks the run trains on: ``num_workers``, or an elastic run's minimum."""
+        return self.num_workers if isinstance(self.num_workers, int) else self.num_workers[0]
+
+    @property
+    def max_workers(self) -> int:
+        """The most ranks the run trains on, and what hpckit starts where it can."""
+        return self.num_workers if isinstance(self.num_workers, int) else self.num_workers[1]
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the run may train on another number of ranks than it started with."""
+        return self.min_workers != self.max_workers
+
+    @property
     def gpus_per_worker(self) -> float:
         if not self.use_gpu:
             return 0.0
@@ -66,3 +92,24 @@ class ScalingConfig:
     def cpus_per_worker(self) -> int | None:
         cpus = (self.resources_per_worker or {}).get("CPU")
         return None if cpus is None else int(cpus)
+
+
+def _check_workers(workers: object) -> None:
+    """An integer >= 1, or Ray's elastic ``(min_workers, max_workers)``."""
+    if is_int(workers):
+        if workers < 1:  # type: ignore[operator]
+            raise ConfigError(
+                f"ScalingConfig(num_workers={workers!r}) is invalid: num_workers must be an "
+                "integer >= 1 (the number of ranks), or (min_workers, max_workers).")
+        return
+    pair = tuple(workers) if isinstance(workers, (tuple, list)) else ()
+    if len(pair) != 2 or not all(is_int(n) for n in pair):
+        raise ConfigError(
+            f"ScalingConfig(num_workers={workers!r}) is invalid: give an integer >= 1, or a "
+            "tuple (min_workers, max_workers) of two integers for an elastic run, such as (2, 4).")
+    low, high = pair
+    if not 1 <= low <= high:
+        raise ConfigError(
+            f"ScalingConfig(num_workers={workers!r}) is invalid: an elastic run needs "
+            f"1 <= min_workers <= max_workers, such as ({max(1, min(low, high))}, "
+            f"{max(1, low, high)}).")

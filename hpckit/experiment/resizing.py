@@ -29,9 +29,11 @@ def _dcp_file(f: FileRecord, dcp: set[str]) -> bool:
     return posixpath.dirname(f.path) in dcp and (name == DCP_METADATA or name.endswith(DCP_SHARD))
 
 
-def refusal(record: CheckpointRecord | None, recorded: int, ranks: int) -> str | None:
+def refusal(record: CheckpointRecord | None, recorded: int, ranks: int,
+            asked: str | None = None, keep: str | None = None) -> str | None:
     """Why ``record`` cannot be resumed by ``ranks`` ranks instead of ``recorded``; None
-    where it can."""
+    where it can. ``asked``: what asked for ``ranks`` (``hpckit resume -n``'s flag by
+    default); ``keep``: how to keep the recorded world instead."""
     if record is None or ranks == recorded:
         return None
     dcp = dcp_directories(record)
@@ -40,9 +42,9 @@ def refusal(record: CheckpointRecord | None, recorded: int, ranks: int) -> str |
     shards = sorted({f.rank for f in others if f.rank is not None and f.rank != 0})
     if not shards and not unknown:
         return None
-    differs = f"-n {ranks} differs from the recorded world size {recorded}, but "
-    fix = (f"Use -n {recorded}; or save the state with hpckit.torch.save_state_dcp, whose "
-           "checkpoints load at any world size.")
+    differs = f"{asked or f'-n {ranks}'} differs from the recorded world size {recorded}, but "
+    fix = (f"{keep or f'Use -n {recorded}'}; or save the state with "
+           "hpckit.torch.save_state_dcp, whose checkpoints load at any world size.")
     if shards:
         writers = sorted({f.rank for f in record.files if f.rank is not None})
         more = f" (and {len(unknown)} whose writer is not known)" if unknown else ""

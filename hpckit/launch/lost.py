@@ -29,21 +29,59 @@ def lost_nodes(nodes: tuple[str, ...]) -> frozenset[str]:
         return frozenset(n for n, answered in zip(nodes, answers, strict=True) if not answered)
 
 
-def slurmd_addresses(nodes: tuple[str, ...]) -> dict[str, tuple[str, int]]:
-    """Each node's slurmd address and port, as ``scontrol show node`` gives them."""
+UNUSABLE = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWER", "REBOOT", "MAINT")
+
+
+def returned(nodes: tuple[str, ...], job_id: str) -> frozenset[str]:
+    """Which of the lost ``nodes`` are back: their slurmd answers, Slurm takes them for up
+    (not DOWN, drained or not responding), and the job still holds them (Slurm takes a node
+    it marked DOWN out of a ``--no-kill`` job for good)."""
+    if not nodes:
+        return frozenset()
+    held = _job_nodes(job_id)
+    states = _node_fields(nodes)
+    candidates = tuple(n for n in nodes if n in held and n in states
+                       and not any(word in states[n].get("State", "") for word in UNUSABLE))
+    return frozenset(candidates) - lost_nodes(candidates)
+
+
+def _job_nodes(job_id: str) -> frozenset[str]:
+    try:
+        out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,
+                             text=True, timeout=30).stdout
+        listed = dict(f.split("=", 1) for f in out.split() if "=" in f).get("NodeList", "")
+        if not listed or listed == "(null)":
+            return frozenset()
+        names = subprocess.run(["scontrol", "show", "hostnames", listed], capture_output=True,
+                               text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("cannot ask scontrol for the nodes of job %s (%s)", job_id, exc)
+        return frozenset()
+    return frozenset(names.split())
+
+
+def _node_fields(nodes: tuple[str, ...]) -> dict[str, dict[str, str]]:
+    """Each node's fields as ``scontrol show node -o`` gives them (none where it fails)."""
     try:
         out = subprocess.run(["scontrol", "show", "node", "-o", ",".join(nodes)],
                              capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as exc:
-        log.warning("cannot ask scontrol for the nodes' addresses (%s): trying their names", exc)
+        log.warning("cannot ask scontrol about nodes %s (%s)", ",".join(nodes), exc)
         return {}
     found = {}
     for line in out.splitlines():
         fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
         if "NodeName" in fields:
-            port = fields.get("Port", "")
-            found[fields["NodeName"]] = (fields.get("NodeAddr", fields["NodeName"]),
-                                         int(port) if port.isdigit() else SLURMD_PORT)
+            found[fields["NodeName"]] = fields
+    return found
+
+
+def slurmd_addresses(nodes: tuple[str, ...]) -> dict[str, tuple[str, int]]:
+    """Each node's slurmd address and port, as ``scontrol show node`` gives them."""
+    found = {}
+    for name, fields in _node_fields(nodes).items():
+        port = fields.get("Port", "")
+        found[name] = (fields.get("NodeAddr", name), int(port) if port.isdigit() else SLURMD_PORT)
     return found
 
 

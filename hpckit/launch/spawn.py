@@ -29,7 +29,7 @@ from hpckit.experiment.hangs import HUNG
 from hpckit.experiment.opening import prepare
 from hpckit.experiment.reading import read_manifest
 from hpckit.experiment.tracking import end_recorded
-from hpckit.launch import heartbeat
+from hpckit.launch import elastic, heartbeat
 from hpckit.launch.forwarding import EXIT_TERMINATED
 from hpckit.launch.process import EXIT_ABANDONED, Launch, run_process, started_for
 from hpckit.launch.steps import NoSpareNode, Steps, steps_for
@@ -60,46 +60,84 @@ def spawn(job: TrainingJob, settings: Settings) -> Result:
     job = job.named(settings)
     experiment = job.storage_root(settings).join(job.name)
     read_manifest(prepare(experiment.parent, job.name))  # storage and manifest, before ranks
-    steps = steps_for(settings, n, [sys.executable, "-m", "hpckit.launch.worker"])
+    program = [sys.executable, "-m", "hpckit.launch.worker"]
+    steps = elastic.steps_for(settings, job, program, experiment) or \
+        steps_for(settings, n, program)
     policy = RetryPolicy(job.run_config.failure_config.max_failures)
     payload = tempfile.mkdtemp(prefix=".hpckit-launch-", dir=_payload_dir(steps, experiment,
                                                                           settings))
     try:
         _write_payload(payload, job)
-        attempt = 0
+        failures = launches = 0
         while True:
             launch = steps.launch()
-            log.debug("starting %d ranks: %s", n, " ".join(launch.command))
+            log.debug("starting %d ranks: %s", steps.ranks, " ".join(launch.command))
             try:
-                code = _run(launch, payload, attempt, settings, steps)
+                code = _run(launch, payload, launches, settings, steps)
             except KeyboardInterrupt as exc:
                 _interrupted(experiment, exc, not job.timestamped)
+            launches += 1
             if code == 0:
                 return Result._read(experiment, _returned(payload))
-            if code == EXIT_STOPPED:
-                _stopped(payload)
-            if code == EXIT_INTERRUPTED:  # the ranks alone were interrupted: never retried
-                _interrupted(experiment, KeyboardInterrupt(), not job.timestamped)
-            if code == EXIT_TERMINATED:  # killed after a second SIGTERM: never retried
-                _terminated(experiment)
-            if code == EXIT_TAKEN:  # another run owns the experiment: never retried
-                _taken(payload)
-            failure = _failure(payload, code, steps)
-            if isinstance(failure, HpckitError) and not isinstance(failure, TrainingFailedError):
-                raise failure
-            end_abandoned_attempt(experiment, str(failure).split("\n", 1)[0],
-                                  AttemptStatus.HUNG if code == EXIT_HUNG else AttemptStatus.FAILED)
-            if not steps.after_failure() and policy.allows(attempt):
+            _ended_on_purpose(code, payload, experiment, job)
+            if steps.growing:  # given up on to grow: no failure, as Ray's resize
+                end_abandoned_attempt(experiment, f"stopped to grow to {steps.next_ranks()} "
+                                      "rank(s)", AttemptStatus.STOPPED)
+                continue
+            failure = _recorded_failure(payload, code, steps, experiment)
+            if not steps.after_failure() and policy.allows(failures):
                 _no_spare(steps.no_spare(experiment.display, named), settings, failure)
-            if not policy.allows(attempt):
+            if not policy.allows(failures):
                 log.error("%s", job.resume_hint(settings))
                 end_recorded(experiment, *job.trackers(experiment.parent), AttemptStatus.FAILED)
                 raise failure
-            attempt += 1
+            failures += 1
+            _check_resizable(experiment, steps, job, settings, failure)
             log.warning("the ranks failed; restarting from the last committed checkpoint "
-                        "(%s):\n%s", policy.describe(attempt), failure)
+                        "(%s%s):\n%s", policy.describe(failures), _on(steps), failure)
     finally:
         shutil.rmtree(payload, ignore_errors=True)
+
+
+def _recorded_failure(payload: str, code: int, steps: Steps,
+                      experiment: Location) -> BaseException:
+    """The ranks' failure, recorded as their attempt's end; raised at once where it is not
+    the training's (hpckit's own refusal, which a restart would meet again)."""
+    failure = _failure(payload, code, steps)
+    if isinstance(failure, HpckitError) and not isinstance(failure, TrainingFailedError):
+        raise failure
+    end_abandoned_attempt(experiment, str(failure).split("\n", 1)[0],
+                          AttemptStatus.HUNG if code == EXIT_HUNG else AttemptStatus.FAILED)
+    return failure
+
+
+def _ended_on_purpose(code: int, payload: str, experiment: Location, job: TrainingJob) -> None:
+    """The ranks stopped, were interrupted or terminated, or lost the experiment to another
+    run: never retried."""
+    if code == EXIT_STOPPED:
+        _stopped(payload)
+    if code == EXIT_INTERRUPTED:  # the ranks alone were interrupted
+        _interrupted(experiment, KeyboardInterrupt(), not job.timestamped)
+    if code == EXIT_TERMINATED:  # killed after a second SIGTERM
+        _terminated(experiment)
+    if code == EXIT_TAKEN:  # another run owns the experiment
+        _taken(payload)
+
+
+def _on(steps: Steps) -> str:
+    """Where an elastic run's next attempt has another number of ranks, how many."""
+    ranks = steps.next_ranks()
+    return f", on {ranks} rank(s) instead of {steps.ranks}" if ranks != steps.ranks else ""
+
+
+def _check_resizable(experiment: Location, steps: Steps, job: TrainingJob, settings: Settings,
+                     failure: BaseException) -> None:
+    """Before an elastic run starts again on another number of ranks after a failure: its
+    last committed checkpoint can be loaded by them, or the run ends (requeued where the job
+    allows it) with one line that says why."""
+    refused = elastic.refusal(experiment, job.validation_ranks, steps.next_ranks())
+    if refused:
+        _no_spare(refused, settings, failure)
 
 
 def _interrupted(experiment: Location, exc: KeyboardInterrupt, rerun_resumes: bool) -> NoReturn:

@@ -33,6 +33,7 @@ class Steps:
     launcher = "mpiexec"
     allocation: Allocation | None = None
     lost: frozenset[str] = frozenset()  # nodes left out
+    growing = False  # the step was given up on to start again on more ranks
 
     def __init__(self, settings: Settings, ranks: int, program: list[str]) -> None:
         self.ranks = ranks
@@ -41,6 +42,10 @@ class Steps:
     def launch(self) -> Launch:
         """The command that starts this attempt's ranks."""
         return self._launch
+
+    def next_ranks(self) -> int:
+        """How many ranks the next :meth:`launch` starts."""
+        return self.ranks
 
     def watch(self, alive: str) -> Callable[[], bool] | None:
         """For run_process: whether to give up on a step that waits for a lost node, given
@@ -68,6 +73,7 @@ class AllocationSteps(Steps):
         self.ranks = ranks
         self.allocation: Allocation = allocation
         self.lost = frozenset()
+        self.returned: frozenset[str] = frozenset()  # lost, then back
         self.nodes: tuple[str, ...] = ()
         self.name = f"hpckit-{uuid.uuid4().hex[:12]}"
         self._program = program
@@ -79,7 +85,7 @@ class AllocationSteps(Steps):
             raise NoSpareNode(self.no_spare())
         self.nodes = nodes
         command = srun_command(self.allocation, nodes, self.ranks, self._mpi, self.name,
-                               self._program, overlap=bool(self.lost))
+                               self._program, overlap=bool(self.lost or self.returned))
         return Launch(command, signals_tasks=True)
 
     def watch(self, alive: str) -> Callable[[], bool] | None:
@@ -99,7 +105,7 @@ class AllocationSteps(Steps):
         """Leave out the step's nodes that are gone, so that the next :meth:`launch` uses
         spares instead; whether enough nodes are left."""
         self._find_lost(self.nodes)
-        return self.allocation.step_nodes(self.ranks, self.lost) is not None
+        return self.allocation.step_nodes(self.next_ranks(), self.lost) is not None
 
     def cancel(self) -> None:
         lost.cancel_step(self.allocation.job_id, self.name)
@@ -112,6 +118,11 @@ class AllocationSteps(Steps):
                         "leaving them out", ",".join(sorted(found)), self.allocation.job_id)
         return bool(found)
 
+    @property
+    def fewest(self) -> int:
+        """The fewest ranks the run can go on with."""
+        return self.ranks
+
     def no_spare(self, experiment: str | None = None, named: bool = False) -> str:
         """What the run says when too few nodes are left; ``named``: the experiment's name
         is the user's (``RunConfig(name=...)``, ``$HPCKIT_NAME``), not the default that
@@ -120,7 +131,7 @@ class AllocationSteps(Steps):
         alive = len(allocation.nodes) - len(self.lost)
         return (f"node(s) {','.join(sorted(self.lost))} of Slurm job {allocation.job_id} "
                 f"lost, and no spare node is left: the run needs "
-                f"{allocation.needed(self.ranks)} node(s) for {self.ranks} rank(s), "
+                f"{allocation.needed(self.fewest)} node(s) for {self.fewest} rank(s), "
                 f"{alive} answer. Nothing committed is lost. To continue, "
                 f"{how_to_continue(allocation.job_id, experiment, named)} Ask for a "
                 "spare node next time (one more node than the ranks fill, with --no-kill). "

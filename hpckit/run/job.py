@@ -71,7 +71,7 @@ class TrainingJob:
 
     @property
     def launched_ranks(self) -> int:
-        return self.scaling_config.num_workers + self.validation_ranks
+        return self.scaling_config.max_workers + self.validation_ranks
 
     def trackers(self, root: Location) -> tuple[tuple[TrackerCallback, ...], TrackedExperiment]:
         """``RunConfig(callbacks=...)``'s experiment trackers, and what they are told of this

@@ -7,6 +7,7 @@ import contextlib
 from typing import TYPE_CHECKING
 
 from hpckit import logs
+from hpckit.config.scaling import ScalingConfig
 from hpckit.errors import ExperimentTakenError, LaunchError, PreemptionError
 from hpckit.logs import log
 from hpckit.result import Result
@@ -51,12 +52,13 @@ def _run(job: TrainingJob, settings: Settings, trial: Comm | None) -> Result:
             rank_exit.prepare_interrupts(launched)
             configure_logs(launched.rank, job, settings)
             try:
-                check_world(launched.size, job.scaling_config.num_workers, job.validation_ranks,
+                check_world(launched.size, job.scaling_config, job.validation_ranks,
                             settings if trial is None else None)
                 pool.check_threads(job.validation_ranks)
             except LaunchError as exc:
                 rank_exit.fail(launched, settings, exc, collective=True, training=False)
-            part = pool.split_off(launched, job.scaling_config.num_workers, job.validation_config)
+            part = pool.split_off(launched, launched.size - job.validation_ranks,
+                                  job.validation_config)
             if isinstance(part, pool.Training):  # from here, how the run ends reaches the others
                 ended = stack.enter_context(pool.ending(part.pool, part.comm.rank))
                 job, ranks = _agree(job, settings, part.comm, part.pool)
@@ -136,10 +138,10 @@ def _attempts(job: TrainingJob, settings: Settings, trial: Comm | None, ranks: R
             rank_exit.fail(comm, settings, exc, raised_together(exc), training=False)
 
 
-def check_world(size: int, num_workers: int, validating: int,
+def check_world(size: int, scaling: ScalingConfig, validating: int,
                 settings: Settings | None) -> None:
     """The world agrees with the launcher (``settings``; None: a trial's ranks) and with
-    ``num_workers`` and the ranks ``validating`` beside them."""
+    ``num_workers`` (an elastic run's range) and the ranks ``validating`` beside them."""
     tasks, launcher = (settings.launched_tasks, settings.launcher) if settings else (None, None)
     if tasks is not None and tasks != size:
         version = library.loaded_version()
@@ -148,13 +150,14 @@ def check_world(size: int, num_workers: int, validating: int,
             f"{size}: the launcher and mpi4py's MPI ({version}) disagree. With srun use "
             f"--mpi={library.srun_plugin(version)}; with mpirun use the mpiexec of the MPI "
             "that mpi4py loads (hpckit doctor compares them).")
-    launched = num_workers + validating
-    if size != launched:
+    low, high = scaling.min_workers + validating, scaling.max_workers + validating
+    if not low <= size <= high:
         beside = f" and ValidationConfig(ranks={validating})" if validating else ""
+        launched = high if size > high else low
         raise LaunchError(
-            f"ScalingConfig(num_workers={num_workers}){beside} but {size} rank(s) were "
-            f"launched; make them agree (mpirun -n {launched} ..., srun --ntasks={launched}) "
-            f"or set num_workers={size - validating}.")
+            f"ScalingConfig(num_workers={scaling.num_workers!r}){beside} but {size} rank(s) "
+            f"were launched; make them agree (mpirun -n {launched} ..., srun "
+            f"--ntasks={launched}) or set num_workers={size - validating}.")
 
 
 def configure_logs(rank: int, job: TrainingJob, settings: Settings) -> None:

@@ -45,7 +45,7 @@ def prepared(trainable: Any, run_config: RunConfig) -> Trainable:
 
 def ranks_per_trial(trainable: Trainable) -> int:
     if isinstance(trainable, DataParallelTrainer):
-        return trainable.scaling_config.num_workers
+        return trainable.scaling_config.max_workers
     return 1
 
 

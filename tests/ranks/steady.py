@@ -152,6 +152,10 @@ def main() -> None:
     p.add_argument("--preemption-info", action="store_true",
                    help="ask get_preemption_info() every epoch; print it once the job is told")
     p.add_argument("--show-hosts", action="store_true", help="each rank prints its host")
+    p.add_argument("--min-workers", type=int, default=None,
+                   help="elastic: ScalingConfig(num_workers=(min_workers, workers))")
+    p.add_argument("--resize-interval", type=float, default=60.0,
+                   help="ScalingConfig(elastic_resize_monitor_interval_s)")
     p.add_argument("--max-failures", type=int, default=0, help="FailureConfig(max_failures)")
     p.add_argument("--cache-dir", default=None, help="CheckpointConfig(cache_dir)")
     p.add_argument("--persist-every", type=int, default=1, help="CheckpointConfig(persist_every)")
@@ -172,7 +176,10 @@ def main() -> None:
                                "loader_workers": args.loader_workers,
                                "show_hosts": args.show_hosts,
                                "every_rank_saves": args.every_rank_saves},
-            scaling_config=ScalingConfig(num_workers=args.workers),
+            scaling_config=ScalingConfig(
+                num_workers=args.workers if args.min_workers is None else
+                (args.min_workers, args.workers),
+                elastic_resize_monitor_interval_s=args.resize_interval),
             run_config=RunConfig(name=args.name, storage_path=args.storage,
                                  failure_config=FailureConfig(max_failures=args.max_failures),
                                  checkpoint_config=CheckpointConfig(
