@@ -45,6 +45,7 @@ TABLE: dict[str, tuple[str, Callable[[str], Any]]] = {
     "worker": ("HPCKIT_WORKER", text),
     "heartbeat": ("HPCKIT_HEARTBEAT", text),
     "sweep_payload": ("HPCKIT_SWEEP_PAYLOAD", text),
+    "sweep_trial": ("HPCKIT_SWEEP_TRIAL", count),
     "pid_dir": ("HPCKIT_PID_DIR", text),
     "attempt": ("HPCKIT_ATTEMPT", count),
     "started_at": ("HPCKIT_STARTED_AT", moment),
@@ -104,6 +105,7 @@ class Settings:
     worker: str | None = None
     heartbeat: str | None = None  # the folder a node's first rank beats into
     sweep_payload: str | None = None  # a sweep's ranks that python sweep.py started
+    sweep_trial: int | None = None  # the one trial that a job step of a sweep runs
     pid_dir: str | None = None
     attempt: int = 0
     started_at: float | None = None  # when the user's command started (set for hpckit's ranks)

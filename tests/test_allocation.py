@@ -57,3 +57,72 @@ def test_a_node_is_stale_once_it_beat_and_then_stopped(tmp_path):
     old = time.time() - STALE_S - 1
     os.utime(tmp_path / "n2", (old, old))
     assert stale(str(tmp_path), ("n1", "n2", "n3")) == ("n2",), "n3 has not started yet"
+
+
+def test_trials_spread_over_the_nodes_share_a_node_up_to_its_tasks_and_skip_lost_ones():
+    from hpckit.sweep.places import Places
+
+    places = Places(Allocation("7", ("n1", "n2", "n3"), 2), 1)
+    assert (places.per_node, places.capacity()) == (2, 6)
+    assert [places.take() for _ in range(4)] == [("n1",), ("n2",), ("n3",), ("n1",)]
+    places.lose(frozenset({"n2"}))
+    assert places.capacity() == 4
+    assert [places.take() for _ in range(3)] == [("n3",), None, None], "n2 is never offered"
+    places.release(("n1",))
+    assert places.take() == ("n1",)
+
+
+def test_a_trial_larger_than_a_node_takes_whole_idle_nodes():
+    from hpckit.sweep.places import Places
+
+    places = Places(Allocation("7", ("n1", "n2", "n3", "n4", "n5"), 2), 3)
+    assert (places.per_node, places.capacity()) == (0, 2)
+    assert [places.take(), places.take(), places.take()] == [("n1", "n2"), ("n3", "n4"), None]
+    places.release(("n1", "n2"))
+    places.lose(frozenset({"n1"}))
+    assert places.take() == ("n2", "n5"), "the idle nodes left, n1 lost"
+    assert places.take() is None and places.capacity() == 2
+
+
+def elastic(nodes: int, per_node: int, ranks: tuple[int, int]):
+    from hpckit.launch.elastic import ElasticSteps
+    from hpckit.settings import Settings
+
+    allocation = Allocation("7", tuple(f"n{i}" for i in range(1, nodes + 1)), per_node)
+    return ElasticSteps(Settings(), ranks, ["train"], allocation, grow_every_s=60.0)
+
+
+def test_an_elastic_run_starts_with_what_the_nodes_hold_and_goes_on_with_fewer_after_a_loss():
+    steps = elastic(2, 2, (1, 6))
+    assert steps.next_ranks() == 4, "as many as two nodes of two tasks hold, under the most"
+    command = steps.launch().command
+    assert "--ntasks=4" in command and "--nodelist=n1,n2" in command, command
+    steps.lost = frozenset({"n2"})
+    assert (steps.next_ranks(), steps.fewest) == (2, 1)
+    assert "--ntasks=2" in steps.launch().command and steps.ranks == 2
+    assert "--overlap" in steps.launch().command, "the lost node's step may still hold CPUs"
+    steps.lost = frozenset({"n1", "n2"})
+    assert steps.next_ranks() == 1 and steps.allocation.step_nodes(1, steps.lost) is None
+    assert "for 1 rank(s)" in steps.no_spare(), "the fewest it could go on with"
+
+
+def test_an_elastic_run_does_not_grow_to_a_size_its_checkpoint_cannot_take(monkeypatch):
+    from hpckit.launch import lost
+
+    steps = elastic(2, 1, (1, 2))
+    steps.lost = frozenset({"n2"})
+    steps.launch()
+    monkeypatch.setattr(lost, "returned", lambda nodes, job: frozenset({"n2"}))  # n2 is back
+    steps.resizable = lambda ranks: f"{ranks} ranks cannot load it"
+    give_up = steps.watch("/nonexistent")
+    steps._grow_every_s = 0.0
+    assert give_up() is False and steps.growing is False and steps.lost == {"n2"}
+    steps.resizable = lambda ranks: None
+    assert give_up() is False, "refused once, it is not asked again in this job"
+    grown = elastic(2, 1, (1, 2))
+    grown.lost = frozenset({"n2"})
+    grown.launch()
+    grown._grow_every_s = 0.0
+    watch = grown.watch("/nonexistent")
+    assert watch() is True and grown.growing and grown.next_ranks() == 2
+    assert "--overlap" in grown.launch().command, "n2 was lost: its old step may still count"

@@ -4,6 +4,7 @@ replaced by a spare within the same job, from the last committed checkpoint."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -16,6 +17,7 @@ from conftest import HERE, HPCKIT, final_params, manifest, metrics_lines, run
 from slurm_jobs import output_of, sbatch, wait
 
 STEADY = HERE / "ranks" / "steady.py"
+SWEEP = HERE / "ranks" / "sweep.py"
 TEMPLATES = HERE.parent / "slurm"
 pytestmark = pytest.mark.timeout(300)
 
@@ -238,6 +240,84 @@ def test_with_no_spare_node_the_job_is_requeued_and_completes_exact_once_the_nod
     attempts = manifest(tmp_path / "nospare")["attempts"]
     assert [a["status"] for a in attempts] == ["failed", "finished"], attempts
     assert "Restarts=1" in slurm_nodes.run("scontrol", "show", "job", "-o", job).stdout
+
+
+def test_an_elastic_run_goes_on_with_one_rank_after_a_lost_node_and_grows_back_when_it_returns(
+        tmp_path, slurm_nodes, node_back, steady_reference):
+    """``num_workers=(1, 2)`` on two nodes, no spare: n2, rank 1's node, is lost; the run goes
+    on with rank 0 alone in the same job (a failure, of max_failures=1), then, once n2's
+    slurmd is back, grows back to two ranks (no failure: it stops to grow) and ends with
+    every epoch committed once, its parameters those of an uninterrupted run."""
+    script = driver_script(tmp_path, "--name elastic --min-workers 1 --workers 2 --epochs 8 "
+                                     "--epoch-seconds 2 --max-failures 1 --resize-interval 1 "
+                                     "--show-hosts")
+    job = sbatch(slurm_nodes, tmp_path, script, "--nodelist=n1,n2", "--ntasks-per-node=1",
+                 "--no-kill", "--no-requeue", HPCKIT_LOCAL_DIR=str(slurm_nodes.local))
+    node_back.append("n2")
+    lose_node_after(slurm_nodes, tmp_path, job, "elastic", "n2", 3)
+    deadline = time.monotonic() + 60
+    while len(attempts := manifest(tmp_path / "elastic")["attempts"]) < 2:
+        assert time.monotonic() < deadline, output_of(tmp_path)
+        time.sleep(0.2)
+    wait_committed(slurm_nodes, tmp_path, job, "elastic", committed(tmp_path, "elastic") + 1)
+    slurm_nodes.start_node("n2")  # back before Slurm marked it DOWN: still the job's
+    assert ended(slurm_nodes, tmp_path, job) == "COMPLETED", output_of(tmp_path)
+    output = output_of(tmp_path)
+    assert final_params(output) == pytest.approx(steady_reference, rel=1e-9, abs=1e-12), output
+    assert [line["metrics"]["epoch"] for line in metrics_lines(tmp_path / "elastic")] == list(range(8))
+    attempts = manifest(tmp_path / "elastic")["attempts"]
+    assert [(a["status"], a["world_size"]) for a in attempts] == \
+        [("failed", 2), ("stopped", 1), ("finished", 2)], attempts
+    assert "restart 1 of 1, on 1 rank(s) instead of 2" in output, output
+    assert re.search(r"node\(s\) n2 of Slurm job \d+ are back; the run grows to 2 rank", output)
+    assert "Restarts=0" in slurm_nodes.run("scontrol", "show", "job", "-o", job).stdout
+
+
+def test_a_sweep_in_an_allocation_spreads_its_trials_and_a_lost_node_costs_only_its_trial(
+        tmp_path, slurm_nodes, node_back):
+    """``python sweep.py`` in a three-node allocation, four one-rank trials two at a time:
+    each trial a job step, on n1 and n2 first; n2, the node of a running trial, is lost. Its
+    trial starts again on another node from its checkpoint (one of its max_failures=1), the
+    other goes on, the job completes without a requeue, and every trial has each step once."""
+    script = tmp_path / "sweep.sbatch"
+    script.write_text(f"#!/bin/bash\n{sys.executable} {SWEEP} --storage {tmp_path} "
+                      "--grid 0.1,0.2,0.3,0.4 --concurrent 2 --max-failures 1\n")
+    job = sbatch(slurm_nodes, tmp_path, script, "--nodes=3", "--ntasks-per-node=1", "--no-kill",
+                 HPCKIT_LOCAL_DIR=str(slurm_nodes.local), STEP_SECONDS="1.5")
+    node_back.append("n2")
+    sweep = tmp_path / "grid"
+    deadline = time.monotonic() + 120
+    while not (on_n2 := [t for t in trials_reported(sweep) if t[1][-1:] == ["n2"]]):
+        assert time.monotonic() < deadline, output_of(tmp_path)
+        time.sleep(0.2)
+    slurm_nodes.kill_node("n2")
+    assert ended(slurm_nodes, tmp_path, job) == "COMPLETED", output_of(tmp_path)
+    output = output_of(tmp_path)
+    assert json.loads(output.split("GRID ", 1)[1].splitlines()[0])["terminated"] == 4, output
+    assert "Traceback" not in output, output
+    hosts = dict(trials_reported(sweep))
+    assert len(hosts) == 4 and {"n1", "n2"} <= {h for trial in hosts.values() for h in trial}
+    for dirname, trial_hosts in hosts.items():
+        assert [m["metrics"]["step"] for m in metrics_lines(sweep / dirname)] == [0, 1, 2], output
+        statuses = [a["status"] for a in manifest(sweep / dirname)["attempts"]]
+        lost = dirname == on_n2[0][0]
+        assert statuses == (["failed", "finished"] if lost else ["finished"]), (dirname, output)
+        assert (trial_hosts[-1] != "n2") if lost else ("n2" not in trial_hosts[1:]), output
+    assert f"trial {on_n2[0][0]} failed on n2" in output and "(restart 1 of 1)" in output, output
+    assert "Restarts=0" in slurm_nodes.run("scontrol", "show", "job", "-o", job).stdout
+
+
+def trials_reported(sweep: Path) -> list[tuple[str, list[str]]]:
+    """Each trial that has committed a report: its directory and the hosts of its reports."""
+    if not (sweep / "sweep.json").exists():
+        return []
+    found = []
+    for trial in json.loads((sweep / "sweep.json").read_text())["trials"]:
+        log = sweep / trial["dirname"] / "metrics.jsonl"
+        if log.exists():
+            found.append((trial["dirname"], [m["metrics"]["host"] for m in metrics_lines(
+                sweep / trial["dirname"])]))
+    return found
 
 
 def requeued_and_resumed(slurm, tmp_path: Path, job: str, name: str, reports: int) -> None:

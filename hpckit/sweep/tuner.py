@@ -5,9 +5,8 @@ Running the same script again (or ``Tuner.restore(path, trainable)``) resumes th
 Ray's ``resume="AUTO"``: finished trials are kept, an interrupted one resumes from its own
 latest checkpoint (it is an ordinary hpckit experiment), the others start.
 
-Under mpirun/srun the ranks are split into groups of a trial's ranks that take trials from a
-queue (:mod:`hpckit.sweep.packed`); under ``python sweep.py`` trials run one after another,
-each on the ranks its trainer starts.
+Where trials run: :meth:`Tuner._run` (packed under mpirun/srun, job steps in a Slurm
+allocation, ranks started here, or one after another).
 """
 
 from __future__ import annotations
@@ -23,12 +22,14 @@ from hpckit.config import RunConfig
 from hpckit.errors import ConfigError, ManifestError, TrainingFailedError
 from hpckit.experiment.values import jsonable
 from hpckit.launch import mainimport
+from hpckit.launch.allocation import current as current_allocation
 from hpckit.logs import log
 from hpckit.result import Result
 from hpckit.run.job import DEFAULT_STORAGE
 from hpckit.run.mpi.comm import on_root, world
 from hpckit.storage.location import Location, resolve
 from hpckit.sweep import placement, space
+from hpckit.sweep.allocated import run_allocated
 from hpckit.sweep.config import TuneConfig
 from hpckit.sweep.packed import run_packed
 from hpckit.sweep.progress import Progress
@@ -128,9 +129,14 @@ class Tuner:
 
     def _run(self, comm: Comm | None, manifest: SweepManifest, params: dict[int, dict[str, Any]],
              todo: list[int], writer: SweepRecord | None, location: Location) -> SweepManifest:
-        """The trials ``todo``: packed onto ``comm``'s ranks, or onto ranks started here
-        (``max_concurrent_trials`` groups), or one after another here."""
+        """The trials ``todo``: packed onto ``comm``'s ranks (:mod:`hpckit.sweep.packed`), or
+        each a job step across the Slurm allocation this process runs in (:mod:`.allocated`),
+        or onto ``max_concurrent_trials`` groups of ranks started here (:mod:`.spawned`), or
+        one after another here."""
         groups = min(self.tune_config.max_concurrent_trials or 1, len(todo))
+        if comm is None and todo and (allocation := current_allocation(_settings.current())):
+            return run_allocated(self, manifest, todo, writer, location, allocation,
+                                 _settings.current())
         if comm is None and groups > 1:
             run_spawned(self, groups * ranks_per_trial(self.trainable), _settings.current())
             return _settled(SweepRecord(location).load() or manifest, location)

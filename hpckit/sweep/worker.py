@@ -1,14 +1,22 @@
 """Entry point of a rank of a sweep that ``python sweep.py`` started
-(``python -m hpckit.sweep.worker``; see :mod:`hpckit.sweep.spawned`). Nothing imports it."""
+(``python -m hpckit.sweep.worker``): all of the sweep's ranks on this node
+(:mod:`hpckit.sweep.spawned`), or one trial's job step in a Slurm allocation
+(:mod:`hpckit.sweep.allocated`). Nothing imports it."""
 
 from __future__ import annotations
 
 import os
 import pickle
+from typing import Any
 
+from hpckit import logs
 from hpckit import settings as _settings
-from hpckit.errors import LaunchError
+from hpckit.errors import LaunchError, ManifestError
 from hpckit.launch.mainimport import enter
+from hpckit.run.mpi.comm import world
+from hpckit.run.startup import beating
+from hpckit.sweep.allocated import write_outcome
+from hpckit.sweep.record import SweepRecord
 from hpckit.sweep.spawned import TUNER
 
 
@@ -16,10 +24,30 @@ def main() -> None:
     current = _settings.refresh()
     if not current.sweep_payload:
         raise LaunchError("hpckit.sweep.worker is started by Tuner.fit(), not by hand")
+    beating.start(current)
     enter(current.sweep_payload)
     with open(os.path.join(current.sweep_payload, TUNER), "rb") as f:
         tuner = pickle.load(f)
-    tuner.fit()
+    if current.sweep_trial is None:
+        tuner.fit()
+    else:
+        run_one_trial(tuner, current.sweep_trial, current.sweep_payload)
+
+
+def run_one_trial(tuner: Any, index: int, payload: str) -> None:
+    """The trial ``index`` on this job step's ranks; rank 0 writes how it ended. The
+    Tuner's own rank side, so it uses the Tuner's private steps."""
+    location = tuner._location(_settings.current())  # noqa: SLF001
+    manifest = SweepRecord(location).load()
+    if manifest is None:
+        raise ManifestError(f"{location.display} lost its sweep.json while the sweep ran")
+    comm = world()
+    logs.configure(comm.rank)
+    trial = manifest.trials[index]
+    params = tuner._params(manifest)[index]  # noqa: SLF001
+    ended = tuner._attempt(trial, params, location, comm)  # noqa: SLF001
+    if comm.rank == 0:
+        write_outcome(payload, ended)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """A small sweep: a grid over ``lr`` times a drawn ``shift``, three steps per trial, each
 step a checkpoint. ``--fail-lr X`` makes the trials with that lr fail at their second step;
 $HOLD_LR=X makes them wait there until killed (not a param: a rerun without it is the same
-sweep); $STEP_SECONDS makes every step take that long. ``--samples N`` repeats the grid N times. ``--ranks 2``
+sweep); $STEP_SECONDS makes every step take that long. ``--samples N`` repeats the grid N times, ``--grid``
+names its lr values. Each report says the host it ran on. ``--ranks 2``
 runs each trial on two ranks (a DataParallelTrainer); one rank otherwise (a function).
 ``--mlflow URI`` logs each trial to MLflow (``MLflowLoggerCallback``)."""
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import tempfile
 import time
 
@@ -38,7 +40,8 @@ def train_fn(config: dict) -> None:
                 checkpoint = hpckit.Checkpoint.from_directory(d)
             tune.report({"score": config["lr"] * (step + 1) + config["shift"], "step": step,
                          "ranks": tune.get_context().get_world_size(),
-                         "leader": int(os.environ.get("PMI_RANK", "0"))}, checkpoint=checkpoint)
+                         "leader": int(os.environ.get("PMI_RANK", "0")),
+                         "host": socket.gethostname()}, checkpoint=checkpoint)
 
 
 def main() -> None:
@@ -47,6 +50,7 @@ def main() -> None:
     p.add_argument("--ranks", type=int, default=1)
     p.add_argument("--fail-lr", type=float, default=-1.0)
     p.add_argument("--samples", type=int, default=1)
+    p.add_argument("--grid", default="0.1,0.2,0.3", help="the lr values, comma-separated")
     p.add_argument("--max-failures", type=int, default=0)
     p.add_argument("--concurrent", type=int, default=None, help="max_concurrent_trials")
     p.add_argument("--stop", type=json.loads, default=None, help="RunConfig(stop=...), as JSON")
@@ -57,7 +61,7 @@ def main() -> None:
         from hpckit.mlflow import MLflowLoggerCallback
 
         callbacks.append(MLflowLoggerCallback(tracking_uri=args.mlflow))
-    space = {"lr": tune.grid_search([0.1, 0.2, 0.3]), "shift": tune.uniform(0, 1),
+    space = {"lr": tune.grid_search([float(lr) for lr in args.grid.split(",")]), "shift": tune.uniform(0, 1),
              "fail_lr": args.fail_lr}
     trainable = train_fn if args.ranks == 1 else hpckit.DataParallelTrainer(
         train_fn, scaling_config=hpckit.ScalingConfig(num_workers=args.ranks))
