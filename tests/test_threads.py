@@ -115,6 +115,26 @@ def test_a_validation_that_cannot_be_recorded_fails_the_next_step(tmp_path):
     assert int(failed.line("REPORTS") or 600) < 600, "the run went on to its end"
 
 
+def test_a_report_after_a_caught_validation_error_hands_the_same_files_as_the_failed_one(
+        tmp_path):
+    """#54: the report that tells a validation's failure fails before rank 0 reads the files
+    each rank announced; a rank that announced a new list there and hands the same again
+    sends only its digest. Rank 0 keeps every announced list before any check, so the
+    training loop that caught the CommitError goes on committing."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text("#!/bin/sh\nexit 1\n")
+    (bin_dir / "sbatch").chmod(0o755)  # rank 0's training function makes it unrunnable
+    done = python("--storage", str(tmp_path), "--case", "caught", script=VALIDATING,
+                  timeout=120, env={"PATH": str(bin_dir)})
+    caught = [line for line in done.output.splitlines() if line.startswith("CAUGHT ")]
+    assert len(caught) == 1 and "could not be started" in caught[0], done.output
+    assert done.line("COMMITTED") == "3", done.output
+    kept = json.loads((tmp_path / "e" / "manifest.json").read_text())["checkpoints"]
+    files = {r["directory"]: sorted(f["path"] for f in r["files"]) for r in kept}
+    assert files["checkpoint_000002"] == ["later-rank0", "later-rank1"], files
+
+
 def test_a_validation_running_when_its_attempt_fails_is_done_once_by_the_retry(tmp_path):
     """The first attempt fails with checkpoint_000000's validation running: it is stopped,
     and nothing of that attempt is written afterwards; the in-process retry validates it

@@ -7,6 +7,11 @@
                  the run reports metrics only; prints ``REPORTS n``, the reports made
 ``fails-once``   the first attempt fails while its validation runs; FailureConfig retries it
                  in this process; the validations log their starts to ``--log``
+``caught``       2 ranks, each handing its own file; the first checkpoint's validation cannot
+                 start (the ``sbatch`` on PATH, the only program there, is made unrunnable), and the loop catches the
+                 CommitError of the report that tells it, where each rank hands a new file,
+                 then hands that same file again; rank 0 prints ``CAUGHT message`` and
+                 ``COMMITTED n``
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import tempfile
 import time
 
@@ -70,6 +76,34 @@ def unrecorded(config: dict) -> None:
         print(f"REPORTS {step + 1}", flush=True)
 
 
+def hand_own(step: int, name: str, validation: bool = False) -> None:
+    """Every rank hands a directory with a file of its own, ``name``-rank``r``."""
+    rank = hpckit.get_context().get_world_rank()
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, f"{name}-rank{rank}"), "w") as f:
+            f.write(str(step))
+        hpckit.report({"step": step}, checkpoint=Checkpoint.from_directory(d),
+                      validation=validation)
+
+
+def caught(config: dict) -> None:
+    rank = hpckit.get_context().get_world_rank()
+    if rank == 0:  # found at the start, refused from now on
+        os.chmod(shutil.which("sbatch"), 0o644)
+    hand_own(0, "first", validation=True)
+    time.sleep(2.0)  # the validator meets the failing sbatch meanwhile
+    committed = 1
+    for step in range(1, 4):
+        try:
+            hand_own(step, "later")
+            committed += 1
+        except hpckit.CommitError as exc:  # on every rank; rank 0 says so
+            if rank == 0:
+                print(f"CAUGHT {str(exc).splitlines()[0]}", flush=True)
+    if rank == 0:
+        print(f"COMMITTED {committed}", flush=True)
+
+
 def fails_once(config: dict) -> None:
     first = hpckit.get_checkpoint() is None
     report_step(0 if first else 1, validation=True)
@@ -82,7 +116,8 @@ def fails_once(config: dict) -> None:
 
 
 CASES = {"slow-sbatch": (slow_sbatch, {"sbatch": {"partition": "any"}}),
-         "unrecorded": (unrecorded, {}), "fails-once": (fails_once, {})}
+         "unrecorded": (unrecorded, {}), "fails-once": (fails_once, {}),
+         "caught": (caught, {"sbatch": {"partition": "any"}})}
 
 
 def main() -> None:
@@ -98,6 +133,7 @@ def main() -> None:
                                                                   "seconds": 3.0})}
     DataParallelTrainer(
         train, train_loop_config={"log": args.log},
+        scaling_config=hpckit.ScalingConfig(num_workers=2 if args.case == "caught" else 1),
         run_config=RunConfig(name="e", storage_path=args.storage,
                              failure_config=FailureConfig(
                                  max_failures=int(args.case == "fails-once"))),

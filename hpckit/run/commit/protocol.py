@@ -215,9 +215,11 @@ class CommitProtocol:
 
     def _plan(self, announcements: list[Announcement]) -> Plan:
         ledger = self._ledger()
+        # First the plan, which keeps every list of files the ranks announced: they take
+        # them for known from now on, even where this step then fails.
+        plan = make_plan(announcements, self.next_step, self.next_index, self._handed)
         ledger.experiment.check_lock()  # a run that lost its lock fails here, on every rank
         ledger.check_validations()  # so does one whose validation could not be recorded
-        plan = make_plan(announcements, self.next_step, self.next_index, self._handed)
         if announcements[0].kind == REPORT and plan.directory is not None:
             ledger.prepare(plan, self.next_index)  # may refuse the report: before anything commits
             ledger.ask_validation(plan.directory, self.last_validation)
