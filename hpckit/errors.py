@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from hpckit import exits
+
 __all__ = [
     "HpckitError",
     "ConfigError",
@@ -129,7 +131,7 @@ class PreemptionError(TrainingFailedError):
     requeued (Ray's name): ``preemption_info`` says when and which ranks. Uncaught, it ends
     the program with status 75 ("stopped, continue later"), as a stopped run always has."""
 
-    exit_status = 75
+    exit_status = exits.STOPPED
 
     def __init__(self, preemption_info: Any, drain_timed_out: bool = False) -> None:
         super().__init__(f"the job was preempted: {preemption_info}")
@@ -154,4 +156,4 @@ class ExperimentTakenError(ExperimentLockedError, TrainingFailedError):
     restart would contend with the run that owns the experiment now; uncaught, it ends the
     program with status 77 (``EX_NOPERM``: this run may no longer write the experiment)."""
 
-    exit_status = 77
+    exit_status = exits.TAKEN

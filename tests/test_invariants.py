@@ -168,3 +168,34 @@ def test_no_assert_guards_hpckit_state():
     found = [f"{module}:{node.lineno}" for module, source in _modules()
              for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Assert)]
     assert found == [], f"assert statements in hpckit: {found}"
+
+
+def exit_statuses(source: str) -> list[tuple[int, str]]:
+    """Exit statuses written as numbers (other than 0 and 1) where a process ends or one is
+    compared, and names ``EXIT_*`` defined: each belongs in hpckit/exits.py."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id.startswith("EXIT_") for t in node.targets):
+            found.append((node.lineno, node.targets[0].id))  # type: ignore[attr-defined]
+        elif isinstance(node, ast.Call) and _called(node) in ("SystemExit", "_exit", "exit"):
+            found += [(node.lineno, str(a.value)) for a in node.args
+                      if isinstance(a, ast.Constant) and a.value not in (0, 1)]
+        elif isinstance(node, ast.Compare):
+            found += [(node.lineno, str(c.value)) for c in node.comparators
+                      if isinstance(c, ast.Constant) and c.value in (75, 77, 124, 130, 143)]
+    return found
+
+
+def _called(node: ast.Call) -> str:
+    func = node.func
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+
+
+def test_every_exit_status_is_defined_in_the_one_table():
+    """#54: one table of exit statuses (hpckit/exits.py), which every retry loop reads."""
+    found = [f"{module}:{line} {what}" for module, source in _modules()
+             if module != "hpckit/exits.py" for line, what in exit_statuses(source)]
+    assert found == [], f"exit statuses outside hpckit/exits.py: {found}"
+    planted = "EXIT_DONE = 5\nraise SystemExit(75)\nos._exit(124)\nif code == 77:\n    pass\n"
+    assert [what for _, what in exit_statuses(planted)] == ["EXIT_DONE", "75", "124", "77"]

@@ -27,6 +27,7 @@ from conftest import HERE, HPCKIT, MPIEXEC, mpiexec, run
 from once import computed_once
 from processes import tree
 
+from hpckit import exits
 from hpckit import ExperimentTakenError
 from hpckit.config import CheckpointConfig
 from hpckit.experiment.attempts import Attempt, AttemptStatus
@@ -34,7 +35,6 @@ from hpckit.experiment.experiment import Experiment
 from hpckit.experiment.lock import LOCK_NAME, Holder, Lock
 from hpckit.experiment.manifest import CheckpointRecord, Manifest, checkpoint_dirname
 from hpckit.experiment.metrics import MetricsLog
-from hpckit.run.ending.exit import EXIT_TAKEN
 from hpckit.settings import Settings
 from hpckit.storage import files
 from hpckit.storage.location import resolve
@@ -287,7 +287,7 @@ def frozen_run_is_fenced(view: LocalView, log: Path, reference: list[str]) -> No
             signal_run(a.pid, signal.SIGKILL)
             a.wait()
     output = log.read_text()
-    assert a.returncode == EXIT_TAKEN, f"run A exited {a.returncode}:\n{output}"
+    assert a.returncode == exits.TAKEN, f"run A exited {a.returncode}:\n{output}"
     # One error, raised on every rank at A's next report, naming run B (from the manifest:
     # B ended and removed its lock before A woke).
     raised = re.findall(r"\[(\d)\] RAISED (\w+): (.*?)(?=\[\d\] |$)", output, re.MULTILINE)
@@ -355,7 +355,7 @@ def test_a_run_woken_while_the_other_still_trains_names_it_in_one_error(tmp_path
                 signal_run(process.pid, signal.SIGKILL)
                 process.wait()
     output = log.read_text()
-    assert a.returncode == EXIT_TAKEN, f"run A exited {a.returncode}:\n{output}"
+    assert a.returncode == exits.TAKEN, f"run A exited {a.returncode}:\n{output}"
     errors = [line for line in output.splitlines() if "hpckit: error:" in line]
     assert len(errors) == 1 and f"host {holder.host}, pid {holder.pid}" in errors[0], output
     assert b.returncode == 0, b_log.read_text()
@@ -363,7 +363,7 @@ def test_a_run_woken_while_the_other_still_trains_names_it_in_one_error(tmp_path
     assert done and json.loads(done.group(1))["shards"] == reference, b_log.read_text()
 
 
-@pytest.mark.parametrize(("status", "attempts"), [(EXIT_TAKEN, 1), (1, 2)])
+@pytest.mark.parametrize(("status", "attempts"), [(exits.TAKEN, 1), (1, 2)])
 def test_hpckit_run_never_restarts_a_run_whose_experiment_was_taken(tmp_path, status, attempts):
     """``hpckit run --max-failures 1`` restarts a failed script once, but not one that exited
     77: its experiment is another run's."""
@@ -418,7 +418,7 @@ def test_python_train_py_never_restarts_ranks_whose_experiment_was_taken(tmp_pat
                          "refreshed_at": time.time() + 3600})
     config = {"started": str(tmp_path / "started"), "theirs": theirs}
     done = run([sys.executable, str(script), str(tmp_path), json.dumps(config)], timeout=120,
-               expect=EXIT_TAKEN)
+               expect=exits.TAKEN)
     assert (tmp_path / "started").read_text() == "x", done.output  # one attempt
     assert "was taken over by another run (host node-elsewhere" in done.output, done.output
     assert (tmp_path / "e" / LOCK_NAME).read_text() == theirs

@@ -16,10 +16,10 @@ from conftest import HERE, HPCKIT, JOB, STEADY, final_params, manifest, metrics_
 from scenarios import driver_killed_then_rerun, wait_for_epochs
 
 import hpckit
+from hpckit import exits
 from hpckit import Checkpoint, DataParallelTrainer, RunConfig
 from hpckit.errors import ConfigError
 from hpckit.launch.slurm import Layout, render_resume_job
-from hpckit.run.ending.stop import EXIT_STOPPED
 from hpckit.settings import Settings
 from hpckit.torch import TorchTrainer
 
@@ -45,7 +45,7 @@ def test_stop_signal_without_slurm_stops_cleanly_and_resume_finishes_the_same(
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
-    assert process.returncode == EXIT_STOPPED, output
+    assert process.returncode == exits.STOPPED, output
     assert f"stop requested ({signum.name})" in output and "hpckit resume" in output
     m = manifest(tmp_path / "s")
     assert m["attempts"][-1]["status"] == "stopped" and m["latest"] is not None
@@ -128,7 +128,7 @@ def test_stop_agreed_at_a_report_without_checkpoint_is_visible_to_the_loop(tmp_p
     # would end the program with status 75.
     with pytest.raises(hpckit.PreemptionError) as info:
         TorchTrainer(loop, run_config=RunConfig(name="e", storage_path=str(tmp_path / "s"))).fit()
-    assert info.value.exit_status == EXIT_STOPPED and seen == [True]
+    assert info.value.exit_status == exits.STOPPED and seen == [True]
     assert info.value.preemption_info.preempted_ranks == [0]
     m = manifest(tmp_path / "s" / "e")
     assert m["latest"] == "checkpoint_000000" and m["attempts"][-1]["status"] == "stopped"
@@ -146,7 +146,7 @@ def test_hpckit_run_restarts_after_a_failure(tmp_path):
 def test_hpckit_run_gives_up_after_max_failures(tmp_path):
     out = run([HPCKIT, "run", "-n", "2", str(JOB), "--storage", str(tmp_path), "--fail-rank", "0"],
               timeout=90, expect=None)
-    assert out.returncode not in (0, EXIT_STOPPED)
+    assert out.returncode not in (0, exits.STOPPED)
 
 
 def test_resume_refuses_a_new_world_size_with_per_rank_shards(tmp_path):

@@ -12,33 +12,28 @@ from typing import IO, Any
 
 import click
 
-from hpckit import logs, settings
+from hpckit import exits, logs, settings
 from hpckit.errors import ConfigError, ExperimentLockedError, HpckitError, StorageError, how_to_report
 from hpckit.storage.uris import redact
 
 VERSION = "0.1.0"
-# Exit statuses, documented in docs/cli.md.
-EXIT_FAILED = 1  # the command ran and failed: a check failed, training failed, hpckit's error
-EXIT_USAGE = 2  # a bad argument or input, not an experiment, or an experiment in use
-EXIT_STORAGE = 3  # storage could not be read or written
-EXIT_BROKEN_PIPE = 128 + 13  # as a program killed by SIGPIPE: its reader stopped reading
 
 
 class CommandError(click.ClickException):
     """An error shown as one line; its class says the exit status."""
 
-    exit_code = EXIT_FAILED
+    exit_code = exits.FAILED
 
     def show(self, file: IO[Any] | None = None) -> None:
         click.echo(f"hpckit: error: {self.format_message()}", err=True, file=file)
 
 
 class _UsageFailure(CommandError):
-    exit_code = EXIT_USAGE
+    exit_code = exits.USAGE
 
 
 class _StorageFailure(CommandError):
-    exit_code = EXIT_STORAGE
+    exit_code = exits.STORAGE
 
 
 def as_command_error(error: HpckitError) -> CommandError:
@@ -77,7 +72,7 @@ class _Group(click.Group):
             raise
         except BrokenPipeError:  # hpckit metrics EXP | head: the reader has all it wanted
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            raise SystemExit(EXIT_BROKEN_PIPE) from None
+            raise SystemExit(exits.BROKEN_PIPE) from None
         except HpckitError as exc:
             if _debugging(ctx):
                 raise

@@ -22,7 +22,6 @@ import time
 from typing import Any
 
 INSIST_AFTER_S = 5.0
-EXIT_TERMINATED = 128 + signal.SIGTERM  # what a shell reports for a process ended by SIGTERM
 
 
 def signal_ranks(pids: str, signum: int) -> bool:

@@ -14,15 +14,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from hpckit import exits
 from hpckit.errors import LaunchError
 from hpckit.launch.forwarding import (
-    EXIT_TERMINATED,
     Forwarding,
     signal_ranks,
 )
 from hpckit.processes import ended_with
 from hpckit.run.ending.exit import INTERRUPT_GRACE
-from hpckit.run.ending.stop import EXIT_INTERRUPTED, EXIT_STOPPED, ignored
+from hpckit.run.ending.stop import ignored
 from hpckit.run.mpi import library
 from hpckit.run.startup.early import process_started
 from hpckit.run.startup.shm import remove_left_by_ranks
@@ -32,7 +32,6 @@ STOP_MARGIN = 5.0  # after Ctrl-C, beyond the ranks' own grace: rank 0 records a
 POLL_S = 0.5  # how often a launcher that may wait for lost ranks is asked about
 # The launcher was killed because it waited for lost ranks: never a process's own status
 # (0-255, or a negative signal number), so never taken for srun's 137 when a task was killed.
-EXIT_ABANDONED = 1000
 
 
 def find_mpiexec(settings: Settings) -> str | None:
@@ -123,7 +122,7 @@ def started_for(attempt: int, settings: Settings) -> str:
 def run_process(launch: Launch, extra_env: dict[str, str], settings: Settings,
                 cwd: str | None = None, seen: list[int] | None = None,
                 abandon: Callable[[], bool] | None = None) -> int:
-    """Run the ranks' launcher and wait; its exit status, or EXIT_TERMINATED where a SIGTERM
+    """Run the ranks' launcher and wait; its exit status, or exits.TERMINATED where a SIGTERM
     that reached this process ended the ranks before they stopped by themselves.
 
     The launcher runs in a session of its own, so a terminal's Ctrl-C reaches this process
@@ -132,7 +131,7 @@ def run_process(launch: Launch, extra_env: dict[str, str], settings: Settings,
     Other signals: :mod:`hpckit.launch.forwarding`. Ranks record their PIDs in
     $HPCKIT_PID_DIR; ``seen`` receives them. ``abandon``, asked every :data:`POLL_S` while
     the ranks run, says when to give up waiting for a launcher that waits for lost ranks:
-    it is killed, and the status is :data:`EXIT_ABANDONED`."""
+    it is killed, and the status is :data:`exits.ABANDONED`."""
     pids = tempfile.mkdtemp(prefix="hpckit-pids-")
     started = time.time()
     recorded = {} if launch.signals_tasks else {variable("pid_dir"): pids}
@@ -144,8 +143,8 @@ def run_process(launch: Launch, extra_env: dict[str, str], settings: Settings,
         with Forwarding(process, pids, settings.stop_signal,
                         launch.signals_tasks) as forwarding:
             code = _wait(process, pids, abandon, launch.signals_tasks)
-        stopped = code in (0, EXIT_STOPPED, EXIT_INTERRUPTED)
-        return EXIT_TERMINATED if forwarding.terminated and not stopped else code
+        stopped = code in (0, exits.STOPPED, exits.INTERRUPTED)
+        return exits.TERMINATED if forwarding.terminated and not stopped else code
     finally:
         ranks = [int(name) for name in os.listdir(pids) if name.isdigit()]
         if seen is not None:
@@ -180,7 +179,7 @@ def _ended(process: subprocess.Popen[bytes], abandon: Callable[[], bool] | None)
             if abandon():
                 process.kill()
                 process.wait()
-                return EXIT_ABANDONED
+                return exits.ABANDONED
 
 
 def _interrupted(process: subprocess.Popen[bytes], pids: str, signals_tasks: bool) -> None:

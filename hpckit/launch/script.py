@@ -11,18 +11,14 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 
+from hpckit import exits
 from hpckit import settings as _settings
 from hpckit.experiment.hangs import HUNG
 from hpckit.launch import heartbeat
-from hpckit.launch.forwarding import EXIT_TERMINATED
-from hpckit.launch.process import EXIT_ABANDONED, run_process, started_for
-from hpckit.launch.steps import Steps, steps_for
+from hpckit.launch.process import run_process, started_for
+from hpckit.launch.steps import Next, Steps, after_failure, requeued_instead, steps_for
 from hpckit.logs import log
-from hpckit.run.ending import stop
-from hpckit.run.ending.exit import EXIT_TAKEN
-from hpckit.run.ending.hang import EXIT_HUNG
 from hpckit.run.ending.retry import RetryPolicy
-from hpckit.run.ending.stop import EXIT_INTERRUPTED, EXIT_STOPPED
 from hpckit.settings import variable
 from hpckit.storage.uris import redact
 
@@ -32,7 +28,7 @@ def run_script(ranks: int, argv: list[str], policy: RetryPolicy, cwd: str | None
     """``hpckit run``: start ``ranks`` ranks of a script (under mpiexec, or across the Slurm
     allocation), restarting it after a failure as ``policy`` allows, on spare nodes where
     nodes were lost (told by their heartbeats, as for ``python train.py``); each attempt
-    resumes from the manifest. Returns the exit status: 0, EXIT_STOPPED, EXIT_TAKEN (another
+    resumes from the manifest. Returns the exit status: 0, exits.STOPPED, exits.TAKEN (another
     run took the experiment over: never restarted), or the last failure's."""
     settings = _settings.current()
     steps = steps_for(settings, ranks, [sys.executable, *argv])
@@ -49,14 +45,16 @@ def run_script(ranks: int, argv: list[str], policy: RetryPolicy, cwd: str | None
             try:
                 code = _attempt(steps, ranks, env, settings, cwd, seen, alive)
             except KeyboardInterrupt:
-                return EXIT_INTERRUPTED  # rank 0 said what was kept and how to resume
-            if code in (0, EXIT_STOPPED, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_TAKEN) or \
-                    not policy.allows(attempt):
+                return exits.INTERRUPTED  # rank 0 said what was kept and how to resume
+            if not exits.restarts_after(code):
+                return code
+            following = after_failure(steps, policy, attempt)
+            if following is Next.SPENT:
                 return code
             attempt += 1
-            if not steps.after_failure():
-                log.error("%s", steps.no_spare(named=bool(settings.name)))
-                return EXIT_STOPPED if stop.requeue(settings) else code
+            if following is Next.NO_SPARE:
+                said = steps.no_spare(named=bool(settings.name))
+                return exits.STOPPED if requeued_instead(said, settings) else code
             failed = _failure_of(code, seen, steps.lost - lost_before)
             log.warning("the ranks exited with status %d; restarting (%s)", code,
                         policy.describe(attempt))
@@ -74,7 +72,7 @@ def _attempt(steps: Steps, ranks: int, env: dict[str, str], settings: _settings.
         env = {**env, variable("heartbeat"): alive}
     code = run_process(launch, env, settings, cwd, seen,
                        abandon=steps.watch(alive) if alive is not None else None)
-    if code == EXIT_ABANDONED:
+    if code == exits.ABANDONED:
         steps.cancel()
         return 1
     return code
@@ -98,8 +96,8 @@ def _heartbeats(steps: Steps, cwd: str | None) -> Iterator[str | None]:
 def _failure_of(code: int, pids: list[int], lost: frozenset[str]) -> dict[str, str]:
     """What the next attempt records of this one, whose ranks ended with ``code``, where the
     nodes ``lost`` by then were left out."""
-    said = (HUNG if code == EXIT_HUNG else
+    said = (HUNG if code == exits.HUNG else
             f"node(s) {','.join(sorted(lost))} lost, with their ranks" if lost else
             f"the ranks exited with status {code}; the failed rank's error is in the run's output")
     return {variable("previous_failure"): said, variable("previous_pids"): ",".join(map(str, pids)),
-            variable("previous_hung"): str(int(code == EXIT_HUNG))}
+            variable("previous_hung"): str(int(code == exits.HUNG))}

@@ -15,7 +15,7 @@ import sys
 import tempfile
 from typing import Any, NoReturn
 
-from hpckit import uncaught
+from hpckit import exits, uncaught
 from hpckit.errors import (
     ExperimentTakenError,
     HpckitError,
@@ -30,16 +30,20 @@ from hpckit.experiment.opening import prepare
 from hpckit.experiment.reading import read_manifest
 from hpckit.experiment.tracking import end_recorded
 from hpckit.launch import elastic, heartbeat
-from hpckit.launch.forwarding import EXIT_TERMINATED
-from hpckit.launch.process import EXIT_ABANDONED, Launch, run_process, started_for
-from hpckit.launch.steps import NoSpareNode, Steps, steps_for
+from hpckit.launch.process import Launch, run_process, started_for
+from hpckit.launch.steps import (
+    Next,
+    NoSpareNode,
+    Steps,
+    after_failure,
+    requeued_instead,
+    steps_for,
+)
 from hpckit.logs import log
 from hpckit.result import Result
 from hpckit.run.ending import stop
-from hpckit.run.ending.exit import ERRORS, EXIT_TAKEN, read_errors
-from hpckit.run.ending.hang import EXIT_HUNG
+from hpckit.run.ending.exit import ERRORS, read_errors
 from hpckit.run.ending.retry import RetryPolicy
-from hpckit.run.ending.stop import EXIT_INTERRUPTED, EXIT_STOPPED
 from hpckit.run.job import TrainingJob, write_payload
 from hpckit.run.mpi.comm import describe
 from hpckit.run.ranks import configure_logs
@@ -77,17 +81,19 @@ def spawn(job: TrainingJob, settings: Settings) -> Result:
             except KeyboardInterrupt as exc:
                 _interrupted(experiment, exc, not job.timestamped)
             launches += 1
-            if code == 0:
+            if code == exits.OK:
                 return Result._read(experiment, _returned(payload))
-            _ended_on_purpose(code, payload, experiment, job)
+            if not exits.restarts_after(code):
+                _ended_on_purpose(code, payload, experiment, job)
             if steps.growing:  # given up on to grow: no failure, as Ray's resize
                 end_abandoned_attempt(experiment, f"stopped to grow to {steps.next_ranks()} "
                                       "rank(s)", AttemptStatus.STOPPED)
                 continue
             failure = _recorded_failure(payload, code, steps, experiment)
-            if not steps.after_failure() and policy.allows(failures):
+            following = after_failure(steps, policy, failures)
+            if following is Next.NO_SPARE:
                 _no_spare(steps.no_spare(experiment.display, named), settings, failure)
-            if not policy.allows(failures):
+            if following is Next.SPENT:
                 log.error("%s", job.resume_hint(settings))
                 end_recorded(experiment, *job.trackers(experiment.parent), AttemptStatus.FAILED)
                 raise failure
@@ -107,20 +113,20 @@ def _recorded_failure(payload: str, code: int, steps: Steps,
     if isinstance(failure, HpckitError) and not isinstance(failure, TrainingFailedError):
         raise failure
     end_abandoned_attempt(experiment, str(failure).split("\n", 1)[0],
-                          AttemptStatus.HUNG if code == EXIT_HUNG else AttemptStatus.FAILED)
+                          AttemptStatus.HUNG if code == exits.HUNG else AttemptStatus.FAILED)
     return failure
 
 
 def _ended_on_purpose(code: int, payload: str, experiment: Location, job: TrainingJob) -> None:
     """The ranks stopped, were interrupted or terminated, or lost the experiment to another
     run: never retried."""
-    if code == EXIT_STOPPED:
+    if code == exits.STOPPED:
         _stopped(payload)
-    if code == EXIT_INTERRUPTED:  # the ranks alone were interrupted
+    if code == exits.INTERRUPTED:  # the ranks alone were interrupted
         _interrupted(experiment, KeyboardInterrupt(), not job.timestamped)
-    if code == EXIT_TERMINATED:  # killed after a second SIGTERM
+    if code == exits.TERMINATED:  # killed after a second SIGTERM
         _terminated(experiment)
-    if code == EXIT_TAKEN:  # another run owns the experiment
+    if code == exits.TAKEN:  # another run owns the experiment
         _taken(payload)
 
 
@@ -172,9 +178,8 @@ def _payload_dir(steps: Steps, experiment: Location, settings: Settings) -> str 
 def _no_spare(said: str, settings: Settings, failure: BaseException) -> NoReturn:
     """No node is left to replace a lost one: the job requeued where it allows it, else the
     run ends."""
-    log.error("%s", said)
-    if stop.requeue(settings):
-        raise SystemExit(EXIT_STOPPED) from None
+    if requeued_instead(said, settings):
+        raise SystemExit(exits.STOPPED) from None
     raise uncaught.shown_elsewhere(NoSpareNode(said)) from failure
 
 
@@ -187,7 +192,7 @@ def _run(launch: Launch, payload: str, attempt: int, settings: Settings, steps: 
                                 variable("run_id"): os.path.basename(payload),
                                 variable("started_at"): started_for(attempt, settings)},
                        settings, abandon=steps.watch(os.path.join(payload, heartbeat.FOLDER)))
-    if code == EXIT_ABANDONED:
+    if code == exits.ABANDONED:
         steps.cancel()
     return code
 
@@ -195,9 +200,9 @@ def _run(launch: Launch, payload: str, attempt: int, settings: Settings, steps: 
 def _failure(payload: str, code: int, steps: Steps) -> BaseException:
     """The exception that fit() raises for the ranks' failure."""
     reports = read_errors(payload)
-    if code == EXIT_HUNG:
+    if code == exits.HUNG:
         return WorkerGroupError(HUNG, {})
-    if code == EXIT_ABANDONED:
+    if code == exits.ABANDONED:
         return WorkerGroupError(
             f"node(s) {','.join(sorted(steps.lost))} of the run were lost, with their ranks; "
             "the job step that waited for them was cancelled.", {})
@@ -220,12 +225,12 @@ def _terminated(experiment: Location) -> NoReturn:
     """SIGTERM ended the ranks. Where they had requeued the job first (Slurm ends a requeued
     job's steps and its batch process, this one, with SIGTERM) that is a stop, already told."""
     if _last_attempt_status(experiment) == AttemptStatus.REQUEUED:
-        raise SystemExit(EXIT_STOPPED)
+        raise SystemExit(exits.STOPPED)
     end_abandoned_attempt(experiment, "killed after a second SIGTERM, before its next report",
                           AttemptStatus.INTERRUPTED)
     log.warning("the ranks were killed after a second SIGTERM. To continue from the last "
                 "committed checkpoint: hpckit resume %s", experiment.display)
-    raise SystemExit(EXIT_TERMINATED)
+    raise SystemExit(exits.TERMINATED)
 
 
 def _last_attempt_status(experiment: Location) -> AttemptStatus | None:
@@ -243,7 +248,7 @@ def _stopped(payload: str) -> NoReturn:
         original = report.failure.original()
         if isinstance(original, PreemptionError):
             raise uncaught.shown_elsewhere(original)
-    raise SystemExit(EXIT_STOPPED)
+    raise SystemExit(exits.STOPPED)
 
 
 def _taken(payload: str) -> NoReturn:
@@ -253,7 +258,7 @@ def _taken(payload: str) -> NoReturn:
         original = report.failure.original()
         if isinstance(original, ExperimentTakenError):
             raise original
-    raise SystemExit(EXIT_TAKEN)
+    raise SystemExit(exits.TAKEN)
 
 
 def _returned(payload: str) -> Any:

@@ -10,6 +10,7 @@ only a node whose slurmd is gone is left out.
 
 from __future__ import annotations
 
+import enum
 import time
 import uuid
 from collections.abc import Callable
@@ -19,6 +20,8 @@ from hpckit.launch import heartbeat, lost
 from hpckit.launch.allocation import Allocation, current, srun_command
 from hpckit.launch.process import Launch, mpiexec
 from hpckit.logs import log
+from hpckit.run.ending import stop
+from hpckit.run.ending.retry import RetryPolicy
 from hpckit.run.mpi.library import srun_plugin
 from hpckit.settings import Settings
 
@@ -137,6 +140,29 @@ class AllocationSteps(Steps):
                 "spare node next time (one more node than the ranks fill, with --no-kill). "
                 "Per-rank shards need the same number of ranks; a run whose checkpoints are "
                 "DCP can be resumed on fewer.")
+
+
+class Next(enum.Enum):
+    """What follows a failed attempt: one rule for every loop that starts ranks again
+    (``python train.py``'s launcher, ``hpckit run`` and ``hpckit resume``)."""
+
+    RESTART = "restart"  # on the same nodes, or with spares for the lost ones
+    SPENT = "spent"  # FailureConfig(max_failures) is spent: the run ends failed
+    NO_SPARE = "no spare"  # too few nodes are left: the job is requeued where it allows it
+
+
+def after_failure(steps: Steps, policy: RetryPolicy, failed_attempt: int) -> Next:
+    """After the attempt numbered ``failed_attempt`` failed."""
+    if not policy.allows(failed_attempt):
+        return Next.SPENT
+    return Next.RESTART if steps.after_failure() else Next.NO_SPARE
+
+
+def requeued_instead(said: str, settings: Settings) -> bool:
+    """The run cannot go on in this job (no spare node, or none its checkpoint allows):
+    ``said`` once, and whether Slurm requeued the job, which then resumes the run."""
+    log.error("%s", said)
+    return stop.requeue(settings)
 
 
 def how_to_continue(job_id: str, experiment: str | None, named: bool) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING
 
-from hpckit import logs
+from hpckit import exits, logs
 from hpckit.config.scaling import ScalingConfig
 from hpckit.errors import ExperimentTakenError, LaunchError, PreemptionError
 from hpckit.logs import log
@@ -104,7 +104,7 @@ def _attempts(job: TrainingJob, settings: Settings, trial: Comm | None, ranks: R
             with stop.terminations(settings.stop_signal):
                 return run_attempt(job, ranks, settings, number)
         except SystemExit as exc:
-            if exc.code == stop.EXIT_STOPPED and trial is None:  # requeued; a sweep's: its own
+            if exc.code == exits.STOPPED and trial is None:  # requeued; a sweep's: its own
                 ended.end(exc)  # the ranks set aside exit 75 with the others
                 rank_exit.requeued(comm)
             raise

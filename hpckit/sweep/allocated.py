@@ -27,18 +27,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hpckit import uncaught
+from hpckit import exits, uncaught
 from hpckit.errors import LaunchError
 from hpckit.experiment.experiment import end_abandoned_attempt
 from hpckit.launch import heartbeat, lost
 from hpckit.launch.allocation import Allocation, srun_command
 from hpckit.launch.process import started_for
+from hpckit.launch.steps import requeued_instead
 from hpckit.logs import log
 from hpckit.processes import ended_with
-from hpckit.run.ending import stop
 from hpckit.run.ending.exit import INTERRUPT_GRACE
 from hpckit.run.ending.retry import RetryPolicy
-from hpckit.run.ending.stop import EXIT_STOPPED, ignored
+from hpckit.run.ending.stop import ignored
 from hpckit.run.job import write_payload
 from hpckit.run.mpi.library import srun_plugin
 from hpckit.settings import Settings, variable
@@ -146,7 +146,7 @@ class AllocatedSweep:
                 self._interrupt()
                 raise
         if self.stopped:
-            raise SystemExit(EXIT_STOPPED)
+            raise SystemExit(exits.STOPPED)
         return self.manifest
 
     def _limit(self) -> int:
@@ -189,9 +189,12 @@ class AllocatedSweep:
             del self.running[index]
             self.places.release(step.nodes)
             outcome = _read_outcome(self.payload, index)
-            if code == 0 and outcome is not None:
+            if code == exits.OK and outcome is not None:
                 self._record(outcome)
-            elif code == EXIT_STOPPED or self.stopping:
+            elif code == exits.TAKEN:  # another run took the trial's experiment: kept so
+                self._record(replace(self.manifest.trials[index], status=ERROR, error=(
+                    "ExperimentTakenError: another run took the trial's experiment over")))
+            elif not exits.restarts_after(code) or self.stopping:  # stopped, interrupted
                 self.stopped = True
                 self._record(replace(self.manifest.trials[index], status=PENDING))
             else:
@@ -245,9 +248,8 @@ class AllocatedSweep:
                 f"{len(self.queue)} trial(s) to run. Finished trials and every trial's "
                 "committed checkpoints are kept: requeue the job, or run the same command "
                 "in a new one, and the sweep resumes.")
-        log.error("%s", said)
-        if stop.requeue(self.settings):
-            raise SystemExit(EXIT_STOPPED)
+        if requeued_instead(said, self.settings):
+            raise SystemExit(exits.STOPPED)
         raise uncaught.shown_elsewhere(LaunchError(said))
 
     def _record(self, trial: Trial) -> None:

@@ -7,11 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from hpckit import logs
+from hpckit import exits, logs
 from hpckit import settings as _settings
 from hpckit.logs import log
 from hpckit.run.ending.exit import interrupted, register_pid, requeued_now
-from hpckit.run.ending.stop import EXIT_STOPPED
 from hpckit.run.mpi.waiting import from_root, gather_to_root, wait_for_all
 from hpckit.sweep.placement import TrialQueue, split
 from hpckit.sweep.record import Trial
@@ -43,7 +42,7 @@ def run_packed(world: Comm, per_trial: int, max_concurrent: int | None, pending:
         wait_for_all(world)  # the others may run their last trial for a long while yet
     except BaseException as exc:
         queue.abandon()
-        if isinstance(exc, SystemExit) and exc.code == EXIT_STOPPED:
+        if isinstance(exc, SystemExit) and exc.code == exits.STOPPED:
             requeued_now()
         if isinstance(exc, KeyboardInterrupt):
             interrupted(exc, meeting)

@@ -14,12 +14,11 @@ import sys
 import tempfile
 from typing import Any
 
-from hpckit import uncaught
+from hpckit import exits, uncaught
 from hpckit.errors import TrainingFailedError
 from hpckit.launch.process import mpiexec, run_process, started_for
 from hpckit.logs import log
 from hpckit.run.ending import stop
-from hpckit.run.ending.stop import EXIT_INTERRUPTED, EXIT_STOPPED
 from hpckit.run.job import write_payload
 from hpckit.settings import Settings, variable
 
@@ -40,16 +39,16 @@ def run_spawned(tuner: Any, ranks: int, settings: Settings) -> None:
                                      variable("progress"): "0",  # this process shows it
                                      variable("started_at"): started_for(0, settings)}, settings)
     except KeyboardInterrupt:
-        code = EXIT_INTERRUPTED
+        code = exits.INTERRUPTED
     finally:
         shutil.rmtree(payload, ignore_errors=True)
-    if code == EXIT_INTERRUPTED:
+    if code == exits.INTERRUPTED:
         log.warning("sweep interrupted; finished trials are kept and interrupted ones resume "
                     "from their latest checkpoints. To go on, run the same command again.")
         stop.interrupt_handled()
         raise uncaught.shown_elsewhere(KeyboardInterrupt())
-    if code == EXIT_STOPPED:
-        raise SystemExit(EXIT_STOPPED)
+    if code == exits.STOPPED:
+        raise SystemExit(exits.STOPPED)
     if code != 0:
         raise TrainingFailedError(
             f"the sweep's ranks exited with status {code} (a rank was killed, or failed alone; "

@@ -12,7 +12,7 @@ import wandb
 from hpckit.config.callbacks import TrackedExperiment, TrackerCallback
 from hpckit.integrations.tracking import numbers
 
-EXIT_CODES = {"FINISHED": 0, "FAILED": 1, "KILLED": 2}
+FINISH_CODES = {"FINISHED": 0, "FAILED": 1, "KILLED": 2}
 
 
 class WandbLoggerCallback(TrackerCallback):
@@ -71,7 +71,7 @@ class WandbRun:
         self.run.log(logged, step=step + 1)
 
     def end(self, status: str) -> None:
-        self.run.finish(exit_code=EXIT_CODES.get(status, 1))
+        self.run.finish(exit_code=FINISH_CODES.get(status, 1))
 
 
 def use_api_key(api_key_file: str | None, api_key: str | None) -> None:

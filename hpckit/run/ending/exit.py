@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
-from hpckit import logs, uncaught
+from hpckit import exits, logs, uncaught
 from hpckit.errors import ExperimentTakenError, TrainingFailedError, WorkerGroupError
 from hpckit.logs import log
 from hpckit.run.ending import pmi, stop
@@ -21,7 +21,6 @@ from hpckit.settings import Settings
 if TYPE_CHECKING:
     from mpi4py.MPI import Comm
 
-EXIT_TAKEN = ExperimentTakenError.exit_status  # 77: neither a requeue (75) nor restarted
 ABORT_GRACE = 0.5
 INTERRUPT_GRACE = 2.0
 ERRORS = "errors"
@@ -83,7 +82,7 @@ def taken(comm: Comm, settings: Settings, error: ExperimentTakenError) -> NoRetu
     """Another run took the experiment over and every rank raised ``error`` together: never
     restarted and no resume hint, since the experiment is that run's now. Each rank hands
     the error to the process that launched it, and all raise it at once: uncaught, each exits
-    :data:`EXIT_TAKEN` without MPI_Finalize, and mpiexec would kill (status 9) the ranks
+    :data:`exits.TAKEN` without MPI_Finalize, and mpiexec would kill (status 9) the ranks
     still running when the first one exits so: they leave together, each telling hydra first,
     as a stopped run's ranks do."""
     if settings.worker:
@@ -169,7 +168,7 @@ def interrupted(exc: KeyboardInterrupt, meeting: Comm | None = None) -> NoReturn
     if comm is None or comm.size == 1:
         stop.interrupt_handled()
         raise exc
-    _leave_together(comm, stop.EXIT_INTERRUPTED)
+    _leave_together(comm, exits.INTERRUPTED)
 
 
 def requeued(comm: Comm) -> NoReturn:
@@ -178,7 +177,7 @@ def requeued(comm: Comm) -> NoReturn:
     others until Slurm's KillWait ran out (30 s and more before the job starts again). The
     ranks meet for a moment first; when all met, each tells hydra it is leaving (``python
     train.py`` in an allocation starts its ranks with mpiexec), as after Ctrl-C."""
-    _leave_together(comm, stop.EXIT_STOPPED)
+    _leave_together(comm, exits.STOPPED)
 
 
 def _leave_together(comm: Comm, status: int) -> NoReturn:
@@ -196,7 +195,7 @@ def requeued_now() -> NoReturn:
     stop for the requeue while others may already have been ended by Slurm, and finalizing
     would wait for them until Slurm's KillWait ran out."""
     _flush()
-    os._exit(stop.EXIT_STOPPED)
+    os._exit(exits.STOPPED)
 
 
 def _flush() -> None:

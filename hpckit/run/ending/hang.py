@@ -1,6 +1,6 @@
 """The hang watchdog, ``FailureConfig(hang_timeout_s=...)``: a rank on which no ``report()``
 completes in time (a peer stuck in a collective, a deadlocked data loader) writes every
-thread's Python stack to ``{experiment}/logs/`` and ends with :data:`EXIT_HUNG`. Its
+thread's Python stack to ``{experiment}/logs/`` and ends with :data:`exits.HUNG`. Its
 launcher (``hpckit run``, ``python train.py``) records the attempt as ``hung`` and restarts
 it from the newest checkpoint as ``max_failures`` allows; under ``srun``/``mpirun`` every
 rank ends, so the job does not sit idle until its time limit.
@@ -29,12 +29,12 @@ import time
 from types import TracebackType
 from typing import Any
 
+from hpckit import exits
 from hpckit.experiment.hangs import keep_stacks, stacks_name
 from hpckit.logs import log
 from hpckit.processes import children
 from hpckit.storage.location import Location
 
-EXIT_HUNG = 124  # as timeout(1) ends a command that ran too long
 BACKSTOP_S = 60.0
 LINGER_S = 2.0  # before ending: the other ranks' watchdogs, firing too, write their stacks
 WRITE_WAIT_S = 10.0
@@ -100,11 +100,11 @@ class HangWatch:
         log.error("rank %d: no report() completed within %.0f s (FailureConfig(hang_timeout_s="
                   "%r)); every thread's stack is in %s. Ending this rank and its child "
                   "processes (exit status %d).", self.rank, self.timeout, self.timeout, kept,
-                  EXIT_HUNG)
+                  exits.HUNG)
         sys.stderr.flush()
         time.sleep(LINGER_S)
         _kill_descendants(os.getpid())
-        os._exit(EXIT_HUNG)
+        os._exit(exits.HUNG)
 
 
 def _stderr() -> Any:

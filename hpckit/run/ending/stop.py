@@ -2,7 +2,7 @@
 
 The handler only sets a flag. The ranks agree on it at the next report() (the flag rides
 on the announcement every rank sends anyway), so they all stop after the same checkpoint.
-After it, rank 0 asks Slurm to requeue the job, and every rank exits with EXIT_STOPPED.
+After it, rank 0 asks Slurm to requeue the job, and every rank exits with exits.STOPPED.
 
 The handler is installed as early as any hpckit code runs in a launched rank (at ``import
 hpckit``, see :func:`catch_early`), so a warning that comes while the script still builds
@@ -26,13 +26,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from hpckit import exits
 from hpckit.experiment.retention import score_of
 from hpckit.logs import log
 from hpckit.settings import Settings
 from hpckit.storage.location import Location
-
-EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped on request; run again (or requeued) to continue
-EXIT_INTERRUPTED = 128 + signal.SIGINT  # what a shell reports for Ctrl-C
 
 _received: str | None = None
 
@@ -215,7 +213,7 @@ def exit_on_next_interrupt() -> None:
 
     def again(*_: Any) -> None:
         if time.monotonic() - first >= SAME_PRESS_S:
-            os._exit(EXIT_INTERRUPTED)
+            os._exit(exits.INTERRUPTED)
 
     try:
         previous = signal.signal(signal.SIGINT, again)

@@ -3,7 +3,7 @@ requeued under Slurm and exit 75, or ``PreemptionError`` on every rank, as Ray r
 
 from __future__ import annotations
 
-from hpckit import uncaught
+from hpckit import exits, uncaught
 from hpckit.errors import PreemptionError
 from hpckit.experiment.attempts import AttemptStatus
 from hpckit.experiment.experiment import Experiment
@@ -48,5 +48,5 @@ def end_stopped_run(job: TrainingJob, session: Session, experiment: Experiment |
                         stop.how_to_resume(experiment.location.display, not job.timestamped))
     comm = session.protocol.comm
     if from_root(comm, requeued):
-        raise SystemExit(stop.EXIT_STOPPED)
+        raise SystemExit(exits.STOPPED)
     raise uncaught.shown_elsewhere(PreemptionError(preemption_info(comm, session, settings)))

@@ -33,7 +33,7 @@ from hpckit.processes import alive, ancestor, started_at, stat
 from hpckit.settings import Settings
 
 SHM_DIR = "/dev/shm"
-EXIT_WAIT_S = 5.0
+ENDED_WAIT_S = 5.0
 RECHECK_S = 0.2
 # A segment made this long before the slurmstepd started is an earlier run's. Its ranks were
 # killed and the job started again, which takes Slurm seconds; this run's ranks make theirs
@@ -155,7 +155,7 @@ def remove_left_by_ranks(since: float, ranks: list[int]) -> None:
     of this host and user; each MPI removes its own in MPI_Finalize). Each holds megabytes
     of RAM until the node reboots. Ranks the launcher killed may take a moment to be gone,
     and they map the segment until then."""
-    deadline = time.monotonic() + EXIT_WAIT_S
+    deadline = time.monotonic() + ENDED_WAIT_S
     while any(alive(pid) for pid in ranks) and time.monotonic() < deadline:
         time.sleep(0.05)
     open_mpi = f"sm_segment.{socket.gethostname()}.{os.getuid()}.*"
