@@ -32,8 +32,6 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import NoReturn
 
-import pyarrow.fs
-
 from hpckit.errors import ExperimentLockedError, ExperimentTakenError, HpckitError
 from hpckit.experiment.taken import lapsed, taken_over
 from hpckit.logs import log
@@ -69,6 +67,10 @@ class Holder:
         if now - self.refreshed_at > stale_after:
             return f"not refreshed for {now - self.refreshed_at:.0f} s (stale after {stale_after:.0f} s)"
         return None
+
+
+UNREADABLE = Holder("", "?", 0, None, None, 0.0, 0.0)
+"""A lock file that cannot be parsed: no run's (its token is no run's), stale at once."""
 
 
 class Lock:
@@ -129,7 +131,7 @@ class Lock:
         as it comes: the write would have failed the same)."""
         if self._lost is not None:
             raise self._lost
-        current = _current(self.location)
+        current = read(self.location)
         if current is None or current.token != self.holder.token:
             raise self._lose(self._taken(current))
 
@@ -162,7 +164,7 @@ class Lock:
                     return
 
     def _renew(self) -> None:
-        current = _current(self.location)
+        current = read(self.location)
         if current is None or current.token != self.holder.token:
             raise self._lose(self._taken(current))
         began = time.monotonic()
@@ -217,20 +219,9 @@ class Lock:
 
 
 def read(location: Location) -> Holder | None:
-    if files.file_type(location) == pyarrow.fs.FileType.NotFound:
-        return None
-    try:
-        return Holder(**json.loads(files.read_bytes(location)))
-    except FileNotFoundError:
-        return None
-    except (ValueError, TypeError) as exc:
-        log.warning("ignoring an unreadable lock %s: %s", location.display, exc)
-        return Holder("", "?", 0, None, None, 0.0, 0.0)
-
-
-def _current(location: Location) -> Holder | None:
-    """The lock file's holder in one read, for the fence (None where it is gone); a storage
-    error as :class:`StorageError`."""
+    """The lock file's holder in one read (None where there is none; one that cannot be
+    parsed as :data:`UNREADABLE`, which is no run's); a storage error as
+    :class:`StorageError`. Both the fence and the runs that take a lock over read it so."""
     with files.errors_named(location, "read the lock"):
         try:
             with location.filesystem.open_input_stream(location.path) as stream:
@@ -239,8 +230,9 @@ def _current(location: Location) -> Holder | None:
             return None
     try:
         return Holder(**json.loads(data))
-    except (ValueError, TypeError):
-        return Holder("", "?", 0, None, None, 0.0, 0.0)  # unreadable: not this run's
+    except (ValueError, TypeError) as exc:
+        log.warning("ignoring an unreadable lock %s: %s", location.display, exc)
+        return UNREADABLE
 
 
 def _encode(holder: Holder) -> bytes:

@@ -18,7 +18,7 @@ from hpckit import logs
 from hpckit.errors import HpckitError
 from hpckit.run.mpi.group import Group
 from hpckit.run.mpi.leaders import gather_by_nodes
-from hpckit.run.mpi.waiting import from_root, gather_to_root, root_work
+from hpckit.run.mpi.waiting import from_root, gather_to_root, root_work, share
 
 if TYPE_CHECKING:
     from mpi4py.MPI import Comm
@@ -203,12 +203,9 @@ def _reduced(fn: Callable[[], R]) -> tuple[R | None, list[RankFailure], bool]:
 def everywhere(comm: Comm, fn: Callable[[], T], what: str,
                kind: type[HpckitError] = HpckitError) -> list[T]:
     """Run ``fn`` on every rank; all results to every rank, or one error raised on every rank."""
-    own = captured(comm.rank, fn)
-    gathered = (root_work(comm, lambda: gather_to_root(comm, own)) if comm.rank == 0
-                else gather_to_root(comm, own))
-    outcomes = from_root(comm, gathered)
+    outcomes = share(comm, captured(comm.rank, fn))
     raise_failures([f for _, f in outcomes if f], what, kind)
-    return [v for v, _ in outcomes]
+    return cast(list[T], [v for v, _ in outcomes])  # no rank failed: each holds its value
 
 
 # Background duplicates of attempts that ended badly: their messages may be half exchanged, so
