@@ -1,4 +1,4 @@
-"""A node lost mid-run, on the tests' three-node Slurm (tests/slurm_cluster.py; root only): the
+"""A node lost mid-run, on the tests' three-node Slurm (tests/support/slurm_cluster.py; root only): the
 time from the loss to training again, broken down, for ``python train.py`` (hpckit's driver,
 which tells a lost node by its heartbeat) beside ``hpckit run`` (the baseline: it learns of
 the loss when the job step ends, which for a lost node is when Slurm marks it DOWN after
@@ -118,8 +118,7 @@ def main() -> None:
     p.add_argument("--out", default=None)
     args = p.parse_args()
     write_to(args.out)
-    import slurm_cluster
-
+    from support import slurm_cluster
     reps = 1 if args.quick else args.reps
     root = Path(tempfile.mkdtemp(prefix="hpckit-node-loss-"))
     slurm = slurm_cluster.start(root / "slurm", ("n1", "n2", "n3"))

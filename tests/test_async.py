@@ -8,7 +8,7 @@ import re
 from dataclasses import replace
 
 import pytest
-import reliability
+from support import reliability
 from conftest import HERE, mpiexec
 
 from hpckit import CheckpointConfig, CheckpointUploadMode, ConfigError

@@ -8,7 +8,7 @@ import re
 import subprocess
 
 import pytest
-import reliability
+from support import reliability
 from conftest import HERE, checkpoint_dirs, mpiexec
 
 SHARDED = HERE / "ranks" / "sharded.py"

@@ -1,6 +1,6 @@
 """Every fenced block of README.md and docs/*.md runs, is checked, or says why not, and every
 `hpckit` command and option, `HPCKIT_*` variable and `hpckit.*` name the pages mention exists.
-How a block is marked: tests/doc_snippets.py."""
+How a block is marked: tests/support/doc_snippets.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run
-from doc_snippets import (
+from support.doc_snippets import (
     ENV_NAME,
     GENERATED,
     PAGES,

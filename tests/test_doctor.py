@@ -10,9 +10,9 @@ import signal
 import stat
 
 import pytest
-from cluster_nodes import nodes  # noqa: F401  (the fixture)
+from support.cluster_nodes import nodes  # noqa: F401  (the fixture)
 from conftest import HERE, HPCKIT, MPIEXEC, run
-from slurm_jobs import output_of, sbatch, wait
+from support.slurm_jobs import output_of, sbatch, wait
 
 from hpckit.doctor.slurm import signal_in
 from hpckit.settings import Settings

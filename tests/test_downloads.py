@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 
-from s3_server import BUCKET
+from support.s3_server import BUCKET
 
 READER = r"""
 import os, sys, time

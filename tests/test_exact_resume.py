@@ -13,9 +13,9 @@ import tempfile
 import numpy as np
 import pytest
 import torch
-from cluster_nodes import nodes  # noqa: F401  (the fixture)
+from support.cluster_nodes import nodes  # noqa: F401  (the fixture)
 from conftest import HERE, HPCKIT, manifest, python, run
-from slurm_jobs import minimal_script, output_of, sbatch, wait, wait_for_reports
+from support.slurm_jobs import minimal_script, output_of, sbatch, wait, wait_for_reports
 from torch.utils.data import DataLoader, Dataset
 
 from hpckit.integrations.torch import streams

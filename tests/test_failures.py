@@ -8,7 +8,7 @@ import sys
 
 import pytest
 from conftest import HERE, checkpoint_dirs, manifest, mpiexec, python
-from scenarios import killed_once_and_restarted
+from support.scenarios import killed_once_and_restarted
 
 
 def test_exception_in_one_rank_stops_all_ranks_and_names_it(tmp_path):

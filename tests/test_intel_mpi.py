@@ -12,9 +12,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import reliability
+from support import reliability
 from conftest import HERE, manifest, run
-from scenarios import driver_killed_then_rerun, require_mpi_venv, srun_requeues_after_the_stop_signal
+from support.scenarios import driver_killed_then_rerun, require_mpi_venv, srun_requeues_after_the_stop_signal
 
 VENV = Path(os.environ.get("HPCKIT_TEST_IMPI_VENV", HERE.parent / ".venv-impi"))
 PYTHON, MPIEXEC = VENV / "bin" / "python", VENV / "bin" / "mpiexec"

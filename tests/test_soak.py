@@ -12,7 +12,7 @@ import sys
 import threading
 
 import pytest
-import reliability
+from support import reliability
 from conftest import HERE, MPIEXEC, Run, manifest
 
 # It measures memory growth and descriptors of four ranks over 400 reports.

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import MPIEXEC, STEADY, final_params, manifest, run
-from slurm_jobs import minimal_script, output_of, sbatch, wait
+from support.slurm_jobs import minimal_script, output_of, sbatch, wait
 
 HOOK = Path(sysconfig.get_paths()["purelib"]) / "hpckit-early.pth"
 SIGNAL_THEN_IMPORT = """

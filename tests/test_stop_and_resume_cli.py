@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import HERE, HPCKIT, JOB, STEADY, final_params, manifest, metrics_lines, run
-from scenarios import driver_killed_then_rerun, wait_for_epochs
+from support.scenarios import driver_killed_then_rerun, wait_for_epochs
 
 import hpckit
 from hpckit import exits

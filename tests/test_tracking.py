@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import HERE, HPCKIT, manifest, python, run
-from wandb_files import offline_runs
+from support.wandb_files import offline_runs
 
 TRACKED = HERE / "ranks" / "tracked.py"
 LOSSES = [round(1 / (step + 2), 6) for step in range(8)]  # what steps 0-7 report

@@ -61,7 +61,7 @@ def test_under_srun_the_stop_signal_requeues_and_the_job_resumes_at_the_committe
     """The example under the user's own sbatch script (a plain srun): Slurm's stop signal
     mid-run commits the next save, hpckit requeues the job, and the requeued job resumes at
     the step it committed and finishes."""
-    from slurm_jobs import minimal_script, output_of, sbatch, wait, wait_for_reports
+    from support.slurm_jobs import minimal_script, output_of, sbatch, wait, wait_for_reports
 
     epochs = 12
     command = (f"{sys.executable} {EXAMPLE} --workers 2 --epochs {epochs} --samples 512 "

@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import reliability
+from support import reliability
 from conftest import HERE, HPCKIT, MPIEXEC, manifest, mpiexec, run, stopped_after_first_checkpoint
 
 VALIDATED = HERE / "ranks" / "validated.py"
@@ -164,3 +164,22 @@ def test_hpckit_resume_starts_the_ranks_set_aside_too(tmp_path):
     assert resumed.line("SERVED 2") is not None, resumed.output
     attempts = manifest(tmp_path / "val")["attempts"]
     assert len(attempts) == 2 and attempts[-1]["status"] == "finished", attempts
+
+
+@pytest.mark.quick
+def test_a_rank_set_aside_answers_even_when_it_cannot_validate(tmp_path):
+    """Rank 0 waits for an outcome from each validation it sends: one that cannot even start
+    on the validation rank (its folder is gone) is answered as failed, naming the rank."""
+    from types import SimpleNamespace
+
+    from hpckit import Checkpoint, ValidationConfig
+    from hpckit.experiment.validation import FAILED, PENDING, Validation
+    from hpckit.run.validation.pool import _answer
+
+    pending = Validation(PENDING, {})
+    link = SimpleNamespace(rank=3)  # never asked: the validation fails before any message
+    for payload in (str(tmp_path / "gone"), OSError(28, "No space left on device")):
+        ended = _answer(link, payload, ValidationConfig(len), Checkpoint.from_directory(tmp_path),
+                        pending)
+        assert ended is not None and ended.status == FAILED, ended
+        assert ended.error.startswith("on validation rank 3: "), ended.error

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import click
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parent.parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Generated from the commands' --help; tests/test_cli_reference.py keeps it equal to them.
 GENERATED = ROOT / "docs" / "cli.md"
@@ -190,7 +190,7 @@ def cli_problems(words: list[str], group: click.Group) -> list[str]:
 ENV_NAME = re.compile(r"\bHPCKIT_[A-Z0-9_]*[A-Z0-9]\b")
 # Read by the installer and the fault-injection suite, not by the package.
 READ_OUTSIDE_THE_PACKAGE = {"HPCKIT_TORCH_INDEX": ".ci/install",
-                            "HPCKIT_RELIABILITY_LOG": "tests/reliability.py",
+                            "HPCKIT_RELIABILITY_LOG": "tests/support/reliability.py",
                             "HPCKIT_KILL_TRIALS": "tests/test_kill.py"}
 
 

@@ -6,8 +6,11 @@ holding the command's output pipe open. The tree is found by parent (:mod:`hpcki
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import subprocess
+from collections.abc import Iterator
 
 from hpckit.processes import children, stat
 
@@ -48,3 +51,14 @@ def kill_tree(root: int) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+@contextlib.contextmanager
+def ended_at_exit(process: subprocess.Popen) -> Iterator[subprocess.Popen]:
+    """``process``, started with ``start_new_session=True``, and its process group SIGKILLed
+    when the block leaves while it still runs (a failed assertion, a timeout)."""
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)

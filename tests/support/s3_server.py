@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import leftovers
+from support import leftovers
 import pyarrow.fs
 
 ACCESS_KEY, SECRET_KEY = "hpckit-test-key", "hpckit-test-secret-0123456789"
@@ -117,7 +117,7 @@ class S3Server:
 
 def start(root: Path, ports: list[int] | None = None, daemon: bool = False) -> S3Server:
     """Start a server storing under ``root``; with ``ports``, a restart of an earlier one.
-    A ``daemon`` (the session's server) may outlive a test module (tests/leftovers.py)."""
+    A ``daemon`` (the session's server) may outlive a test module (tests/support/leftovers.py)."""
     root.mkdir(parents=True, exist_ok=True)
     config = root / "s3.json"
     config.write_text(json.dumps({"identities": [{

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 from conftest import JOB, STEADY, final_params, manifest, metrics_lines, run
-from processes import descendants
-from slurm_jobs import minimal_script, output_of, sbatch, wait
+from support.processes import descendants, ended_at_exit
+from support.slurm_jobs import minimal_script, output_of, sbatch, wait
 
 from hpckit.experiment.lock import LOCK_NAME
 from hpckit.processes import alive
@@ -105,14 +105,11 @@ def killed_once_and_restarted(python: str, tmp_path: Path,
          "--hang-rank", "1", "--hang-epoch", "2", "--hang-file", str(marker), "--max-failures", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         env={**os.environ, **env})
-    try:
+    with ended_at_exit(process):
         deadline = time.monotonic() + 90
         while not marker.exists():
             assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0]
             time.sleep(0.1)
         os.kill(int(marker.read_text()), signal.SIGKILL)
         output, _ = process.communicate(timeout=120)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
     return process.returncode, output

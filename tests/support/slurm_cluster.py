@@ -20,12 +20,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import leftovers
-from cluster_nodes import Nodes
+from support import leftovers
+from support.cluster_nodes import Nodes
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "srun", "sbatch")
 HOLD_S = 2.0  # how long a requeued job stays held before hurry() starts it
-NODE_LAUNCHER = Path(__file__).with_name("nodes") / "slurm-node"
+NODE_LAUNCHER = Path(__file__).parent.parent / "nodes" / "slurm-node"
 # Job ids: blocks of JOB_ID_BLOCK, below Slurm's largest job id (MaxJobId, 67,043,328). With
 # two workers a block comes back after JOB_ID_BLOCKS / 8 = 8,375 s, and only to a cluster
 # started exactly that long after (_first_job_id).
@@ -59,7 +59,7 @@ class Slurm:
 
     @property
     def disks(self) -> Nodes:
-        """The nodes' local disks, laid out as tests/cluster_nodes.py lays out its nodes'."""
+        """The nodes' local disks, laid out as tests/support/cluster_nodes.py lays out its nodes'."""
         return Nodes(self.root)
 
     @property
@@ -199,7 +199,7 @@ def start(root: Path, nodes: tuple[str, ...] = ()) -> Slurm:
 
 
 def _spawn(command: list[str | None], env: dict[str, str]) -> subprocess.Popen:
-    """A daemon of the cluster, which outlives test modules (tests/leftovers.py)."""
+    """A daemon of the cluster, which outlives test modules (tests/support/leftovers.py)."""
     return subprocess.Popen([str(c) for c in command], env={**env, leftovers.DAEMON: "1"},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)

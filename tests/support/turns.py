@@ -21,7 +21,7 @@ longest first by the durations a recorded run left in tests/durations.json (``py
 other has nothing left, and an ``alone`` test taken early would wait for whatever the other
 worker runs. Tests the file does not know keep their place after the ones it does.
 
-The fault-injection figures (tests/reliability.py) are gathered on the workers; each worker
+The fault-injection figures (tests/support/reliability.py) are gathered on the workers; each worker
 hands its trials to the controller, which prints the summary.
 """
 
@@ -37,12 +37,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import reliability
-
+from support import reliability
 TRIALS_KEY = "hpckit_reliability_trials"
 # Read now, as conftest is imported: a session fixture gives each worker a TMPDIR of its own.
 SHARED_DIR = tempfile.gettempdir()
-DURATIONS = Path(__file__).with_name("durations.json")
+DURATIONS = Path(__file__).parent.parent / "durations.json"
 RECORDED_FROM_S = 0.5  # shorter tests keep their place: their order changes nothing
 MEASURED: Counter[str] = Counter()  # on the controller: seconds per test, setup to teardown
 
