@@ -285,7 +285,7 @@ def test_a_manifest_with_cached_checkpoints_round_trips_and_says_its_version():
     body = json.loads(cached.to_json())
     assert body["format_version"] == 3 and body["checkpoints"][0]["level"] == CACHE
     assert parsing.from_json(cached.to_json(), "here") == cached
-    stored = cached.persisted("checkpoint_000000")
+    stored = cached.reached_storage("checkpoint_000000")
     assert stored.checkpoints[0].on_storage and stored.checkpoints[0].hosts == ()
     assert parsing.from_json(stored.to_json(), "here") == stored
 

@@ -179,9 +179,9 @@ class Experiment:
                         self.location.join(directory).display, exc)
 
     @written
-    def persisted(self, directory: str) -> None:
+    def reached_storage(self, directory: str) -> None:
         """The cached checkpoint ``directory`` is now complete on storage_path too."""
-        self._replace(self._manifest.persisted(directory))
+        self._replace(self._manifest.reached_storage(directory))
 
     @written
     def record_validation(self, directory: str, validation: Validation,

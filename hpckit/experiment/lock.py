@@ -254,7 +254,7 @@ def _take(location: Location, me: Holder, stale: Holder) -> None:
                 with contextlib.suppress(FileExistsError):  # a third run's, made meanwhile
                     os.link(aside, location.path)
                 os.unlink(aside)
-                _lost(location)
+                _beaten(location)
             os.unlink(aside)
     _create(location, me)
 
@@ -273,7 +273,7 @@ def _create(location: Location, me: Holder) -> None:
             try:
                 os.link(written, location.path)
             except FileExistsError:
-                _lost(location)
+                _beaten(location)
             finally:
                 os.unlink(written)
         return
@@ -281,10 +281,12 @@ def _create(location: Location, me: Holder) -> None:
     time.sleep(0.2)  # let a run that wrote at the same moment land, then see who won
     current = read(location)
     if current is None or current.token != me.token:
-        _lost(location)
+        _beaten(location)
 
 
-def _lost(location: Location) -> NoReturn:
+def _beaten(location: Location) -> NoReturn:
+    """Another run took the lock at the same moment as this one, as both started: this run
+    did not get it (unlike a lock that was held and then :attr:`Lock.lost`)."""
     winner = read(location)
     who = winner.describe() if winner else "another run"
     raise ExperimentLockedError(

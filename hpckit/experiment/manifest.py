@@ -155,7 +155,7 @@ class Manifest:
         """The kept checkpoints whose validation has not ended, oldest first."""
         return tuple(r for r in self.checkpoints if r.validation and r.validation.pending)
 
-    def persisted(self, directory: str) -> Manifest:
+    def reached_storage(self, directory: str) -> Manifest:
         """The manifest once the cached checkpoint ``directory`` is on storage_path too."""
         return replace(self, checkpoints=tuple(
             replace(r, level=STORAGE, hosts=()) if r.directory == directory else r

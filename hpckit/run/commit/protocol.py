@@ -83,7 +83,7 @@ class CommitProtocol:
         self.stop: str | None = None  # the stop every rank agreed on; stop.received() is a rank's
         self.staging = staging
         self.in_flight = InFlight(comm.rank)
-        self.writer = ShareWriter(comm.rank, comm.size, staging, self.in_flight, Meeting(comm))
+        self.share_writer = ShareWriter(comm.rank, comm.size, staging, self.in_flight, Meeting(comm))
         self.reports = 0
         self.last_metrics: dict[str, Any] = {}
         self.last_validation: dict[str, Any] | None = None  # rank 0's report(validation=...)
@@ -118,7 +118,7 @@ class CommitProtocol:
                     self.levels.persist_latest(self.experiment, f"the stop ({plan.stop})")
         elif plan.asynchronous and plan.level != CACHE:
             self._make_room()
-            self.writer.in_background(plan, handed, self.location.join(plan.checkpoint()[0]),
+            self.share_writer.in_background(plan, handed, self.location.join(plan.checkpoint()[0]),
                                       upload.state_for(plan))
         else:
             if plan.asynchronous:  # cached now, copied to the partner node in the background
@@ -143,7 +143,7 @@ class CommitProtocol:
         if self.levels is not None:
             self.levels.persist_latest(self.experiment, "the last checkpoint of the run")
             self.levels.release()
-        self.writer.meeting.release()
+        self.share_writer.meeting.release()
         if self.ledger is not None:
             self.ledger.finish_validations()
 
@@ -159,7 +159,7 @@ class CommitProtocol:
         operation under way, and leaves the staged files to the next attempt."""
         if self.levels is not None:
             self.levels.abandon()
-        self.writer.meeting.abandon()
+        self.share_writer.meeting.abandon()
         if self.ledger is not None:
             self.ledger.close()
         self.in_flight.close(wait=not promptly)
@@ -174,7 +174,7 @@ class CommitProtocol:
         if checkpoint is None:
             return Handed()
         pending = self.staging.in_place_path(checkpoint_dirname(self.next_index))
-        return self.writer.pinned(hand_in(checkpoint, upload, self.comm.rank, pending, self.location))
+        return self.share_writer.pinned(hand_in(checkpoint, upload, self.comm.rank, pending, self.location))
 
     def _announce(self, announcement: Announcement) -> Plan:
         if self._broken is not None:
@@ -279,7 +279,7 @@ class CommitProtocol:
             self._ledger().commit(plan, per_rank, self.last_metrics, started)
 
         all_reduce(self.group, f"persisting {directory}",
-                   lambda: self.writer.now(plan, handed, target, state), commit, CommitError,
+                   lambda: self.share_writer.now(plan, handed, target, state), commit, CommitError,
                    undo=lambda: self._ledger().experiment.discard(target.name))
         self._now_latest(target)
         return True

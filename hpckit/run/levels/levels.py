@@ -182,7 +182,7 @@ class Levels:
                     f"{record.directory}/{bad[0]} read back from the node-local cache ({level} "
                     f"copy) of {self.nodes.hosts[rank]} differs from its checksum (a damaged "
                     f"local disk?); it stays cached only, and {target.display} is not recorded")
-            _rank0(experiment).persisted(record.directory)
+            _rank0(experiment).reached_storage(record.directory)
             log.info("persisted %s to storage_path (%s)", record.directory, why)
 
         all_reduce(self.comm, f"persisting {record.directory} to storage_path", copy, commit,
