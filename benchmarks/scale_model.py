@@ -45,6 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from hpckit.experiment import encoding
 from hpckit.experiment.manifest import CheckpointRecord, FileRecord, Manifest  # noqa: E402
 from hpckit.experiment.records import filed, filed_apart, records_name  # noqa: E402
 from hpckit.run.writing.assignment import HandedFiles, SentFiles, merge  # noqa: E402
@@ -148,7 +149,7 @@ def write_manifest(ranks: int, written: list[FileRecord], folder: str) -> int:
     if record.records is not None:
         earlier = replace(earlier, records=replace(record.records, name=records_name(2)))
     manifest = Manifest("scale", ranks, {}, {}, {}, time.time(), (earlier, record), 4, 8)
-    text = manifest.to_json().encode()
+    text = encoding.to_json(manifest).encode()
     durable(os.path.join(folder, "manifest.json"), text)
     return len(text)
 

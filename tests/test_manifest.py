@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from hpckit.errors import ManifestError
-from hpckit.experiment import parsing
+from hpckit.experiment import encoding
 from hpckit.experiment.attempts import Attempt, AttemptStatus
 from hpckit.experiment.manifest import CheckpointRecord, FileRecord, Manifest, is_safe_relpath
 
@@ -25,12 +25,12 @@ def sample() -> Manifest:
 
 def test_round_trip_is_exact():
     m = sample()
-    text = m.to_json()
-    assert parsing.from_json(text, "x") == m
+    text = encoding.to_json(m)
+    assert encoding.from_json(text, "x") == m
     body = json.loads(text)
     assert body["format"] == "hpckit.manifest" and body["format_version"] == 3
     assert body["latest"] == "checkpoint_000003"
-    assert json.loads(replace(m, checkpoints=()).to_json())["format_version"] == 1, \
+    assert json.loads(encoding.to_json(replace(m, checkpoints=())))["format_version"] == 1, \
         "a manifest without checkpoints is one every hpckit reads"
 
 
@@ -49,10 +49,10 @@ def test_round_trip_is_exact():
     (lambda b: b["checkpoints"][0]["files"][0].pop("checksum"), "files[0].checksum: missing"),
 ])
 def test_invalid_fields_are_named(edit, fragment):
-    body = json.loads(sample().to_json())
+    body = json.loads(encoding.to_json(sample()))
     edit(body)
     with pytest.raises(ManifestError) as info:
-        parsing.from_json(json.dumps(body), "/x/manifest.json")
+        encoding.from_json(json.dumps(body), "/x/manifest.json")
     assert fragment in str(info.value) and "/x/manifest.json" in str(info.value)
 
 
@@ -71,7 +71,7 @@ def test_a_manifest_read_while_a_run_replaces_it_is_read_again(tmp_path, monkeyp
     from hpckit.storage import files
     from hpckit.storage.location import local
 
-    body = sample().to_json().encode()
+    body = encoding.to_json(sample()).encode()
     (tmp_path / "manifest.json").write_bytes(body)
     reads = []
 

@@ -24,7 +24,7 @@ import hpckit
 from hpckit import Checkpoint, DataParallelTrainer, RunConfig, UserCallback
 from hpckit.config import CheckpointConfig
 from hpckit.errors import CheckpointError, ConfigError
-from hpckit.experiment import parsing
+from hpckit.experiment import encoding
 from hpckit.experiment.manifest import (
     CACHE,
     STORAGE,
@@ -282,12 +282,12 @@ def test_a_manifest_with_cached_checkpoints_round_trips_and_says_its_version():
     record = CheckpointRecord(0, "checkpoint_000000", 0, 1.0, {},
                               (FileRecord("a", 1, 0, checksum_of(b"a")),), CACHE, ("n1",))
     cached = Manifest("e", 1, {}, {}, {}, 1.0).with_checkpoint(record)
-    body = json.loads(cached.to_json())
+    body = json.loads(encoding.to_json(cached))
     assert body["format_version"] == 3 and body["checkpoints"][0]["level"] == CACHE
-    assert parsing.from_json(cached.to_json(), "here") == cached
+    assert encoding.from_json(encoding.to_json(cached), "here") == cached
     stored = cached.reached_storage("checkpoint_000000")
     assert stored.checkpoints[0].on_storage and stored.checkpoints[0].hosts == ()
-    assert parsing.from_json(stored.to_json(), "here") == stored
+    assert encoding.from_json(encoding.to_json(stored), "here") == stored
 
 
 def test_files_sent_to_a_rank_arrive_whole_in_chunks_and_errors_come_back(tmp_path, monkeypatch):

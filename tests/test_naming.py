@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from hpckit.experiment import encoding
 from hpckit.config import RunConfig, ScalingConfig
 from hpckit.experiment.attempts import Attempt, AttemptStatus
 from hpckit.experiment.manifest import MANIFEST_NAME, CheckpointRecord, Manifest
@@ -56,7 +57,7 @@ def _experiment(root, name: str, status: AttemptStatus, checkpoints: int = 1) ->
     manifest = Manifest(name, 1, {}, {}, {}, 1.0, records, checkpoints, checkpoints,
                         (Attempt(0, status, 1.0),))
     (root / name).mkdir()
-    (root / name / MANIFEST_NAME).write_text(manifest.to_json())
+    (root / name / MANIFEST_NAME).write_text(encoding.to_json(manifest))
 
 
 NOW = "train-20250102-090000"

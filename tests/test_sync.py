@@ -9,7 +9,7 @@ import re
 import pytest
 from conftest import HERE, manifest, mpiexec
 
-from hpckit.experiment import parsing
+from hpckit.experiment import encoding
 from hpckit.experiment import verify as _verify
 from hpckit.storage.location import resolve
 
@@ -44,8 +44,9 @@ def test_every_ranks_artifacts_on_s3_when_asked(s3):
 def check_mirror(source, mirror) -> None:
     """The mirror is a consistent copy: same manifest, every kept checkpoint verifies there,
     nothing evicted left behind."""
-    copied = parsing.from_json(mirror_read(mirror, "exp/manifest.json"), "mirror")
-    assert copied.to_json() == parsing.from_json((source / "manifest.json").read_bytes(), "s").to_json()
+    copied = encoding.from_json(mirror_read(mirror, "exp/manifest.json"), "mirror")
+    assert encoding.to_json(copied) == encoding.to_json(
+        encoding.from_json((source / "manifest.json").read_bytes(), "s"))
     location = resolve(mirror_uri(mirror, "exp"))
     for record in copied.checkpoints:
         assert _verify.verify(location, record) == [], record.directory

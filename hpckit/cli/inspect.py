@@ -13,9 +13,11 @@ from hpckit.cli import plot as _plot
 from hpckit.cli.app import main
 from hpckit.cli.common import find_record, require
 from hpckit.cli.tables import duration, echo_json, echo_table, moment, number, size
+from hpckit.experiment import encoding
 from hpckit.experiment import verify as _verify
 from hpckit.experiment.attempts import config_changes, effective_configs
-from hpckit.experiment.manifest import Manifest, checkpoint_json
+from hpckit.experiment.encoding import checkpoint_json
+from hpckit.experiment.manifest import Manifest
 from hpckit.experiment.nested import OWN_COLUMNS, metric_columns
 from hpckit.experiment.reading import read_manifest, read_metrics
 from hpckit.storage.checksum import algorithm_of
@@ -51,7 +53,7 @@ def show(experiment: str, checkpoint: str | None, as_json: bool) -> None:
                      f.checksum] for f in record.files],
                    [False, True, True, False])
         return
-    body = json.loads(manifest.to_json())
+    body = json.loads(encoding.to_json(manifest))
     if as_json:
         click.echo(json.dumps({k: body[k] for k in body if k != "checkpoints"}, indent=1))
         return

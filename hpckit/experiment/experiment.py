@@ -20,6 +20,7 @@ from typing import Any
 from hpckit import faults
 from hpckit.config import CheckpointConfig, SyncConfig
 from hpckit.errors import CheckpointError, ExperimentTakenError, HpckitError, StorageError
+from hpckit.experiment import encoding
 from hpckit.experiment.attempts import AttemptStatus
 from hpckit.experiment.leftovers import free
 from hpckit.experiment.lock import Lock
@@ -294,4 +295,4 @@ def end_abandoned_attempt(location: Location, error: str,
 
 
 def _write(location: Location, manifest: Manifest) -> None:
-    files.write_atomic(location.join(MANIFEST_NAME), manifest.to_json().encode())
+    files.write_atomic(location.join(MANIFEST_NAME), encoding.to_json(manifest).encode())

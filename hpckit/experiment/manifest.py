@@ -1,17 +1,15 @@
-"""The manifest: the experiment's single source of truth, as an immutable value and versioned JSON.
-
-Rendered here; read back, every field checked, by :mod:`~hpckit.experiment.parsing`. The
-records of a checkpoint of many files are kept in a file of their own
+"""The manifest: the experiment's single source of truth, as an immutable value. Its JSON,
+written and read back and the rules of its versions, is :mod:`~hpckit.experiment.encoding`'s;
+the records of a checkpoint of many files are kept in a file of their own
 (:mod:`~hpckit.experiment.records`).
 """
 
 from __future__ import annotations
 
-import json
 import posixpath
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -21,13 +19,6 @@ from hpckit.experiment.records import RECORDS_DIR, RecordsFile
 from hpckit.experiment.records import FileRecord as FileRecord
 from hpckit.experiment.validation import Validation
 
-FORMAT = "hpckit.manifest"
-# 2 adds cached checkpoints; 3 records each file's checksum with its algorithm ("checksum")
-# where 1 and 2 had a bare SHA-256 ("sha256"); 4 adds validations; 5 keeps the records of a
-# checkpoint of many files in a file of their own (experiment.records); 6 allows a file whose
-# writer is not known; 7 records the experiment's tracker runs. Each manifest is written as
-# the oldest version that holds it: 1 while there are no checkpoints.
-FORMAT_VERSION = 7
 STAGING_NAME = ".staging"  # asynchronous checkpoints' files, waiting for the background
 METRICS_NAME = "metrics.jsonl"
 SWEEP_NAME = "sweep.json"  # beside its trials' experiments: the sweep manifest (sweep.record)
@@ -187,44 +178,3 @@ class Manifest:
     @property
     def last_attempt(self) -> Attempt | None:
         return self.attempts[-1] if self.attempts else None
-
-    def to_json(self) -> str:
-        body = {"format": FORMAT, "format_version": self._format_version(),
-                **{f.name: getattr(self, f.name) for f in fields(self)
-                   if f.name not in ("attempts", "checkpoints")},
-                "checkpoints": [checkpoint_json(r) for r in self.checkpoints],
-                "attempts": [a.to_json() for a in self.attempts]}
-        latest = self.latest
-        body["latest"] = latest.directory if latest else None
-        return json.dumps(body, indent=1, allow_nan=False) + "\n"
-
-    def _format_version(self) -> int:
-        """The oldest format that holds this manifest, so that older hpckit reads what it
-        can: 1 without checkpoints, 4 with validations (which an older hpckit would drop), 5
-        with records kept apart (which it could not find), 6 with a file whose writer is not
-        known (which it would take for a damaged record), 7 with tracker runs (which it
-        would drop, and a resume would start new runs)."""
-        if self.tracker_runs:
-            return 7
-        if not all(r.writers_known for r in self.checkpoints):
-            return 6
-        if any(r.records for r in self.checkpoints):
-            return 5
-        return 4 if any(r.validation for r in self.checkpoints) else 3 if self.checkpoints else 1
-
-
-def checkpoint_json(record: CheckpointRecord, inline: bool = False) -> dict[str, Any]:
-    """A checkpoint's JSON: its files' records, or where they are kept apart a reference to
-    them (with ``inline``, both)."""
-    body: dict[str, Any] = {}
-    for name in (f.name for f in fields(record)):
-        value = getattr(record, name)
-        if name == "files" and (inline or record.records is None):
-            body["files"] = [f._asdict() for f in value]
-        if name == "files" and record.records is not None:
-            body["records"] = record.records.to_json()
-        elif name == "validation" and value is not None:
-            body["validation"] = value.to_json()
-        elif name not in ("files", "validation", "records", "damaged"):
-            body[name] = list(value) if name == "hosts" else value
-    return body

@@ -23,6 +23,7 @@ import pyarrow.fs
 from hpckit.background import NORMAL, Worker
 from hpckit.config import SyncConfig
 from hpckit.errors import HpckitError, ProtocolError
+from hpckit.experiment import encoding
 from hpckit.experiment.manifest import MANIFEST_NAME, Manifest, is_checkpoint_dirname
 from hpckit.experiment.reading import read_manifest
 from hpckit.experiment.segments import segments
@@ -124,7 +125,7 @@ class Mirror:
                 copy_file(self.source.join(record.records.name), target.join(record.records.name))
         for segment in segments(self.source):  # metrics.jsonl, and its segments on S3
             files.write_atomic(target.join(segment.name), files.read_bytes(segment))
-        files.write_atomic(target.join(MANIFEST_NAME), manifest.to_json().encode())
+        files.write_atomic(target.join(MANIFEST_NAME), encoding.to_json(manifest).encode())
         kept = {r.directory for r in manifest.checkpoints}
         for name in present - kept:
             if is_checkpoint_dirname(name):

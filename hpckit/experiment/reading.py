@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow.fs
 
 from hpckit.errors import ManifestError, StorageError
-from hpckit.experiment import parsing
+from hpckit.experiment import encoding
 from hpckit.experiment.manifest import MANIFEST_NAME, Manifest
 from hpckit.experiment.segments import read_log, segments
 from hpckit.storage import files
@@ -37,10 +37,10 @@ def read_manifest(experiment: Location) -> Manifest | None:
 
     for wait in TORN_READ_WAITS:
         try:
-            return parsing.from_json(files.read_bytes(location), location.display, read)
+            return encoding.from_json(files.read_bytes(location), location.display, read)
         except ManifestError:
             time.sleep(wait)
-    return parsing.from_json(files.read_bytes(location), location.display, read)
+    return encoding.from_json(files.read_bytes(location), location.display, read)
 
 
 def require_manifest(experiment: Location) -> Manifest:

@@ -1,4 +1,6 @@
-"""A manifest's JSON read back into its values, every field checked.
+"""The manifest's JSON, both ways, and the rules of its versions: written as the oldest
+version that holds it (:func:`to_json`), read back into its values with every field checked
+(:func:`from_json`).
 
 A damaged or hostile manifest fails here with the field it got wrong, and a path that would
 leave the experiment directory is refused, so that reading a manifest can never make hpckit
@@ -9,14 +11,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import fields
 from typing import Any
 
 from hpckit.errors import ManifestError, StorageError
 from hpckit.experiment.attempts import Attempt
 from hpckit.experiment.manifest import (
     CACHE,
-    FORMAT,
-    FORMAT_VERSION,
     STORAGE,
     CheckpointRecord,
     FileRecord,
@@ -29,6 +30,60 @@ from hpckit.experiment.records import RecordsFile, parse_reference, read_records
 from hpckit.experiment.validation import parse as parse_validation
 from hpckit.storage.checksum import SHA256
 from hpckit.storage.checksum import problem as checksum_problem
+
+FORMAT = "hpckit.manifest"
+# 2 adds cached checkpoints; 3 records each file's checksum with its algorithm ("checksum")
+# where 1 and 2 had a bare SHA-256 ("sha256"); 4 adds validations; 5 keeps the records of a
+# checkpoint of many files in a file of their own (experiment.records); 6 allows a file whose
+# writer is not known; 7 records the experiment's tracker runs. Each manifest is written as
+# the oldest version that holds it: 1 while there are no checkpoints.
+FORMAT_VERSION = 7
+
+
+def to_json(manifest: Manifest) -> str:
+    """The manifest as the JSON written to ``manifest.json``."""
+    body = {"format": FORMAT, "format_version": _version(manifest),
+            **{f.name: getattr(manifest, f.name) for f in fields(manifest)
+               if f.name not in ("attempts", "checkpoints")},
+            "checkpoints": [checkpoint_json(r) for r in manifest.checkpoints],
+            "attempts": [a.to_json() for a in manifest.attempts]}
+    latest = manifest.latest
+    body["latest"] = latest.directory if latest else None
+    return json.dumps(body, indent=1, allow_nan=False) + "\n"
+
+
+def _version(manifest: Manifest) -> int:
+    """The oldest format that holds this manifest, so that older hpckit reads what it
+    can: 1 without checkpoints, 4 with validations (which an older hpckit would drop), 5
+    with records kept apart (which it could not find), 6 with a file whose writer is not
+    known (which it would take for a damaged record), 7 with tracker runs (which it
+    would drop, and a resume would start new runs)."""
+    if manifest.tracker_runs:
+        return 7
+    if not all(r.writers_known for r in manifest.checkpoints):
+        return 6
+    if any(r.records for r in manifest.checkpoints):
+        return 5
+    if any(r.validation for r in manifest.checkpoints):
+        return 4
+    return 3 if manifest.checkpoints else 1
+
+
+def checkpoint_json(record: CheckpointRecord, inline: bool = False) -> dict[str, Any]:
+    """A checkpoint's JSON: its files' records, or where they are kept apart a reference to
+    them (with ``inline``, both)."""
+    body: dict[str, Any] = {}
+    for name in (f.name for f in fields(record)):
+        value = getattr(record, name)
+        if name == "files" and (inline or record.records is None):
+            body["files"] = [f._asdict() for f in value]
+        if name == "files" and record.records is not None:
+            body["records"] = record.records.to_json()
+        elif name == "validation" and value is not None:
+            body["validation"] = value.to_json()
+        elif name not in ("files", "validation", "records", "damaged"):
+            body[name] = list(value) if name == "hosts" else value
+    return body
 
 
 def from_json(text: str | bytes, where: str,
