@@ -1,6 +1,7 @@
-"""The commit protocol behind ``report()`` (``protocol``): the collective steps every rank
-takes, rank 0's ledger of reports not yet written to the experiment, in report order
-(``ledger``), and the run's UserCallbacks, called on rank 0 outside the collectives
+"""The commit protocol behind ``report()``, in two roles: the collective steps every rank
+takes (``protocol``) and rank 0's decisions, the plan of each step and the commits
+(``coordinator``); rank 0's ledger of reports not yet written to the experiment, in report
+order (``ledger``), and the run's UserCallbacks, called on rank 0 outside the collectives
 (``callbacks``).
 
 The experiment directory changes only through rank 0's

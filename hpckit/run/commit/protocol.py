@@ -23,7 +23,7 @@ What retention evicts is deleted after the commit, in the background (``experime
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from hpckit.checkpoint import Checkpoint
@@ -34,6 +34,7 @@ from hpckit.experiment.manifest import CACHE, checkpoint_dirname
 from hpckit.experiment.values import to_json_metrics
 from hpckit.logs import log
 from hpckit.run.commit.callbacks import Callbacks
+from hpckit.run.commit.coordinator import Coordinator
 from hpckit.run.commit.ledger import Ledger
 from hpckit.run.ending import stop
 from hpckit.run.levels.levels import Levels
@@ -41,11 +42,10 @@ from hpckit.run.mpi.comm import RankFailure, all_reduce, captured
 from hpckit.run.mpi.group import Group
 from hpckit.run.mpi.waiting import quiet_everywhere
 from hpckit.run.validation.validator import Validator
-from hpckit.run.writing.assignment import HandedFiles, SentFiles, every_part, own_part
+from hpckit.run.writing.assignment import SentFiles, own_part
 from hpckit.run.writing.handover import Handed, Staging, Upload, hand_in, release
 from hpckit.run.writing.inflight import InFlight
 from hpckit.run.writing.plan import DRAIN, REPORT, RETURNED, Announcement, Persisted, Plan
-from hpckit.run.writing.planning import make_plan
 from hpckit.run.writing.uploads import Meeting
 from hpckit.run.writing.writer import ShareWriter
 from hpckit.storage.location import Location
@@ -76,9 +76,10 @@ class CommitProtocol:
         self.callbacks = callbacks
         self.stop_when = stop_when  # RunConfig.stop
         self.levels = levels  # CheckpointConfig(cache_dir)
-        self.ledger = (Ledger(experiment, config, callbacks, levels.nodes.hosts if levels else (),
-                              levels.cache.location if levels else None, validator)
-                       if experiment is not None else None)
+        self.coordinator = (Coordinator(Ledger(
+            experiment, config, callbacks, levels.nodes.hosts if levels else (),
+            levels.cache.location if levels else None, validator), callbacks, levels, stop_when,
+            location.name) if experiment is not None else None)
         self.latest = latest
         self.stop: str | None = None  # the stop every rank agreed on; stop.received() is a rank's
         self.staging = staging
@@ -91,7 +92,7 @@ class CommitProtocol:
         self._told_of_wait = False
         self._broken: HpckitError | None = None
         self._committing: tuple[str, ...] = ()  # in flight, their commits being written
-        self._sent, self._handed = SentFiles(), HandedFiles()  # rank 0's: every rank's files
+        self._sent = SentFiles()  # the files this rank last told rank 0 of
 
     def checkpoint_dir(self) -> str:
         """Where this rank writes the next checkpoint in place."""
@@ -144,8 +145,8 @@ class CommitProtocol:
             self.levels.persist_latest(self.experiment, "the last checkpoint of the run")
             self.levels.release()
         self.share_writer.meeting.release()
-        if self.ledger is not None:
-            self.ledger.finish_validations()
+        if self.coordinator is not None:
+            self.coordinator.finish()
 
     def _callback_failure(self) -> RankFailure | None:
         """A UserCallback that raised on rank 0, as the failure every rank will raise."""
@@ -160,8 +161,8 @@ class CommitProtocol:
         if self.levels is not None:
             self.levels.abandon()
         self.share_writer.meeting.abandon()
-        if self.ledger is not None:
-            self.ledger.close()
+        if self.coordinator is not None:
+            self.coordinator.close()
         self.in_flight.close(wait=not promptly)
         if not promptly:
             self.staging.remove()
@@ -181,7 +182,7 @@ class CommitProtocol:
             raise self._broken
         try:
             plan = self._quiet_plan(announcement) or all_reduce(
-                self.group, "report()", lambda: announcement, self._plan, CommitError)
+                self.group, "report()", lambda: announcement, self._coordinated, CommitError)
         except HpckitError as exc:
             if len(self.in_flight):
                 # InFlight checkpoints may have been committed or dropped without every
@@ -206,44 +207,12 @@ class CommitProtocol:
         metrics line handed to rank 0's writer. None: the full step, gathers and all."""
         quiet = (announcement.quiet and not len(self.in_flight) and self.levels is None
                  and self.stop_when is None  # RunConfig(stop=...): rank 0 tells if it was met
-                 and (self.ledger is None or self.ledger.quiet()))
+                 and (self.coordinator is None or self.coordinator.quiet()))
         if not quiet_everywhere(self.comm, announcement.number, quiet):
             return None
-        if self.ledger is not None:
-            self.ledger.log(self.next_step, self.last_metrics)
+        if self.coordinator is not None:
+            self.coordinator.log(self.next_step, self.last_metrics)
         return Plan(self.next_step)
-
-    def _plan(self, announcements: list[Announcement]) -> Plan:
-        ledger = self._ledger()
-        # First the plan, which keeps every list of files the ranks announced: they take
-        # them for known from now on, even where this step then fails.
-        plan = make_plan(announcements, self.next_step, self.next_index, self._handed)
-        ledger.experiment.check_lock()  # a run that lost its lock fails here, on every rank
-        ledger.check_validations()  # so does one whose validation could not be recorded
-        if announcements[0].kind == REPORT and plan.directory is not None:
-            ledger.prepare(plan, self.next_index)  # may refuse the report: before anything commits
-            ledger.ask_validation(plan.directory, self.last_validation)
-        # At a report, rank 0 writes the commits in the background and replies at once (a
-        # later step says they landed); a drain, the end and the caches' levels wait for them.
-        off_collective = announcements[0].kind == REPORT and self.levels is None
-        plan = replace(plan, committed=ledger.commit_finished(announcements, off_collective),
-                       committing=ledger.committer.directories)
-        if self.levels is not None:
-            plan = self.levels.leveled(plan, tuple(
-                r.directory for r in ledger.experiment.manifest.checkpoints) + ledger.pending)
-            if plan.level == CACHE:  # a partner node receives every rank's files
-                plan = every_part(plan, self._handed.now)
-        if announcements[0].kind != REPORT:
-            return plan
-        ledger.say_if_mixed(plan, announcements, self.levels is not None)
-        self.callbacks.heard(plan.step, [a.metrics or {} for a in announcements])
-        if plan.directory is None:
-            ledger.log(plan.step, self.last_metrics)
-        elif plan.asynchronous:
-            ledger.expect(plan, self.last_metrics)
-        met = stop.criterion_met(self.stop_when, self.location.name, self.last_metrics,
-                                    plan.step + 1)
-        return replace(plan, criterion_met=met)
 
     def _drain(self, keep: int = 0) -> None:
         """Wait until at most ``keep`` background checkpoints run, and commit the others."""
@@ -268,7 +237,7 @@ class CommitProtocol:
         started = time.perf_counter()
         target = self.location.join(directory)
         if plan.level == CACHE and self.levels is not None:
-            cached, safe = self.levels.write(plan, handed.source, lambda per_rank: self._ledger()
+            cached, safe = self.levels.write(plan, handed.source, lambda per_rank: self._rank0()
                                              .commit(plan, per_rank, self.last_metrics, started),
                                              self.in_flight, state)
             if cached is not None:
@@ -276,11 +245,11 @@ class CommitProtocol:
             return safe
 
         def commit(per_rank: list[Persisted]) -> None:
-            self._ledger().commit(plan, per_rank, self.last_metrics, started)
+            self._rank0().commit(plan, per_rank, self.last_metrics, started)
 
         all_reduce(self.group, f"persisting {directory}",
                    lambda: self.share_writer.now(plan, handed, target, state), commit, CommitError,
-                   undo=lambda: self._ledger().experiment.discard(target.name))
+                   undo=lambda: self._rank0().discard(target.name))
         self._now_latest(target)
         return True
 
@@ -288,8 +257,13 @@ class CommitProtocol:
         """The one place that moves ``latest``: a checkpoint every rank knows is committed."""
         self.latest = Checkpoint._at(location)
 
-    def _ledger(self) -> Ledger:
-        if self.ledger is None:
+    def _coordinated(self, announcements: list[Announcement]) -> Plan:
+        """Rank 0's plan for the step every rank announced."""
+        return self._rank0().plan(announcements, self.next_step, self.next_index,
+                                            self.last_metrics, self.last_validation)
+
+    def _rank0(self) -> Coordinator:
+        if self.coordinator is None:
             raise ProtocolError(f"rank {self.comm.rank} asked for rank 0's experiment in the "
                                 "commit protocol")
-        return self.ledger
+        return self.coordinator
