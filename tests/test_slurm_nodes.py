@@ -249,12 +249,12 @@ def test_an_elastic_run_goes_on_with_one_rank_after_a_lost_node_and_grows_back_w
     slurmd is back, grows back to two ranks (no failure: it stops to grow) and ends with
     every epoch committed once, its parameters those of an uninterrupted run."""
     script = driver_script(tmp_path, "--name elastic --min-workers 1 --workers 2 --epochs 8 "
-                                     "--epoch-seconds 2 --max-failures 1 --resize-interval 1 "
+                                     "--epoch-seconds 1.5 --max-failures 1 --resize-interval 1 "
                                      "--show-hosts")
     job = sbatch(slurm_nodes, tmp_path, script, "--nodelist=n1,n2", "--ntasks-per-node=1",
                  "--no-kill", "--no-requeue", HPCKIT_LOCAL_DIR=str(slurm_nodes.local))
     node_back.append("n2")
-    lose_node_after(slurm_nodes, tmp_path, job, "elastic", "n2", 3)
+    lose_node_after(slurm_nodes, tmp_path, job, "elastic", "n2", 2)
     deadline = time.monotonic() + 60
     while len(attempts := manifest(tmp_path / "elastic")["attempts"]) < 2:
         assert time.monotonic() < deadline, output_of(tmp_path)
