@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections import Counter, deque
@@ -268,7 +269,8 @@ class AllocatedSweep:
                     step.process.send_signal(signum)
 
         wanted = {signal.SIGTERM, signal.SIGHUP, self.settings.stop_signal}
-        previous = {s: signal.signal(s, forward) for s in wanted}
+        main = threading.current_thread() is threading.main_thread()  # else not ours to catch
+        previous = {s: signal.signal(s, forward) for s in wanted} if main else {}
         try:
             yield
         finally:
