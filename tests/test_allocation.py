@@ -107,6 +107,7 @@ def test_an_elastic_run_starts_with_what_the_nodes_hold_and_goes_on_with_fewer_a
 
 
 def test_an_elastic_run_does_not_grow_to_a_size_its_checkpoint_cannot_take(monkeypatch):
+    from hpckit.launch import elastic as elastic_module
     from hpckit.launch import lost
 
     steps = elastic(2, 1, (1, 2))
@@ -117,8 +118,16 @@ def test_an_elastic_run_does_not_grow_to_a_size_its_checkpoint_cannot_take(monke
     give_up = steps.watch("/nonexistent")
     steps._grow_every_s = 0.0
     assert give_up() is False and steps.growing is False and steps.lost == {"n2"}
-    steps.resizable = lambda ranks: None
-    assert give_up() is False, "refused once, it is not asked again in this job"
+    assert steps.returned == frozenset(), "a node kept out is not taken for one back"
+    steps.resizable = lambda ranks: None  # a newer checkpoint loads on two ranks
+    assert give_up() is True and steps.growing, "asked again at the next interval"
+    stopping = elastic(2, 1, (1, 2))
+    stopping.lost = frozenset({"n2"})
+    stopping.launch()
+    stopping._grow_every_s = 0.0
+    monkeypatch.setattr(elastic_module, "stop_passed_on", lambda: True)
+    assert stopping.watch("/nonexistent")() is False, "a run that stops commits, not grows"
+    monkeypatch.setattr(elastic_module, "stop_passed_on", lambda: False)
     grown = elastic(2, 1, (1, 2))
     grown.lost = frozenset({"n2"})
     grown.launch()

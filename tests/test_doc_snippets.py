@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run
+from support.once import computed_once
 from support.doc_snippets import (
     ENV_NAME,
     GENERATED,
@@ -322,15 +323,19 @@ def test_python_block_runs(block, tmp_path):
     run([sys.executable, str(script)], timeout=120, cwd=tmp_path, env={**ENV, "HOME": str(tmp_path)})
 
 
-@pytest.fixture(scope="session")  # computed once a worker, whatever the order of tests
+@pytest.fixture(scope="session")
 def trained_home(tmp_path_factory) -> Path:
     """A HOME whose ~/hpckit_results/linear is examples/linear.py's run, the one the pages
-    show (also as /tmp/docrun/linear)."""
-    home = tmp_path_factory.mktemp("home")
-    run([sys.executable, str(ROOT / "examples" / "linear.py"), "--workers", "2"], timeout=120,
-        cwd=home, env={**ENV, "HOME": str(home)})
-    (home / "docrun").symlink_to("hpckit_results")
-    return home
+    show (also as /tmp/docrun/linear); trained once a test run, by whichever worker needs it
+    first (every test copies it before it runs a command)."""
+    def train() -> str:
+        home = tmp_path_factory.mktemp("home")
+        run([sys.executable, str(ROOT / "examples" / "linear.py"), "--workers", "2"],
+            timeout=120, cwd=home, env={**ENV, "HOME": str(home)})
+        (home / "docrun").symlink_to("hpckit_results")
+        return str(home)
+
+    return Path(computed_once(tmp_path_factory, "trained-home", train))
 
 
 COMMAND_ENDED = "@@@ the command ended @@@"

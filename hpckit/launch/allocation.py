@@ -80,11 +80,13 @@ def hostnames(nodelist: str) -> tuple[str, ...]:
 
 
 def srun_command(allocation: Allocation, nodes: tuple[str, ...], ranks: int, mpi: str,
-                 name: str, program: list[str], overlap: bool) -> tuple[str, ...]:
+                 name: str, program: list[str], overlap: bool,
+                 exact: bool = False) -> tuple[str, ...]:
     """The ``srun`` that starts ``ranks`` tasks of ``program`` on ``nodes`` as the step
     ``name``. ``overlap``: a step after a lost node, whose step Slurm may still count as
-    running (and holding the CPUs) until it marks the node DOWN."""
+    running (and holding the CPUs) until it marks the node DOWN. ``exact``: the step takes
+    only the CPUs its tasks ask for, so that other steps (a sweep's trials) share the node."""
     return ("srun", f"--mpi={mpi}", f"--nodes={len(nodes)}", f"--ntasks={ranks}",
             f"--nodelist={','.join(nodes)}", f"--jobid={allocation.job_id}",
             f"--job-name={name}", "--kill-on-bad-exit=1", *(("--overlap",) if overlap else ()),
-            *program)
+            *(("--exact",) if exact else ()), *program)

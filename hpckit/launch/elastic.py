@@ -12,7 +12,6 @@ most workers; under mpirun or srun it takes the world it was given, within its r
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 
@@ -20,6 +19,7 @@ from hpckit.experiment import resizing
 from hpckit.experiment.reading import read_manifest
 from hpckit.launch import lost
 from hpckit.launch.allocation import Allocation, current
+from hpckit.launch.forwarding import stop_passed_on
 from hpckit.launch.process import Launch
 from hpckit.launch.steps import AllocationSteps
 from hpckit.logs import log
@@ -70,6 +70,7 @@ class ElasticSteps(AllocationSteps):
         self._grow_every_s = grow_every_s
         # Why the last committed checkpoint cannot be loaded by that many ranks (None: it can).
         self.resizable: Callable[[int], str | None] = lambda ranks: None
+        self._refused: str | None = None  # said once
 
     @property
     def fewest(self) -> int:
@@ -90,29 +91,33 @@ class ElasticSteps(AllocationSteps):
         def give_up() -> bool:
             if lost_watch is not None and lost_watch():
                 return True
-            if self.ranks >= self.maximum or not self.lost or \
+            if self.ranks >= self.maximum or not self.lost or stop_passed_on() or \
                     time.monotonic() - asked[0] < self._grow_every_s:
-                return False
+                return False  # a run that stops commits first: its step is not given up
             asked[0] = time.monotonic()
-            self.growing = self._find_returned() and self.next_ranks() > self.ranks \
-                and self._may_grow()
+            back = self._find_returned()
+            self.growing = bool(back) and self.next_ranks() > self.ranks and self._may_grow(back)
             if self.growing:
                 log.warning("node(s) %s of Slurm job %s are back; the run grows to %d rank(s) "
-                            "from its last committed checkpoint", ",".join(sorted(self.returned)),
+                            "from its last committed checkpoint", ",".join(sorted(back)),
                             self.allocation.job_id, self.next_ranks())
             return self.growing
         return give_up
 
-    def _may_grow(self) -> bool:
+    def _may_grow(self, back: frozenset[str]) -> bool:
+        """Whether the last committed checkpoint loads on the ranks the nodes ``back`` would
+        add; where not, they stay out (asked again later: a newer checkpoint may load)."""
         refused = self.resizable(self.next_ranks())
         if refused:
-            log.warning("the run stays on %d rank(s): %s", self.ranks, refused)
-            self.lost |= self.returned
-            self._grow_every_s = math.inf  # not asked again in this job
+            if refused != self._refused:
+                log.warning("the run stays on %d rank(s): %s", self.ranks, refused)
+            self._refused = refused
+            self.lost |= back
+            self.returned -= back
         return not refused
 
-    def _find_returned(self) -> bool:
+    def _find_returned(self) -> frozenset[str]:
         back = lost.returned(tuple(sorted(self.lost)), self.allocation.job_id)
         self.lost -= back
         self.returned |= back
-        return bool(back)
+        return back

@@ -22,6 +22,13 @@ import time
 from typing import Any
 
 INSIST_AFTER_S = 5.0
+_passed_on: list[int] = []  # the stop signals and SIGTERMs this process passed to its ranks
+
+
+def stop_passed_on() -> bool:
+    """Whether this process passed a stop (the stop signal, SIGTERM) on to ranks it runs: they
+    are committing to stop, and an elastic run does not give their step up to grow."""
+    return bool(_passed_on)
 
 
 def signal_ranks(pids: str, signum: int) -> bool:
@@ -62,6 +69,7 @@ class Forwarding:
             signal.signal(s, handler)
 
     def _forward(self, signum: int, _frame: Any) -> None:
+        _passed_on.append(signum)
         if signum == self.stop and signum != signal.SIGTERM:
             if self.launcher_passes_stop:
                 self.process.send_signal(signum)

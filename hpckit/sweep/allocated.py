@@ -1,86 +1,74 @@
-"""A sweep under ``python sweep.py`` in a Slurm allocation (a batch script, ``salloc``): each
-trial a job step of its own across the allocation's nodes (:mod:`hpckit.sweep.places`), at
-most ``max_concurrent_trials`` at once, started by this process, which is the only writer of
+"""A sweep under ``python sweep.py`` in a Slurm allocation of several nodes (a batch script
+that runs the script itself, or ``salloc``): each trial a job step of its own across the
+allocation's nodes (:mod:`hpckit.sweep.places`, :mod:`hpckit.sweep.trialsteps`), at most
+``max_concurrent_trials`` at once, started by this process, which is the only writer of
 ``sweep.json``. A trial's ranks are an MPI world of their own, so a rank or a node that dies
 costs only its trial: the trial starts again on the nodes left, from its own last committed
 checkpoint, as its ``FailureConfig(max_failures)`` allows, while the others go on.
 
-A lost node is told as for one run (:mod:`hpckit.launch.steps`): the first rank of each
-node beats into the sweep's folder, and a node that went silent is asked through its
-slurmd. The ranks' entry point is :mod:`hpckit.sweep.worker`.
+A lost node is told as for one run (:mod:`hpckit.launch.steps`): the first rank of each node
+beats into the sweep's folder, and a node that went silent, never beat, or whose step failed
+is asked through its slurmd; one that does not answer is never used again in the job.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections import Counter, deque
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import replace
+from typing import Any, NoReturn
 
 from hpckit import exits, uncaught
 from hpckit.errors import LaunchError
 from hpckit.experiment.experiment import end_abandoned_attempt
+from hpckit.experiment.values import jsonable
 from hpckit.launch import heartbeat, lost
-from hpckit.launch.allocation import Allocation, srun_command
+from hpckit.launch.allocation import Allocation, current
 from hpckit.launch.process import started_for
 from hpckit.launch.steps import requeued_instead
 from hpckit.logs import log
-from hpckit.processes import ended_with
-from hpckit.run.ending.exit import INTERRUPT_GRACE
+from hpckit.run.ending import stop
 from hpckit.run.ending.retry import RetryPolicy
-from hpckit.run.ending.stop import ignored
 from hpckit.run.job import write_payload
 from hpckit.run.mpi.library import srun_plugin
 from hpckit.settings import Settings, variable
 from hpckit.storage.location import Location
 from hpckit.sweep.places import Places
-from hpckit.sweep.record import ERROR, PENDING, RUNNING, SweepManifest, SweepRecord, Trial
+from hpckit.sweep.record import (
+    ERROR,
+    PENDING,
+    RUNNING,
+    TERMINATED,
+    SweepManifest,
+    SweepRecord,
+    Trial,
+)
 from hpckit.sweep.spawned import TUNER
+from hpckit.sweep.trialsteps import (
+    Step,
+    end_steps,
+    failure_of,
+    kill,
+    read_outcome,
+    start_step,
+    suspect_nodes,
+)
 
 POLL_S = 0.2
-STOP_MARGIN_S = 5.0
 
 
-@dataclass
-class Step:
-    """A trial's job step in flight."""
-
-    trial: int
-    nodes: tuple[str, ...]
-    process: subprocess.Popen[bytes]
-    name: str
-    lost: frozenset[str] = frozenset()
-
-
-def outcome_path(payload: str, index: int) -> str:
-    return os.path.join(payload, f"trial-{index}.json")
-
-
-def write_outcome(payload: str, trial: Trial) -> None:
-    """On the trial's rank 0: how the trial ended, for the process that started its step."""
-    path = outcome_path(payload, trial.index)
-    with open(path + ".part", "w") as f:
-        json.dump(trial.__dict__, f)
-    os.replace(path + ".part", path)
-
-
-def _read_outcome(payload: str, index: int) -> Trial | None:
-    try:
-        with open(outcome_path(payload, index)) as f:
-            return Trial(**json.load(f))
-    except (OSError, ValueError, TypeError):
-        return None
+def across_nodes(settings: Settings) -> Allocation | None:
+    """The Slurm allocation of several nodes this process runs in, where trials are spread;
+    None elsewhere (one node: the ranks start here, as outside Slurm)."""
+    allocation = current(settings)
+    return allocation if allocation is not None and len(allocation.nodes) > 1 else None
 
 
 def run_allocated(tuner: Any, manifest: SweepManifest, todo: list[int],
@@ -95,6 +83,11 @@ def run_allocated(tuner: Any, manifest: SweepManifest, todo: list[int],
             f"a trial needs {places.per_trial} rank(s), and Slurm job {allocation.job_id} "
             f"has {len(allocation.nodes)} node(s) of {allocation.tasks_per_node} task(s): "
             "ask for more nodes or tasks per node, or give each trial fewer ranks.")
+    asked = tuner.tune_config.max_concurrent_trials
+    if asked and asked > places.capacity():
+        log.warning("TuneConfig(max_concurrent_trials=%d), but Slurm job %s holds %d trial(s) "
+                    "of %d rank(s) at once: at most %d run together", asked, allocation.job_id,
+                    places.capacity(), places.per_trial, places.capacity())
     shared = location.parent.path if location.is_local else os.getcwd()
     payload = tempfile.mkdtemp(prefix=".hpckit-sweep-", dir=shared)
     try:
@@ -103,8 +96,7 @@ def run_allocated(tuner: Any, manifest: SweepManifest, todo: list[int],
                       "nested function) and keep param_space picklable")
         os.makedirs(os.path.join(payload, heartbeat.FOLDER))
         sweep = AllocatedSweep(places, payload, manifest, writer, location, settings,
-                               RetryPolicy(tuner.run_config.failure_config.max_failures),
-                               tuner.tune_config.max_concurrent_trials)
+                               RetryPolicy(tuner.run_config.failure_config.max_failures), asked)
         return sweep.run(todo)
     finally:
         shutil.rmtree(payload, ignore_errors=True)
@@ -122,8 +114,8 @@ class AllocatedSweep:
         self.queue: deque[int] = deque()
         self.running: dict[int, Step] = {}
         self.failures: Counter[int] = Counter()
-        self.stopping = False
-        self.stopped = False
+        self.stopping = False  # a stop reached the sweep: no trial starts any more
+        self.stopped: list[int] = []  # trials whose steps stopped, to be resumed
         self._asked: dict[str, float] = {}
         self._mpi = srun_plugin()
 
@@ -143,11 +135,13 @@ class AllocatedSweep:
                     self._collect_ended()
                     self._leave_out_lost()
                     time.sleep(POLL_S)
-            except KeyboardInterrupt:
-                self._interrupt()
+            except BaseException as exc:
+                end_steps(self.running.values(), self.places.allocation.job_id)
+                if isinstance(exc, KeyboardInterrupt):
+                    self._interrupted()
                 raise
-        if self.stopped:
-            raise SystemExit(exits.STOPPED)
+        if self.stopping and (self.queue or self.stopped):
+            self._stop()
         return self.manifest
 
     def _limit(self) -> int:
@@ -164,21 +158,16 @@ class AllocatedSweep:
 
     def _start(self, index: int, nodes: tuple[str, ...]) -> None:
         trial = self.manifest.trials[index]
-        name = f"hpckit-trial-{index}-{uuid.uuid4().hex[:8]}"
         for node in nodes:  # silent until this step's rank beats, not stale
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(self.alive_folder, node))
-        command = srun_command(self.places.allocation, nodes, self.places.per_trial, self._mpi,
-                               name, [sys.executable, "-m", "hpckit.sweep.worker"],
-                               overlap=bool(self.places.lost))
-        env = {**os.environ, variable("sweep_payload"): self.payload,
-               variable("sweep_trial"): str(index), variable("heartbeat"): self.alive_folder,
+        env = {variable("sweep_payload"): self.payload, variable("sweep_trial"): str(index),
+               variable("heartbeat"): self.alive_folder,
                variable("attempt"): str(self.failures[index]), variable("progress"): "0",
                variable("started_at"): started_for(self.failures[index], self.settings)}
-        with ignored(self.settings.stop_signal):
-            process = subprocess.Popen(command, env=env, start_new_session=True,
-                                       preexec_fn=ended_with(os.getpid(), signal.SIGTERM))
-        self.running[index] = Step(index, nodes, process, name)
+        self.running[index] = start_step(self.places.allocation, nodes, index,
+                                         self.places.per_trial, self._mpi, env, self.settings,
+                                         overlap=bool(self.places.lost))
         self._record(replace(trial, status=RUNNING, error=None))
         log.info("trial %s starts on %s", trial.dirname, ",".join(nodes))
 
@@ -189,25 +178,41 @@ class AllocatedSweep:
                 continue
             del self.running[index]
             self.places.release(step.nodes)
-            outcome = _read_outcome(self.payload, index)
-            if code == exits.OK and outcome is not None:
-                self._record(outcome)
-            elif code == exits.TAKEN:  # another run took the trial's experiment: kept so
-                self._record(replace(self.manifest.trials[index], status=ERROR, error=(
-                    "ExperimentTakenError: another run took the trial's experiment over")))
-            elif not exits.restarts_after(code) or self.stopping:  # stopped, interrupted
-                self.stopped = True
-                self._record(replace(self.manifest.trials[index], status=PENDING))
-            else:
-                self._failed(step, code)
+            self._ended(step, code)
+
+    def _ended(self, step: Step, code: int) -> None:
+        trial = self.manifest.trials[step.trial]
+        ended = (read_outcome(self.payload, step.trial) or self._finished(trial)
+                 if code == exits.OK else None)
+        if ended is not None:
+            self._record(ended)
+        elif code == exits.TAKEN:  # another run took the trial's experiment: kept so
+            self._record(replace(trial, status=ERROR, error=(
+                "ExperimentTakenError: another run took the trial's experiment over")))
+        elif code != exits.OK and (not exits.restarts_after(code) or self.stopping):
+            self.stopping = True  # stopped or interrupted: the sweep stops with it
+            self.stopped.append(step.trial)
+            self._record(replace(trial, status=PENDING))
+        else:
+            self._failed(step, code)
+
+    def _finished(self, trial: Trial) -> Trial | None:
+        """A trial whose step ended well without its outcome file (a shared filesystem that
+        has not shown it yet): as its own manifest says it ended."""
+        from hpckit.sweep.trials import finished
+
+        last = finished(self.location.join(trial.dirname))
+        return None if last is None else replace(trial, status=TERMINATED, error=None,
+                                                 last=jsonable(last))
 
     def _failed(self, step: Step, code: int) -> None:
         """The step ended without the trial's outcome: its ranks failed, or its node was
         lost. Started again from its last committed checkpoint where its policy allows."""
+        if not step.lost:  # a node that died under it may have ended it first
+            step.lost = self._lose(lost.lost_nodes(step.nodes))
         trial = self.manifest.trials[step.trial]
-        why = (f"node(s) {','.join(sorted(step.lost))} lost, with their ranks" if step.lost
-               else f"srun exited with status {code}; a rank failed or was killed")
-        end_abandoned_attempt(self.location.join(trial.dirname), why)
+        why = failure_of(step, code, self.location.join(trial.dirname))
+        end_abandoned_attempt(self.location.join(trial.dirname), why)  # where its ranks could not
         failed = self.failures[step.trial]
         if not self.policy.allows(failed):
             log.error("trial %s failed: %s", trial.dirname, why)
@@ -220,27 +225,25 @@ class AllocatedSweep:
                     self.policy.describe(failed + 1))
 
     def _leave_out_lost(self) -> None:
-        """Nodes of running steps that stopped beating and whose slurmd does not answer:
-        never offered again, and their steps given up on."""
-        nodes = tuple({n for step in self.running.values() for n in step.nodes})
-        now = time.monotonic()
-        suspects = tuple(n for n in heartbeat.stale(self.alive_folder, nodes)
-                         if now - self._asked.get(n, -heartbeat.STALE_S) >= heartbeat.STALE_S)
+        """Nodes of running steps that stopped beating, or never beat, and whose slurmd does
+        not answer: never offered again, and their steps given up on."""
+        suspects = suspect_nodes(self.running.values(), self.alive_folder, self._asked)
         if not suspects:
             return
-        self._asked.update(dict.fromkeys(suspects, now))
-        found = lost.lost_nodes(suspects)
-        if not found:
-            return
-        self.places.lose(found)
-        log.warning("node(s) %s of Slurm job %s lost (their slurmd does not answer); their "
-                    "trials start again on the other nodes", ",".join(sorted(found)),
-                    self.places.allocation.job_id)
+        found = self._lose(lost.lost_nodes(suspects))
         for step in self.running.values():
             if found & set(step.nodes):
                 step.lost = found & frozenset(step.nodes)
-                step.process.kill()
-                lost.cancel_step(self.places.allocation.job_id, step.name)
+                kill(step, self.places.allocation.job_id)
+
+    def _lose(self, found: frozenset[str]) -> frozenset[str]:
+        found = found - self.places.lost
+        if found:
+            self.places.lose(found)
+            log.warning("node(s) %s of Slurm job %s lost (their slurmd does not answer); "
+                        "their trials start again on the other nodes", ",".join(sorted(found)),
+                        self.places.allocation.job_id)
+        return found
 
     def _no_node_left(self) -> None:
         allocation = self.places.allocation
@@ -252,6 +255,24 @@ class AllocatedSweep:
         if requeued_instead(said, self.settings):
             raise SystemExit(exits.STOPPED)
         raise uncaught.shown_elsewhere(LaunchError(said))
+
+    def _stop(self) -> None:
+        """A stop reached the sweep with trials left: it ends, continued by a requeue (the
+        trials that took the stop asked Slurm for it; where none did, this process asks)."""
+        left = len(self.queue) + len(self.stopped)
+        said = (f"the sweep stopped with {left} trial(s) to run or resume; running the same "
+                "command again continues it")
+        if self.stopped:
+            log.warning("%s", said)
+        else:
+            requeued_instead(said, self.settings)
+        raise SystemExit(exits.STOPPED)
+
+    def _interrupted(self) -> NoReturn:
+        log.warning("sweep interrupted; finished trials are kept and interrupted ones resume "
+                    "from their latest checkpoints. To go on, run the same command again.")
+        stop.interrupt_handled()
+        raise uncaught.shown_elsewhere(KeyboardInterrupt())
 
     def _record(self, trial: Trial) -> None:
         self.manifest = self.manifest.with_trial(trial)
@@ -276,18 +297,3 @@ class AllocatedSweep:
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
-
-    def _interrupt(self) -> None:
-        """Ctrl-C: passed to every step (twice within a second, as srun wants it); steps
-        that have not ended once the ranks have recorded it are killed."""
-        for step in self.running.values():
-            for _ in range(2):
-                with contextlib.suppress(OSError):
-                    step.process.send_signal(signal.SIGINT)
-        deadline = time.monotonic() + INTERRUPT_GRACE + STOP_MARGIN_S
-        for step in self.running.values():
-            try:
-                step.process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                step.process.kill()
-                step.process.wait()

@@ -22,14 +22,13 @@ from hpckit.config import RunConfig
 from hpckit.errors import ConfigError, ManifestError, TrainingFailedError
 from hpckit.experiment.values import jsonable
 from hpckit.launch import mainimport
-from hpckit.launch.allocation import current as current_allocation
 from hpckit.logs import log
 from hpckit.result import Result
 from hpckit.run.job import DEFAULT_STORAGE
 from hpckit.run.mpi.comm import on_root, world
 from hpckit.storage.location import Location, resolve
 from hpckit.sweep import placement, space
-from hpckit.sweep.allocated import run_allocated
+from hpckit.sweep.allocated import across_nodes, run_allocated
 from hpckit.sweep.config import TuneConfig
 from hpckit.sweep.packed import run_packed
 from hpckit.sweep.progress import Progress
@@ -134,7 +133,7 @@ class Tuner:
         or onto ``max_concurrent_trials`` groups of ranks started here (:mod:`.spawned`), or
         one after another here."""
         groups = min(self.tune_config.max_concurrent_trials or 1, len(todo))
-        if comm is None and todo and (allocation := current_allocation(_settings.current())):
+        if comm is None and todo and (allocation := across_nodes(_settings.current())):
             return run_allocated(self, manifest, todo, writer, location, allocation,
                                  _settings.current())
         if comm is None and groups > 1:

@@ -15,9 +15,9 @@ from hpckit.errors import LaunchError, ManifestError
 from hpckit.launch.mainimport import enter
 from hpckit.run.mpi.comm import world
 from hpckit.run.startup import beating
-from hpckit.sweep.allocated import write_outcome
 from hpckit.sweep.record import SweepRecord
 from hpckit.sweep.spawned import TUNER
+from hpckit.sweep.trialsteps import write_outcome
 
 
 def main() -> None:
@@ -45,7 +45,9 @@ def run_one_trial(tuner: Any, index: int, payload: str) -> None:
     logs.configure(comm.rank)
     trial = manifest.trials[index]
     params = tuner._params(manifest)[index]  # noqa: SLF001
-    ended = tuner._attempt(trial, params, location, comm)  # noqa: SLF001
+    # As fit() under srun: a failure ends the step, and the sweep's process counts it (the
+    # ranks do not restart themselves, so one counter spends max_failures).
+    ended = tuner._attempt(trial, params, location, None)  # noqa: SLF001
     if comm.rank == 0:
         write_outcome(payload, ended)
 
