@@ -103,6 +103,8 @@ def test_a_node_that_lost_its_disk_restarts_from_its_partner_copy(nodes, tmp_pat
     assert manifest(experiment)["latest"] == "checkpoint_000004"
     assert levels(experiment)["checkpoint_000004"] == CACHE
     assert not (experiment / "checkpoint_000004").exists(), "a cached checkpoint went to storage"
+    partner = list(nodes.disk("nodeb").glob("*/partner/checkpoint_000004/state-rank0.npy"))
+    assert partner, "nodeb holds no partner copy of nodea's files of checkpoint_000004"
     nodes.lose_disk("nodea")
 
     output = on_nodes(nodes, TWO, tmp_path)
