@@ -13,6 +13,8 @@ import subprocess
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from hpckit.errors import LaunchError
+from hpckit.launch.allocation import hostnames
 from hpckit.logs import log
 
 ANSWER_S = 3.0
@@ -46,18 +48,15 @@ def returned(nodes: tuple[str, ...], job_id: str) -> frozenset[str]:
 
 
 def _job_nodes(job_id: str) -> frozenset[str]:
+    """The nodes Slurm still counts in the job (none where scontrol cannot say)."""
     try:
         out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,
                              text=True, timeout=30).stdout
         listed = dict(f.split("=", 1) for f in out.split() if "=" in f).get("NodeList", "")
-        if not listed or listed == "(null)":
-            return frozenset()
-        names = subprocess.run(["scontrol", "show", "hostnames", listed], capture_output=True,
-                               text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
+        return frozenset(hostnames(listed)) if listed and listed != "(null)" else frozenset()
+    except (OSError, subprocess.SubprocessError, LaunchError) as exc:
         log.warning("cannot ask scontrol for the nodes of job %s (%s)", job_id, exc)
         return frozenset()
-    return frozenset(names.split())
 
 
 def _node_fields(nodes: tuple[str, ...]) -> dict[str, dict[str, str]]:

@@ -51,6 +51,7 @@ from hpckit.sweep.record import (
     Trial,
 )
 from hpckit.sweep.spawned import TUNER
+from hpckit.sweep.trials import finished, ranks_per_trial
 from hpckit.sweep.trialsteps import (
     Step,
     end_steps,
@@ -75,8 +76,6 @@ def run_allocated(tuner: Any, manifest: SweepManifest, todo: list[int],
                   writer: SweepRecord | None, location: Location, allocation: Allocation,
                   settings: Settings) -> SweepManifest:
     """Run the trials ``todo`` as job steps across ``allocation``; the sweep as they ended."""
-    from hpckit.sweep.trials import ranks_per_trial
-
     places = Places(allocation, ranks_per_trial(tuner.trainable))
     if not places.capacity():
         raise LaunchError(
@@ -199,8 +198,6 @@ class AllocatedSweep:
     def _finished(self, trial: Trial) -> Trial | None:
         """A trial whose step ended well without its outcome file (a shared filesystem that
         has not shown it yet): as its own manifest says it ended."""
-        from hpckit.sweep.trials import finished
-
         last = finished(self.location.join(trial.dirname))
         return None if last is None else replace(trial, status=TERMINATED, error=None,
                                                  last=jsonable(last))
