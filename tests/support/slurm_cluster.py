@@ -268,7 +268,7 @@ SelectTypeParameters=CR_Core
 MpiDefault=pmi2
 MailProg=/bin/true
 ReturnToService=2
-SchedulerParameters=sched_interval=5,bf_interval=5
+SchedulerParameters=sched_interval=1,bf_interval=1
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool/%n
 SlurmctldPidFile={root}/slurmctld.pid
