@@ -16,7 +16,7 @@ from hpckit.errors import CommitError
 from hpckit.experiment.manifest import FileRecord
 from hpckit.run.mpi.comm import RankFailure
 from hpckit.run.writing.assignment import attributed, merge, unrecorded
-from hpckit.run.writing.plan import Announcement, Persisted, Plan, Settled
+from hpckit.run.writing.plan import Announcement, Persisted, Placement, Plan, Settled
 from hpckit.run.writing.planning import raise_background_failure, settled_everywhere
 from hpckit.run.writing.rankstate import state_name
 from hpckit.run.writing.shares import share_hashing
@@ -234,7 +234,7 @@ def test_background_checkpoints_commit_in_order_and_fail_together():
 
 
 def test_in_place_records_merge_by_name_and_late_names_are_found():
-    plan = Plan(0, directory="checkpoint_000000", in_place=True)
+    plan = Plan(0, directory="checkpoint_000000", placement=Placement.IN_PLACE)
     per_rank = [Persisted([FileRecord("a", 1, 0, "h1")], ("a", "b", "late")),
                 Persisted([FileRecord("b", 2, 1, "h2"), FileRecord("a", 1, 1, "h1")], ("a", "b"))]
     assert [(r.path, r.rank) for r in merge(plan, per_rank)] == [("a", 0), ("b", 1)]
@@ -249,7 +249,7 @@ def test_in_place_records_name_the_rank_whose_save_wrote_the_file():
     whoever else handed the directory; the rest are the sole handing rank's, or no rank's."""
     records = [FileRecord("state-1.pt", 1, 1, "h"), FileRecord("model.pt", 1, 2, "h")]
     listed = [Persisted([], ("state-1.pt", "model.pt"))]
-    several = Plan(0, directory="checkpoint_000000", in_place=True, later={1: ("state-1.pt",)})
+    several = Plan(0, directory="checkpoint_000000", placement=Placement.IN_PLACE, later={1: ("state-1.pt",)})
     assert [r.rank for r in attributed(several, listed, records)] == [1, None]
     alone = replace(several, placed_by=0)
     assert [r.rank for r in attributed(alone, listed, records)] == [1, 0]

@@ -37,7 +37,7 @@ from hpckit.run.levels.cache import NodeCache, Nodes
 from hpckit.run.levels.levels import Levels
 from hpckit.run.mpi import transfer
 from hpckit.run.mpi.transfer import Receive, Send, exchange
-from hpckit.run.writing.plan import Plan
+from hpckit.run.writing.plan import Placement, Plan
 from hpckit.storage.checksum import checksum_of
 from hpckit.storage.location import local
 
@@ -265,7 +265,7 @@ def test_rank_0_sends_every_nth_the_stopping_and_the_in_place_checkpoint_to_stor
     drained = levels.leveled(replace(plan(2), asynchronous=False), ())
     assert drained.asynchronous, "a stored one drains to storage_path in the background"
     assert not levels.leveled(plan(2, stop="SIGUSR2"), ()).asynchronous, "but not at a stop"
-    for stored in (plan(0, stop="SIGUSR2"), plan(0, in_place=True),
+    for stored in (plan(0, stop="SIGUSR2"), plan(0, placement=Placement.IN_PLACE),
                    Plan(0, directory="epoch_0", index=0)):
         assert levels.leveled(stored, ()).level == STORAGE, stored
     assert levels.leveled(plan(1), ("checkpoint_000000",)).kept == \

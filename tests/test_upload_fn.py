@@ -18,7 +18,7 @@ import hpckit
 from hpckit import Checkpoint, DataParallelTrainer, RunConfig
 from hpckit.errors import CheckpointError, HpckitError
 from hpckit.experiment.reading import read_manifest
-from hpckit.run.writing.plan import REPORT, Announcement
+from hpckit.run.writing.plan import REPORT, Announcement, Placement
 from hpckit.run.writing.planning import make_plan
 from hpckit.storage.location import resolve
 
@@ -203,8 +203,8 @@ def announce(uploading: bool, in_place: bool = True, files=None, dir_name=None) 
 
 def test_a_plan_takes_a_name_for_an_upload_and_refuses_uploads_mixed_with_other_hand_ins():
     plan = make_plan([announce(True, dir_name="best"), announce(True, dir_name="best")], 0, 4)
-    assert plan.uploaded and plan.in_place and plan.directory == "best"
-    assert make_plan([announce(True), announce(False, in_place=False)], 0, 4).uploaded
+    assert plan.placement is Placement.UPLOADED and plan.directory == "best"
+    assert make_plan([announce(True), announce(False, in_place=False)], 0, 4).placement is Placement.UPLOADED
     with pytest.raises(CheckpointError, match=r"rank\(s\) 0 passed checkpoint_upload_fn and "
                                               r"rank\(s\) 1 handed a checkpoint without one"):
         make_plan([announce(True), announce(False)], 0, 4)

@@ -33,7 +33,7 @@ from hpckit.run.commit.callbacks import Callbacks
 from hpckit.run.commit.committer import Committer
 from hpckit.run.validation.validator import Validator
 from hpckit.run.writing.assignment import attributed, check_copies, merge, unrecorded
-from hpckit.run.writing.plan import Announcement, Persisted, Plan
+from hpckit.run.writing.plan import Announcement, Persisted, Placement, Plan
 from hpckit.run.writing.planning import mixed_modes, raise_background_failure, settled_everywhere
 from hpckit.storage.copy import checksum_file, checksum_stored
 from hpckit.storage.location import Location
@@ -102,8 +102,9 @@ class Ledger:
         self.experiment.wait_for_purge()
         target = self.experiment.location.join(directory)
         if directory != checkpoint_dirname(next_index):
-            self.experiment.reserve(directory, self.pending, plan.uploaded)
-        elif not plan.in_place and target.is_local and os.path.isdir(target.path):
+            self.experiment.reserve(directory, self.pending,
+                                    plan.placement is Placement.UPLOADED)
+        elif not plan.placement.found and target.is_local and os.path.isdir(target.path):
             self.experiment.clear(directory)
 
     def expect(self, plan: Plan, metrics: dict[str, Any]) -> None:

@@ -69,7 +69,7 @@ class Levels:
         with partners, once their partner copy, made in the background, is complete."""
         if plan.directory is None or plan.index is None:
             return replace(plan, kept=kept)
-        stored = (plan.stop is not None or plan.in_place or not is_checkpoint_dirname(plan.directory)
+        stored = (plan.stop is not None or plan.placement.found or not is_checkpoint_dirname(plan.directory)
                   or (plan.index + 1) % self.config.persist_every == 0)
         return replace(plan, level=STORAGE if stored else CACHE,
                        asynchronous=in_background(plan.stop, stored or self.partnered),

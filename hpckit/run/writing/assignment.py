@@ -145,7 +145,7 @@ def merge(plan: Plan, per_rank: list[Persisted]) -> list[FileRecord]:
             return sorted(by_name.values(), key=lambda r: r.path)
     kept: dict[str, FileRecord] = {}
     for r in records:
-        if plan.in_place or plan.shared.get(r.path, r.rank) == r.rank:
+        if plan.placement.found or plan.shared.get(r.path, r.rank) == r.rank:
             kept.setdefault(r.path, r)
     for r in records:
         first = kept[r.path]
@@ -163,7 +163,7 @@ def attributed(plan: Plan, per_rank: list[Persisted], records: list[FileRecord]
     its file rather than the one that hashed it: the rank whose own save wrote it, else the
     one rank that handed the directory; ``None`` where several ranks handed it, since any of
     them may have written any file there. A rank's resume state keeps its writer."""
-    if not plan.in_place or not any(persisted.listed for persisted in per_rank):
+    if not plan.placement.found or not any(persisted.listed for persisted in per_rank):
         return records
     saved = {name: rank for rank, names in plan.later.items() for name in names}
     return [r if is_rank_state(r.path) else r._replace(rank=saved.get(r.path, plan.placed_by))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import marshal
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, NamedTuple
 
 from hpckit.errors import ProtocolError
@@ -92,13 +93,30 @@ def _announcement(values: tuple[Any, ...]) -> Announcement:
     return tuple.__new__(Announcement, values)
 
 
+class Placement(Enum):
+    """How a checkpoint's files reach its directory: one of three, never a mix (a report
+    whose ranks mix them is refused in ``planning``)."""
+
+    HANDED = "handed"  # the ranks handed directories of their own: hpckit writes the files
+    IN_PLACE = "in place"  # the ranks wrote them into get_checkpoint_dir(): hpckit hashes them
+    UPLOADED = "uploaded"  # checkpoint_upload_fn put them there: hpckit hashes what it finds
+
+    @property
+    def found(self) -> bool:
+        """The files are found in a directory the ranks share, not written from the ones
+        they handed: any rank may hash any of them, and each rank lists what it sees."""
+        return self is not Placement.HANDED
+
+
 @dataclass(frozen=True)
 class Plan:
     """Rank 0's decision for one report, sent to every rank: the checkpoint to write (if any),
     and the background checkpoints committed on the way. ``shared``: the names several ranks
     hand, with the rank that writes each; ``writes`` and ``hashes``, by rank, are filled in by
     each rank for itself (``assignment.own_part``), by rank 0 for every rank only for the
-    node-local caches."""
+    node-local caches. A checkpoint's plan answers three questions apart, each in one field
+    whose values exclude one another: how its files arrive (``placement``), where they go
+    (``level``) and when (``asynchronous``: in the background)."""
 
     step: int
     stop: str | None = None
@@ -106,7 +124,7 @@ class Plan:
     writes: dict[int, list[str]] = field(default_factory=dict)
     hashes: dict[int, list[str]] = field(default_factory=dict)
     shared: dict[str, int] = field(default_factory=dict)
-    in_place: bool = False
+    placement: Placement = Placement.HANDED
     asynchronous: bool = False
     index: int | None = None
     later: dict[int, tuple[str, ...]] = field(default_factory=dict)  # by rank: its own to hash
@@ -115,8 +133,7 @@ class Plan:
     criterion_met: bool = False  # RunConfig(stop=...) was met: the run ends after this report
     level: str = STORAGE  # or CACHE: the node-local caches only (CheckpointConfig(cache_dir))
     kept: tuple[str, ...] | None = None  # with caches: every checkpoint they keep
-    uploaded: bool = False  # by checkpoint_upload_fn: every rank meets before it lists the files
-    placed_by: int | None = None  # in place: the one rank that handed it, where only one did
+    placed_by: int | None = None  # found: the one rank that handed it, where only one did
 
     def checkpoint(self) -> tuple[str, int]:
         """The directory and index of the checkpoint this plan writes."""

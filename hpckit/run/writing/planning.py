@@ -10,7 +10,14 @@ from hpckit.errors import CheckpointError, CommitError, ReportMismatchError
 from hpckit.experiment.manifest import checkpoint_dirname, custom_dirname_problem
 from hpckit.run.mpi.comm import RankFailure, raise_failures
 from hpckit.run.writing.assignment import HandedFiles
-from hpckit.run.writing.plan import REPORT, Announcement, Persisted, Plan, in_background
+from hpckit.run.writing.plan import (
+    REPORT,
+    Announcement,
+    Persisted,
+    Placement,
+    Plan,
+    in_background,
+)
 
 
 def make_plan(announcements: list[Announcement], step: int, next_index: int,
@@ -40,8 +47,10 @@ def make_plan(announcements: list[Announcement], step: int, next_index: int,
     named = _directory_name(announcements, bool(in_place) and not uploaded)
     directory = named or checkpoint_dirname(next_index)
     later = {rank: a.later for rank, a in enumerate(announcements) if a.later}
-    return Plan(step, stop, directory, shared=memory.writers(handed), in_place=bool(in_place),
-                asynchronous=asynchronous, index=next_index, later=later, uploaded=uploaded,
+    placement = (Placement.UPLOADED if uploaded else Placement.IN_PLACE if in_place
+                 else Placement.HANDED)
+    return Plan(step, stop, directory, shared=memory.writers(handed), placement=placement,
+                asynchronous=asynchronous, index=next_index, later=later,
                 placed_by=in_place[0] if len(in_place) == 1 else None)
 
 

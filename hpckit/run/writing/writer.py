@@ -15,7 +15,7 @@ from hpckit.run.mpi.comm import captured
 from hpckit.run.writing.handover import Handed, Staging, hand_over, same_filesystem, upload
 from hpckit.run.writing.inflight import InFlight, done_now
 from hpckit.run.writing.pinning import pinned
-from hpckit.run.writing.plan import Persisted, Plan
+from hpckit.run.writing.plan import Persisted, Placement, Plan
 from hpckit.run.writing.rankstate import with_state
 from hpckit.run.writing.shares import hash_uploaded, sync_in_place, write_share
 from hpckit.run.writing.uploads import Meeting
@@ -39,9 +39,9 @@ class ShareWriter:
         return with_state(lambda: self._now(plan, handed, target), target, self.rank, state)()
 
     def _now(self, plan: Plan, handed: Handed, target: Location) -> Persisted:
-        if plan.uploaded:
+        if plan.placement is Placement.UPLOADED:
             persisted = self._uploaded(handed, target, background=False)
-        elif plan.in_place:
+        elif plan.placement is Placement.IN_PLACE:
             if handed.checkpoint is not None:  # an asynchronous save made synchronous
                 handed.checkpoint._wait_until_written()
             persisted = sync_in_place(self._in_place_source(plan, handed), target, self.rank,
@@ -57,14 +57,14 @@ class ShareWriter:
         thread; a failed hand-over is raised there, so that every rank learns of it at the
         next collective step."""
         directory = plan.checkpoint()[0]
-        if plan.uploaded:
+        if plan.placement is Placement.UPLOADED:
             background = self.meeting.in_background()
             uploaded = with_state(lambda: self._uploaded(handed, target, background), target,
                                   self.rank, state)
             self.in_flight.start(directory, target,
                                  uploaded if background else done_now(uploaded))
             return
-        if plan.in_place:
+        if plan.placement is Placement.IN_PLACE:
             self.in_flight.start(directory, target, with_state(
                 lambda: self._in_place(plan, handed, target), target, self.rank, state))
             return
