@@ -16,8 +16,8 @@ from hpckit.errors import CommitError
 from hpckit.experiment.manifest import FileRecord
 from hpckit.run.mpi.comm import RankFailure
 from hpckit.run.writing.assignment import attributed, merge, unrecorded
-from hpckit.run.writing.plan import Announcement, Persisted, Placement, Plan, Settled
-from hpckit.run.writing.planning import raise_background_failure, settled_everywhere
+from hpckit.run.writing.plan import Announcement, Persisted, Placement, Plan, Finished
+from hpckit.run.writing.planning import raise_background_failure, finished_everywhere
 from hpckit.run.writing.rankstate import state_name
 from hpckit.run.writing.shares import share_hashing
 from hpckit.storage import files
@@ -220,14 +220,14 @@ def test_in_place_files_are_split_by_size_the_same_way_on_every_rank():
 
 def test_background_checkpoints_commit_in_order_and_fail_together():
     done = Persisted([FileRecord("x", 1, 0, "h")])
-    ahead = [Announcement("report", 1, settled=(Settled("c0", done), Settled("c1", done))),
-             Announcement("report", 1, settled=(Settled("c0", done),))]
-    ready, failures = settled_everywhere(ahead, ["c0", "c1"])
+    ahead = [Announcement("report", 1, finished=(Finished("c0", done), Finished("c1", done))),
+             Announcement("report", 1, finished=(Finished("c0", done),))]
+    ready, failures = finished_everywhere(ahead, ["c0", "c1"])
     assert [d for d, _ in ready] == ["c0"] and failures == []
     failure = RankFailure(1, "OSError: disk full", "", None)
-    failed = [ahead[0], Announcement("report", 1, settled=(Settled("c0", done),
-                                                            Settled("c1", None, failure)))]
-    ready, failures = settled_everywhere(failed, ["c0", "c1"])
+    failed = [ahead[0], Announcement("report", 1, finished=(Finished("c0", done),
+                                                            Finished("c1", None, failure)))]
+    ready, failures = finished_everywhere(failed, ["c0", "c1"])
     assert [d for d, _ in ready] == ["c0"] and failures == [failure]
     with pytest.raises(CommitError, match="persisting c1 in the background failed on rank 1"):
         raise_background_failure("c1", failures)

@@ -63,7 +63,7 @@ LOCAL_WRITES = frozenset({"makedirs", "mkdir", "rename", "replace", "unlink", "r
                           "rmtree", "copyfile", "copy2", "copytree", "move", "link"})
 RUN_ROOM = "hpckit/run/"
 LOCAL_WRITERS = {
-    "hpckit/run/writing/handover.py": "staging directories and in-place checkpoint directories",
+    "hpckit/run/writing/staging.py": "staging directories and in-place checkpoint directories",
     "hpckit/run/writing/shares.py": "each rank's files moved into a pending checkpoint",
     "hpckit/run/levels/cache.py": "a node's checkpoint cache",
     "hpckit/run/levels/restore.py": "a checkpoint assembled in a node's cache for a restart",
@@ -137,7 +137,7 @@ def test_on_the_ranks_local_files_change_only_in_the_named_rooms():
               for line, name in local_writes(source)]
     assert others == [], (
         f"a file changed on a rank outside the rooms that own local files: {others}; move it "
-        "into the room that owns that directory (e.g. writing.handover.Staging for staging)")
+        "into the room that owns that directory (e.g. writing.staging.Staging for staging)")
 
 
 def test_every_named_owner_exists():

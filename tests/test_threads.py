@@ -222,7 +222,7 @@ def test_a_metrics_only_report_hands_its_line_over_and_returns():
         release.set()
         ledger.committer.wait()
         assert lines == [0, 1]
-        assert isinstance(ledger.committer.landed()[1], OSError)
+        assert isinstance(ledger.committer.newly_committed()[1], OSError)
     finally:
         release.set()
         SlowExperiment.writer.close()

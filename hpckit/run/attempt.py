@@ -41,7 +41,7 @@ from hpckit.run.session.stopped import end_stopped_run
 from hpckit.run.startup.early import ready_since
 from hpckit.run.validation.pool import Pool
 from hpckit.run.validation.validator import for_attempt
-from hpckit.run.writing.handover import Staging
+from hpckit.run.writing.staging import Staging
 from hpckit.settings import Settings
 from hpckit.storage import files
 from hpckit.storage.location import Location, local

@@ -122,7 +122,7 @@ class Tuner:
         with Progress(location, manifest, shown):
             manifest = self._run(comm, manifest, params, todo, writer, location)
         if share is not None:  # the other tasks' trials, as far as they have got
-            manifest = _on_root(comm, lambda: _settled(manifest, location))
+            manifest = _on_root(comm, lambda: _with_finished_trials(manifest, location))
         self._results = self._grid(manifest, params, location)
         return self._results
 
@@ -138,7 +138,7 @@ class Tuner:
                                  _settings.current())
         if comm is None and groups > 1:
             run_spawned(self, groups * ranks_per_trial(self.trainable), _settings.current())
-            return _settled(SweepRecord(location).load() or manifest, location)
+            return _with_finished_trials(SweepRecord(location).load() or manifest, location)
         if comm is None:
             for index in todo:
                 manifest = self._one_by_one(manifest.trials[index], params[index], manifest,
@@ -180,7 +180,7 @@ class Tuner:
                shared: bool) -> SweepManifest:
         """Rank 0 reads or creates the sweep manifest; every rank gets the same one, or the
         same error."""
-        manifest: SweepManifest = _on_root(comm, lambda: _settled(self._planned(record, shared),
+        manifest: SweepManifest = _on_root(comm, lambda: _with_finished_trials(self._planned(record, shared),
                                                                   location))
         return manifest
 
@@ -272,7 +272,7 @@ class Tuner:
         return ResultGrid(results, manifest, location.display)
 
 
-def _settled(manifest: SweepManifest, location: Location) -> SweepManifest:
+def _with_finished_trials(manifest: SweepManifest, location: Location) -> SweepManifest:
     """The manifest with every trial whose own run finished marked so: under mpirun, only
     the end of a sweep records the trials the other groups ran, and a killed sweep never
     got there."""

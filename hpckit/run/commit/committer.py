@@ -4,7 +4,7 @@ A background checkpoint that every rank has finished used to be committed inside
 report's collective step: the other ranks waited while rank 0 wrote its metrics line and the
 manifest (a few milliseconds on a local disk, a hundred on a loaded Lustre or S3). Now rank 0
 hands those writes to the experiment's writer thread and replies at once; the next
-collective step tells every rank which commits have landed. The writer makes every change of
+collective step tells every rank which commits are written. The writer makes every change of
 the experiment in the order it was handed over, so metrics lines and manifests keep the
 order of the reports. After a write fails, the later ones are not made: their checkpoints are
 discarded, as they would have been had the commit run in the collective.
@@ -42,7 +42,7 @@ class Committer:
 
     @property
     def directories(self) -> tuple[str, ...]:
-        """The checkpoints handed over and not yet reported as landed, oldest first."""
+        """The checkpoints handed over and not yet reported as written, oldest first."""
         return tuple(job.directory for job in self._jobs if job.directory is not None)
 
     def submit(self, directory: str | None, write: Callable[[], None],
@@ -73,7 +73,7 @@ class Committer:
             self._jobs.popleft()
         return not self._failed and all(job.directory is None for job in self._jobs)
 
-    def landed(self) -> tuple[tuple[str, ...], BaseException | None]:
+    def newly_committed(self) -> tuple[tuple[str, ...], BaseException | None]:
         """The checkpoints committed since the last call, oldest first, and the first failure
         (after which nothing more lands)."""
         committed: list[str] = []

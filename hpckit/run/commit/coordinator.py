@@ -53,7 +53,7 @@ class Coordinator:
             ledger.prepare(plan, index)  # may refuse the report: before anything commits
             ledger.ask_validation(plan.directory, validation)
         # At a report, rank 0 writes the commits in the background and replies at once (a
-        # later step says they landed); a drain, the end and the caches' levels wait for them.
+        # later step says they are committed); a drain, the end and the caches' levels wait for them.
         plan = replace(plan, committed=ledger.commit_finished(
             announcements, report and self.levels is None),
                        committing=ledger.committer.directories)

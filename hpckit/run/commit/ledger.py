@@ -34,7 +34,7 @@ from hpckit.run.commit.committer import Committer
 from hpckit.run.validation.validator import Validator
 from hpckit.run.writing.assignment import attributed, check_copies, merge, unrecorded
 from hpckit.run.writing.plan import Announcement, Persisted, Placement, Plan
-from hpckit.run.writing.planning import mixed_modes, raise_background_failure, settled_everywhere
+from hpckit.run.writing.planning import finished_everywhere, mixed_modes, raise_background_failure
 from hpckit.storage.copy import checksum_file, checksum_stored
 from hpckit.storage.location import Location
 
@@ -133,18 +133,18 @@ class Ledger:
         Raises (after discarding the later ones) if one failed."""
         if not off_collective or self.committer.busy:
             self.committer.wait()
-        landed, failure = self.committer.landed()
+        written, failure = self.committer.newly_committed()
         if failure is not None:
             raise failure
         waiting = list(self._waiting)
-        finished, failures = settled_everywhere(announcements, waiting)
+        finished, failures = finished_everywhere(announcements, waiting)
         done = self._commit_ready(dict(finished), off_collective)
         if failures:
             # Those before the failed one are committed; it and the later ones are dropped.
             for directory in waiting[len(finished):]:
                 self.experiment.discard(directory)
             raise_background_failure(waiting[len(finished)], failures)
-        return landed + done
+        return written + done
 
     def _commit_ready(self, ready: dict[str, list[Persisted]], off_collective: bool
                       ) -> tuple[str, ...]:

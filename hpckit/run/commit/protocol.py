@@ -43,9 +43,9 @@ from hpckit.run.mpi.group import Group
 from hpckit.run.mpi.waiting import quiet_everywhere
 from hpckit.run.validation.validator import Validator
 from hpckit.run.writing.assignment import SentFiles, own_part
-from hpckit.run.writing.handover import Handed, Staging, Upload, hand_in, release
 from hpckit.run.writing.inflight import InFlight
 from hpckit.run.writing.plan import DRAIN, REPORT, RETURNED, Announcement, Persisted, Plan
+from hpckit.run.writing.staging import Handed, Staging, Upload, hand_in, release
 from hpckit.run.writing.uploads import Meeting
 from hpckit.run.writing.writer import ShareWriter
 from hpckit.storage.location import Location
@@ -107,7 +107,7 @@ class CommitProtocol:
         files, same_files = self._sent.compact(handed.files)
         plan = own_part(self._announce(Announcement(
             REPORT, self.reports, files, failure, stop.received(), handed.in_place,
-            self.in_flight.settled(), upload.mode is CheckpointUploadMode.ASYNC, upload.dir_name,
+            self.in_flight.finished(), upload.mode is CheckpointUploadMode.ASYNC, upload.dir_name,
             self._mine if self.callbacks else None, handed.later, handed.upload_fn is not None,
             same_files)), rank, handed.files)
         if self.levels is not None:
@@ -135,7 +135,7 @@ class CommitProtocol:
         """Collective end of the training function: commits what is still in the background,
         and catches ranks that reported fewer times."""
         self.in_flight.wait()
-        self._announce(Announcement(RETURNED, self.reports, settled=self.in_flight.settled(),
+        self._announce(Announcement(RETURNED, self.reports, finished=self.in_flight.finished(),
                                     failure=self._callback_failure()))
         self.callbacks.call_due()
         failure = self._callback_failure()
@@ -192,9 +192,9 @@ class CommitProtocol:
         if plan.stop and self.stop is None:
             self.stop = plan.stop
         self._committing = plan.committing
-        landed = self.in_flight.land(plan.committed)
-        if landed is not None:
-            self._now_latest(landed)
+        newest = self.in_flight.drop_committed(plan.committed)
+        if newest is not None:
+            self._now_latest(newest)
         if announcement.kind == REPORT:
             self.next_step = plan.step + 1
         if plan.index is not None:
@@ -219,7 +219,7 @@ class CommitProtocol:
         if len(self.in_flight) <= keep:
             return
         self.in_flight.wait(keep)
-        self._announce(Announcement(DRAIN, self.reports, settled=self.in_flight.settled()))
+        self._announce(Announcement(DRAIN, self.reports, finished=self.in_flight.finished()))
 
     def _make_room(self) -> None:
         limit = self.config.max_checkpoints_in_flight

@@ -21,7 +21,7 @@ from hpckit.run.ending.stop import CriterionMet, StopRequested
 from hpckit.run.session.context import TrainContext
 from hpckit.run.session.interval import CheckpointClock
 from hpckit.run.session.resumable import Keeper, RankState
-from hpckit.run.writing.handover import Upload
+from hpckit.run.writing.staging import Upload
 
 
 @dataclass

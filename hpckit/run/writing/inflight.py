@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from hpckit.background import IDLE, Worker
 from hpckit.errors import ProtocolError
 from hpckit.run.mpi.comm import RankFailure
-from hpckit.run.writing.plan import Persisted, Settled
+from hpckit.run.writing.plan import Finished, Persisted
 from hpckit.storage.location import Location
 
 
@@ -45,7 +45,7 @@ class InFlight:
               work: Callable[[], Persisted]) -> None:
         self._flights.append(Flight(directory, committed_at, self._worker.submit(work)))
 
-    def settled(self) -> tuple[Settled, ...]:
+    def finished(self) -> tuple[Finished, ...]:
         """The checkpoints whose work has ended, oldest first, up to the first that is still
         running (commits happen in order)."""
         done = []
@@ -53,8 +53,8 @@ class InFlight:
             if not flight.future.done():
                 break
             error = flight.future.exception()
-            done.append(Settled(flight.directory, None, RankFailure.capture(self.rank, error))
-                        if error is not None else Settled(flight.directory, flight.future.result()))
+            done.append(Finished(flight.directory, None, RankFailure.capture(self.rank, error))
+                        if error is not None else Finished(flight.directory, flight.future.result()))
         return tuple(done)
 
     def wait(self, keep: int = 0) -> None:
@@ -62,18 +62,18 @@ class InFlight:
         running = [f.future for f in self._flights]
         wait_for(running[:max(0, len(running) - keep)])
 
-    def land(self, committed: tuple[str, ...]) -> Location | None:
+    def drop_committed(self, committed: tuple[str, ...]) -> Location | None:
         """Drop the checkpoints the ranks just committed (always the oldest); where the newest
         of them lies, if any."""
-        landed = None
+        newest = None
         for directory in committed:
             oldest = self._flights.popleft() if self._flights else None
             if oldest is None or oldest.directory != directory:
                 raise ProtocolError(
                     f"rank {self.rank}: rank 0 committed {directory} while this rank's oldest "
                     f"checkpoint in flight is {oldest.directory if oldest else 'none'}")
-            landed = oldest.committed_at
-        return landed
+            newest = oldest.committed_at
+        return newest
 
     def close(self, wait: bool = True) -> None:
         """At the end of the attempt: what was not committed is abandoned, after any file

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from hpckit.experiment import ownership
-from hpckit.run.writing.handover import Handed, Staging
+from hpckit.run.writing.staging import Handed, Staging
 
 
 def pinned(handed: Handed, staging: Staging) -> Handed:

@@ -47,7 +47,7 @@ def _persisted(records: bytes, listed: tuple[str, ...], copies: tuple[tuple[str,
 
 
 @dataclass(frozen=True)
-class Settled:
+class Finished:
     """One background checkpoint that this rank has finished persisting, or failed to."""
 
     directory: str
@@ -64,7 +64,7 @@ class Announcement(NamedTuple):
     failure: RankFailure | None = None
     stop: str | None = None
     in_place: bool = False
-    settled: tuple[Settled, ...] = ()
+    finished: tuple[Finished, ...] = ()
     asynchronous: bool = False
     dir_name: str | None = None
     metrics: dict[str, Any] | None = None  # this rank's, sent only for UserCallbacks
@@ -84,7 +84,7 @@ class Announcement(NamedTuple):
     def quiet(self) -> bool:
         """A report with metrics only and nothing else to tell rank 0."""
         return (self.kind == REPORT and not self.hands and self.failure is None
-                and self.stop is None and not self.in_place and not self.settled
+                and self.stop is None and not self.in_place and not self.finished
                 and self.dir_name is None and self.metrics is None and not self.later
                 and not self.uploading)
 

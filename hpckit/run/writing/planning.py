@@ -101,11 +101,11 @@ def _directory_name(announcements: list[Announcement], in_place: bool) -> str | 
     return name
 
 
-def settled_everywhere(announcements: list[Announcement], pending: list[str]
+def finished_everywhere(announcements: list[Announcement], pending: list[str]
                         ) -> tuple[list[tuple[str, list[Persisted]]], list[RankFailure]]:
     """The oldest of the ``pending`` checkpoints that every rank has finished, in order, with
     what each rank persisted; and the failures of the next one, when a rank's failed."""
-    done = [{f.directory: f for f in a.settled} for a in announcements]
+    done = [{f.directory: f for f in a.finished} for a in announcements]
     ready: list[tuple[str, list[Persisted]]] = []
     for directory in pending:
         outcomes = [d.get(directory) for d in done]

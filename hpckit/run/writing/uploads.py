@@ -7,7 +7,7 @@ hpckit cannot know when another rank's upload is done, so the ranks meet once ev
 files. Each rank then hashes its share of them where they lie (read back from object
 storage), and the checkpoint is committed as one written in place. With ``ASYNC`` all of it
 runs on the in-flight thread, and the ranks meet there, on a communicator of their own.
-Here: the check of what ``fn`` returns, and the meeting (``handover.upload`` calls ``fn``,
+Here: the check of what ``fn`` returns, and the meeting (``staging.upload`` calls ``fn``,
 ``writer.ShareWriter`` runs the steps, ``shares.hash_uploaded`` hashes).
 """
 

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from hpckit import faults
 from hpckit.errors import CheckpointError
 from hpckit.run.mpi.comm import captured
-from hpckit.run.writing.handover import Handed, Staging, hand_over, same_filesystem, upload
 from hpckit.run.writing.inflight import InFlight, done_now
 from hpckit.run.writing.pinning import pinned
 from hpckit.run.writing.plan import Persisted, Placement, Plan
 from hpckit.run.writing.rankstate import with_state
 from hpckit.run.writing.shares import hash_uploaded, sync_in_place, write_share
+from hpckit.run.writing.staging import Handed, Staging, hand_over, same_filesystem, upload
 from hpckit.run.writing.uploads import Meeting
 from hpckit.storage.location import Location
 
