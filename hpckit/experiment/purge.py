@@ -59,7 +59,7 @@ def evict(experiment: Location, records: list[CheckpointRecord],
 class Purge:
     """A background worker deletes what the commits evicted, in commit order.
     A commit hands its evictions over without waiting: several checkpoints committed in one
-    step (background checkpoints that settled together) cost the collective nothing."""
+    step (background checkpoints that finished together) cost the collective nothing."""
 
     def __init__(self, experiment: Location, fence: Callable[[], None] | None = None) -> None:
         self.experiment = experiment

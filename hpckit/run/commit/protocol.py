@@ -54,7 +54,7 @@ from hpckit.storage.location import Location
 @dataclass(frozen=True)
 class Outcome:
     """What a report did: the newest checkpoint it committed (its own, or a background one
-    that settled), and whether ``RunConfig(stop=...)`` was met."""
+    that finished), and whether ``RunConfig(stop=...)`` was met."""
 
     committed: Checkpoint | None
     criterion_met: bool = False
