@@ -122,6 +122,15 @@ class Manifest:
     # The experiment's run in each tracker (MLflow, W&B), by tracker: a resume opens them again.
     tracker_runs: dict[str, str] = field(default_factory=dict)
 
+    def resumed_by(self, run: Manifest) -> Manifest:
+        """This manifest as ``run`` (the manifest a resuming run would start) resumes it:
+        from the step after the latest checkpoint, with the run's world size, command,
+        configuration and retention."""
+        latest = self.latest
+        return replace(self, next_step=latest.step + 1 if latest else 0,
+                       world_size=run.world_size, command=run.command, config=run.config,
+                       retention=run.retention)
+
     @property
     def latest(self) -> CheckpointRecord | None:
         return max(self.checkpoints, key=lambda r: r.index, default=None)

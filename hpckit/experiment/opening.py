@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
 
 import pyarrow.fs
 
@@ -35,13 +34,11 @@ _FT = pyarrow.fs.FileType
 
 @dataclass(frozen=True)
 class Opening:
-    """What a run brings to the experiment it opens."""
+    """What a run brings to the experiment it opens. ``started``: the manifest it starts
+    where the experiment has none; a resume records its world size, command, configuration
+    and retention (:meth:`Manifest.resumed_by`)."""
 
-    name: str
-    world_size: int
-    command: dict[str, Any]
-    config: dict[str, Any]
-    retention: dict[str, Any]
+    started: Manifest
     verify_on_resume: bool
     attempt: Attempt
     # How the attempt before ended (failed or hung), as its launcher saw it, and its ranks' PIDs.
@@ -49,6 +46,10 @@ class Opening:
     restored: str | None = None  # the cached checkpoint the ranks assembled (run.restore)
     trackers: tuple[TrackerCallback, ...] = ()  # RunConfig(callbacks=...)'s, and what they are told
     tracked: TrackedExperiment | None = None
+
+    @property
+    def name(self) -> str:
+        return self.started.experiment
 
 
 def prepare(root: Location, name: str) -> Location:
@@ -64,9 +65,10 @@ def prepare(root: Location, name: str) -> Location:
 def numbered(opening: Opening, manifest: Manifest, found: Manifest | None) -> Attempt:
     """This run's attempt, numbered across every run of the experiment (not per run), with
     its configuration when that differs from the attempt before."""
-    changed = found is None or found.config != opening.config or not found.attempts
+    config = opening.started.config
+    changed = found is None or found.config != config or not found.attempts
     return replace(opening.attempt, attempt=len(manifest.attempts),
-                   config=opening.config if changed else None)
+                   config=config if changed else None)
 
 
 def resumable(location: Location, manifest: Manifest, opening: Opening) -> Manifest:
@@ -78,14 +80,12 @@ def resumable(location: Location, manifest: Manifest, opening: Opening) -> Manif
     if opening.verify_on_resume:
         manifest = manifest.without(verify.damaged(location, manifest))
     latest = manifest.latest
-    if manifest.world_size != opening.world_size:
+    if manifest.world_size != opening.started.world_size:
         log.warning("resuming %s with %d ranks; it was recorded with %d", opening.name,
-                    opening.world_size, manifest.world_size)
+                    opening.started.world_size, manifest.world_size)
     log.info("resuming experiment %s from %s", location.display,
              latest.directory if latest else "its start (no checkpoint was committed)")
-    return replace(manifest, next_step=latest.step + 1 if latest else 0,
-                    retention=opening.retention, world_size=opening.world_size,
-                    command=opening.command, config=opening.config)
+    return manifest.resumed_by(opening.started)
 
 
 def _unservable(manifest: Manifest, restored: str | None) -> list[CheckpointRecord]:
@@ -121,8 +121,7 @@ def begin(root: Location, opening: Opening, settings: Settings,
     try:
         found = read_manifest(location)
         if found is None:
-            manifest = Manifest(opening.name, opening.world_size, opening.command,
-                                opening.config, opening.retention, time.time())
+            manifest = replace(opening.started, created_at=time.time())
         else:
             manifest = resumable(location, found, opening)
         manifest = manifest.with_attempt(

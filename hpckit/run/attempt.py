@@ -20,6 +20,7 @@ from hpckit.experiment import retention
 from hpckit.experiment.artifacts import Artifacts
 from hpckit.experiment.attempts import Attempt, AttemptStatus, previous_failure
 from hpckit.experiment.experiment import Experiment
+from hpckit.experiment.manifest import Manifest
 from hpckit.experiment.opening import Opening
 from hpckit.logs import log
 from hpckit.result import Result
@@ -115,8 +116,9 @@ def _open(job: TrainingJob, root: Location, world_size: int, settings: Settings,
     attempt = Attempt(number, AttemptStatus.RUNNING, time.time(), world_size,
                       settings.launcher or "python", socket.gethostname(), os.getpid(),
                       tuple(redact(a) for a in sys.argv), settings.slurm())
-    opening = Opening(job.name, world_size, command_record(settings), job.config_record(root),
-                      retention.record(config), config.verify_on_resume, attempt,
+    started = Manifest(job.name, world_size, command_record(settings), job.config_record(root),
+                       retention.record(config), time.time())
+    opening = Opening(started, config.verify_on_resume, attempt,
                       previous_failure(settings), restored, *job.trackers(root))
     experiment = Experiment.open(root, opening, settings, job.run_config.sync_config)
     try:
