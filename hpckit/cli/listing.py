@@ -1,7 +1,9 @@
-"""``hpckit ls``: the checkpoints of one experiment, or the experiments under a storage root."""
+"""``hpckit ls``: the checkpoints of one experiment, the trials of a sweep, or the experiments
+under a storage root."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 import click
@@ -10,7 +12,6 @@ import pyarrow.fs
 from hpckit import settings
 from hpckit.cli.app import main
 from hpckit.cli.common import open_experiment
-from hpckit.cli.sweeps import list_sweep
 from hpckit.cli.tables import echo_json, echo_table, moment, number, size
 from hpckit.errors import StorageError
 from hpckit.experiment import retention
@@ -20,7 +21,8 @@ from hpckit.logs import log
 from hpckit.run.job import DEFAULT_STORAGE
 from hpckit.storage import files
 from hpckit.storage.location import Location, resolve
-from hpckit.sweep.record import SweepRecord
+from hpckit.sweep.record import SweepManifest, SweepRecord
+from hpckit.sweep.status import counts, trial_states, varied
 
 
 @main.command("ls")
@@ -132,3 +134,20 @@ def _best_metric(manifest: Manifest) -> dict[str, Any] | None:
 
 def _best(best: dict[str, Any] | None) -> str:
     return f"{best['metric']}={number(best['value'])}" if best else "-"
+
+
+def list_sweep(location: Location, sweep: SweepManifest, as_json: bool) -> None:
+    """``hpckit ls SWEEP``: a sweep's trials as a table, as Ray Tune's progress table shows
+    them: status, the params that vary, the best value of the sweep's metric, checkpoints
+    kept."""
+    states = trial_states(location, sweep)
+    if as_json:
+        echo_json([asdict(s) for s in states])
+        return
+    params = varied(states)
+    header = ["TRIAL", "STATUS", *params, f"BEST {sweep.metric or '-'}", "CHECKPOINTS"]
+    table = [[s.trial, s.status, *(number(s.config.get(k)) for k in params), number(s.best),
+              str(s.checkpoints)] for s in states]
+    echo_table(header, table, [False, False, *([True] * len(params)), True, True])
+    click.echo(f"{len(states)} trial(s): " + ", ".join(f"{n} {s}"
+                                                       for s, n in counts(states).items()))

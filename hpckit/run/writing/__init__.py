@@ -2,7 +2,7 @@
 plans, what a rank persisted), the plan rank 0 makes from every rank's announcement
 (``planning``, with who writes each name several ranks hand: ``assignment``), what a rank
 hands to ``report()`` and where its files wait (``staging``; a committed checkpoint handed
-again is read from links: ``pinning``), each rank's resume state (``rankstate``),
+again is read from links: ``writer.pinned``), each rank's resume state (``rankstate``),
 the files each rank writes or hashes (``shares``), this rank writing its share now or in
 the background (``writer``), and this rank's checkpoints still in flight in the background
 (``inflight``: the one owner of that set and its futures).

@@ -68,7 +68,7 @@ class Handed:
     upload_fn: Callable[[Checkpoint, str], Checkpoint] | None = None
     """``checkpoint_upload_fn``: it uploads the files straight into the checkpoint's directory."""
     pinned: bool = False
-    """``source`` is this rank's links to a committed checkpoint's files (run/writing/pinning.py),
+    """``source`` is this rank's links to a committed checkpoint's files (``writer.pinned``),
     removed once they are read."""
 
 

@@ -7,13 +7,13 @@ staging snapshot of GPU state)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hpckit import faults
 from hpckit.errors import CheckpointError
+from hpckit.experiment import ownership
 from hpckit.run.mpi.comm import captured
 from hpckit.run.writing.inflight import InFlight, done_now
-from hpckit.run.writing.pinning import pinned
 from hpckit.run.writing.plan import Persisted, Placement, Plan
 from hpckit.run.writing.rankstate import with_state
 from hpckit.run.writing.shares import hash_uploaded, sync_in_place, write_share
@@ -112,7 +112,7 @@ class ShareWriter:
 
     def pinned(self, handed: Handed) -> Handed:
         """Before the ranks meet: ``handed``, reading from links where it is a committed
-        checkpoint that retention may evict at that meeting (run/writing/pinning.py)."""
+        checkpoint that retention may evict at that meeting (:func:`pinned`)."""
         return pinned(handed, self.staging)
 
     def _hand_over(self, plan: Plan, handed: Handed) -> str | None:
@@ -129,3 +129,22 @@ class ShareWriter:
     def _in_place_source(self, plan: Plan, handed: Handed) -> str:
         """In-place: on POSIX each rank hashes a share, on object storage uploads its own."""
         return handed.source or self.staging.in_place(plan.checkpoint()[0])
+
+
+def pinned(handed: Handed, staging: Staging) -> Handed:
+    """``handed``, reading from links this rank pins where its source is a committed checkpoint
+    of any experiment; as it was otherwise.
+
+    A committed checkpoint handed to ``report()`` again (``report(checkpoint=get_checkpoint())``
+    after an evaluation-only epoch, or another experiment's checkpoint) is read from links to
+    its files that this rank makes in its staging before the ranks meet. At that meeting rank 0
+    may commit an earlier report's checkpoint and retention evict the very checkpoint handed
+    here, deleting it while the hand-over still reads it: the links keep its bytes until the
+    hand-over is done, and the committed files themselves are never changed (links are only
+    read, then removed)."""
+    source = handed.source
+    if (source is None or handed.in_place or handed.files is None
+            or not ownership.in_experiment(source)):
+        return handed
+    pin = staging.pin(source, [name for name, _ in handed.files])
+    return replace(handed, source=pin, pinned=True)
