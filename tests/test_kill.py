@@ -166,6 +166,15 @@ def check_resumed(run: Run, before: reliability.State) -> None:
     check_ready(run, before)
 
 
+def check_resumed_from(after: reliability.State, before: reliability.State) -> None:
+    """The attempt the run added records the checkpoint it resumed from: the newest complete
+    one ``before`` names (none where there was none: it started from the beginning)."""
+    assert len(after.resumed_from) > before.attempts, f"the run recorded no attempt: {after}"
+    assert after.resumed_from[before.attempts] == before.latest, \
+        f"attempt {before.attempts} records resuming from " \
+        f"{after.resumed_from[before.attempts]}, not {before.latest}"
+
+
 def check_opened(run: Run, before: reliability.State) -> None:
     """The run resumed the experiment from the newest complete checkpoint (from its start when
     none was committed) once a run had written its manifest, and started it afresh before."""
@@ -236,6 +245,7 @@ def kill_trial(storage: str, experiment: str, phase: str, kill: Kill, state: rel
         f"{kill}: fault {spec} never fired:\n{run.output}"
     check_resumed(run, state)  # every hook is reached in training, after both lines
     after = reliability.check_experiment(experiment, state)
+    check_resumed_from(after, state)
     in_flight = max(after.leftovers + after.committed, default=None)
     if phase in VALIDATING:
         # Killed with the validation process: the checkpoint stays committed and pending.
@@ -269,6 +279,7 @@ def finish_chain(storage: str, experiment: str, state: reliability.State, refere
     check_resumed(run, state)
     assert finished(experiment, PHASE_EPOCHS, run) == reference(PHASE_EPOCHS)
     end = reliability.check_experiment(experiment, state)
+    check_resumed_from(end, state)
     assert not end.leftovers and not end.temp_files and len(end.committed) == 2, end
     assert not end.lost, f"committed checkpoints that retention keeps were lost: {end.lost}"
     assert ".staging" not in [i.base_name for i in _storage.list_dir(resolve(experiment))]
@@ -376,6 +387,7 @@ def test_sigkill_at_random_times_loses_nothing(tmp_path, reference):
     check_resumed(run, state)
     assert finished(str(experiment), RANDOM_EPOCHS, run) == reference(RANDOM_EPOCHS)
     end = reliability.check_experiment(experiment, state)
+    check_resumed_from(end, state)
     assert not end.leftovers and not end.temp_files, end
     assert not end.lost, f"committed checkpoints that retention keeps were lost: {end.lost}"
 
@@ -408,6 +420,7 @@ def test_sixty_four_ranks_one_killed_mid_commit_rerun_is_exact(tmp_path):
     assert line is not None and json.loads(line) == \
         [expected(rank, WIDE_EPOCHS) for rank in range(WIDE_RANKS)], rerun.output
     end = reliability.check_experiment(tmp_path / "wide", state)
+    check_resumed_from(end, state)
     assert not end.leftovers and not end.temp_files and not end.lost, end
     text = (tmp_path / "wide" / "metrics.jsonl").read_text()
     assert [json.loads(entry)["step"] for entry in text.splitlines()] == list(range(WIDE_EPOCHS))

@@ -52,6 +52,11 @@ def cached_args(storage: Path, cache: Path) -> list[str]:
             "2048", "--cache", str(cache), "--persist-every", "3", "--redundancy", "partner"]
 
 
+def resumed_from(experiment: Path) -> str | None:
+    """The checkpoint the last attempt resumed from, as the manifest records it."""
+    return manifest(experiment)["attempts"][-1].get("resumed_from")
+
+
 def final(output: str) -> list[str]:
     found = re.search(r"FINAL (\{.*\})", output)
     assert found, output
@@ -112,6 +117,7 @@ def test_a_node_that_lost_its_disk_restarts_from_its_partner_copy(nodes, tmp_pat
                         r"partner copies: (\d+).*sent between nodes: (\d+)\); nothing read from "
                         r"storage_path", output)
     assert restart and int(restart.group(1)) > 0 and int(restart.group(2)) > 0, output
+    assert resumed_from(experiment) == "checkpoint_000004"
     assert steps(experiment) == list(range(EPOCHS)), "a step was repeated or skipped"
     assert final(output) == reference(4)
     assert levels(experiment)["checkpoint_000006"] == STORAGE, "the last one stayed cached"
@@ -129,6 +135,7 @@ def test_three_nodes_killed_during_the_partner_copy_resume_from_the_last_commit(
     output = on_nodes(nodes, three, tmp_path)
     assert "resuming experiment" in output and "from checkpoint_000002" in output, output
     assert "restarting from" not in output, "no cached checkpoint is newer than the stored one"
+    assert resumed_from(experiment) == "checkpoint_000002"
     assert steps(experiment) == list(range(EPOCHS))
     assert final(output) == reference(6)
 
@@ -141,6 +148,7 @@ def test_killed_while_draining_the_last_checkpoint_it_drains_on_the_rerun(nodes,
     assert levels(experiment)["checkpoint_000006"] == CACHE, "recorded on storage before its copy"
     output = on_nodes(nodes, TWO, tmp_path)
     assert "restarting from checkpoint_000006 in the node-local caches" in output, output
+    assert resumed_from(experiment) == "checkpoint_000006"
     assert "persisted checkpoint_000006 to storage_path" in output
     assert levels(experiment)["checkpoint_000006"] == STORAGE
     verify = run([HPCKIT, "verify", str(experiment), "checkpoint_000006"], timeout=60)
@@ -164,6 +172,7 @@ def test_a_stop_at_a_report_without_a_checkpoint_sends_the_cached_latest_to_stor
         nodes.lose_disk(host)
     output = nodes.mpiexec(TWO, 2, SHARDED, *args[:-2], env=QUICK).output
     assert "from checkpoint_000000" in output, output
+    assert resumed_from(experiment) == "checkpoint_000000"
     assert steps(experiment) == list(range(EPOCHS)), output
     assert final(output) == reference(4)
 
@@ -214,6 +223,7 @@ def test_a_job_restarted_on_other_nodes_falls_back_to_storage_path(nodes, tmp_pa
     assert re.search(r"checkpoint_000004 is in the node-local caches of nodea, nodeb; this job "
                      r"runs on nodec, noded and cannot restart from it", output), output
     assert "from checkpoint_000002" in output
+    assert resumed_from(experiment) == "checkpoint_000002"
     assert steps(experiment) == list(range(EPOCHS))
     assert final(output) == reference(4)
 

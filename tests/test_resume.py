@@ -51,6 +51,7 @@ def test_killed_run_resumes_from_last_committed_checkpoint(tmp_path, world):
     assert (exp / "checkpoint_000002" / "model-rank=0.pt").read_bytes() == bytes([0]) * 1000
     assert [line["step"] for line in metrics_lines(exp)] == [0, 1, 2, 3, 4]
     assert [a["status"] for a in m["attempts"]] == ["interrupted", "finished"]
+    assert [a.get("resumed_from") for a in m["attempts"]] == [None, "checkpoint_000001"]
     assert "removed leftovers" in run.output
 
 

@@ -74,10 +74,11 @@ def _show_experiment(location: Location, manifest: Manifest, latest: str | None)
         error = a.error.splitlines()[0] if a.error else None
         notes = [*(["Slurm job " + job] if job else []), *changes, *([error] if error else [])]
         rows.append([str(a.attempt), a.status.value, moment(a.started_at), duration(a.duration),
-                     str(a.world_size or "-"), a.launcher or "-", "; ".join(notes)])
+                     str(a.world_size or "-"), a.launcher or "-", a.resumed_from or "-",
+                     "; ".join(notes)])
     click.echo("attempts:")
-    echo_table(["  #", "STATUS", "STARTED", "DURATION", "RANKS", "LAUNCHER", "CHANGED / ERROR"],
-               rows, [True, False, False, True, True, False, False])
+    echo_table(["  #", "STATUS", "STARTED", "DURATION", "RANKS", "LAUNCHER", "RESUMED FROM",
+                "CHANGED / ERROR"], rows, [True, False, False, True, True, False, False, False])
 
 
 @main.command()

@@ -43,6 +43,8 @@ class Attempt:
     reports: int | None = None
     # The run's configuration, recorded only when it differs from the attempt before.
     config: dict[str, Any] | None = None
+    # The checkpoint it resumed from (None: it started from the experiment's beginning).
+    resumed_from: str | None = None
 
     def ended(self, status: AttemptStatus, error: str | None = None,
               reports: int | None = None) -> Attempt:
@@ -54,7 +56,7 @@ class Attempt:
                                 "started_at": self.started_at, "world_size": self.world_size,
                                 "launcher": self.launcher, "host": self.host, "pid": self.pid,
                                 "argv": list(self.argv), "slurm": dict(self.slurm)}
-        for key in ("ended_at", "error", "reports", "config"):
+        for key in ("ended_at", "error", "reports", "config", "resumed_from"):
             if getattr(self, key) is not None:
                 body[key] = getattr(self, key)
         return body
@@ -69,7 +71,8 @@ class Attempt:
             raise ManifestError(f"manifest {where}: attempt status {raw.get('status')!r} is none "
                                 f"of {', '.join(s.value for s in AttemptStatus)}.") from None
         known = {k: raw[k] for k in ("attempt", "started_at", "world_size", "launcher", "host",
-                                     "pid", "ended_at", "error", "reports", "config") if k in raw}
+                                     "pid", "ended_at", "error", "reports", "config",
+                                     "resumed_from") if k in raw}
         known.setdefault("attempt", 0)
         return cls(status=status, argv=tuple(raw.get("argv") or ()),
                    slurm=dict(raw.get("slurm") or {}), **known)

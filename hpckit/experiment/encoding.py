@@ -36,7 +36,8 @@ FORMAT = "hpckit.manifest"
 # where 1 and 2 had a bare SHA-256 ("sha256"); 4 adds validations; 5 keeps the records of a
 # checkpoint of many files in a file of their own (experiment.records); 6 allows a file whose
 # writer is not known; 7 records the experiment's tracker runs. Each manifest is written as
-# the oldest version that holds it: 1 while there are no checkpoints.
+# the oldest version that holds it: 1 while there are no checkpoints. An attempt's optional
+# fields (``resumed_from`` among them) need no version: every reader skips what it does not know.
 FORMAT_VERSION = 7
 
 

@@ -64,11 +64,14 @@ def prepare(root: Location, name: str) -> Location:
 
 def numbered(opening: Opening, manifest: Manifest, found: Manifest | None) -> Attempt:
     """This run's attempt, numbered across every run of the experiment (not per run), with
-    its configuration when that differs from the attempt before."""
+    its configuration when that differs from the attempt before, and the checkpoint it
+    resumes from."""
     config = opening.started.config
     changed = found is None or found.config != config or not found.attempts
+    latest = manifest.latest if found is not None else None
     return replace(opening.attempt, attempt=len(manifest.attempts),
-                   config=config if changed else None)
+                   config=config if changed else None,
+                   resumed_from=latest.directory if latest else None)
 
 
 def resumable(location: Location, manifest: Manifest, opening: Opening) -> Manifest:

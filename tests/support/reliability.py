@@ -44,6 +44,8 @@ class State:
     # losses so far (check_experiment counts them; a chain asserts at its end that none was).
     lost: list[str] = field(default_factory=list)
     records: tuple[CheckpointRecord, ...] = field(default=(), repr=False)
+    # Each attempt's checkpoint it resumed from, as the manifest records it (None: from the start).
+    resumed_from: tuple[str | None, ...] = ()
 
     def lost_since(self, before: State) -> int:
         """How many committed checkpoints the trial that went from ``before`` to this lost."""
@@ -79,7 +81,8 @@ def check_experiment(experiment: Path | str, before: State | None) -> State:
                  opened=True, attempts=len(manifest.attempts),
                  next_index=manifest.next_checkpoint_index,
                  lost=earlier_losses + (lost(before, manifest) if before is not None else []),
-                 records=manifest.checkpoints)
+                 records=manifest.checkpoints,
+                 resumed_from=tuple(a.resumed_from for a in manifest.attempts))
 
 
 def lost(before: State, manifest: Manifest) -> list[str]:
@@ -108,7 +111,8 @@ def seen(manifest: Manifest) -> State:
     latest = manifest.latest.directory if manifest.latest else None
     return State(latest, sorted(r.directory for r in manifest.checkpoints), opened=True,
                  attempts=len(manifest.attempts), next_index=manifest.next_checkpoint_index,
-                 records=manifest.checkpoints)
+                 records=manifest.checkpoints,
+                 resumed_from=tuple(a.resumed_from for a in manifest.attempts))
 
 
 def reported(experiment: Path | str) -> State:
