@@ -7,14 +7,16 @@ No MPI: for N ranks, each handing two 1 KiB files (``model-rank{r}.bin``,
 ``optimizer-rank{r}.bin``), the values hpckit's steps move are built as the ranks would
 build them (``Announcement``, the ``Plan``, each rank's ``Persisted`` records; in the steady
 state, where each rank hands the same names and sizes as at the last checkpoint, so that it
-sends their digest and rank 0 reuses the last assignment) and rank 0's
+sends the number of the report that sent them and rank 0 reuses the last assignment) and rank 0's
 work on them is timed here: unpickling what the gathers bring, making the plan, merging the
 records, writing the checkpoint's record file (manifest format 5, past 1,000 files) and the
 manifest that keeps two checkpoints. The gathers go through node leaders
-(``run.mpi.leaders``, ``--ranks-per-node`` ranks a node): rank 0 unpickles its own node's
-values one by one and one contribution from each other node, which that node's leader made
-from its ranks' values (timed too, as ``leader_ms``: the leaders work in parallel, before
-rank 0 receives). Each report's steps are MPI collectives: an Igather of sizes and an
+(``run.mpi.leaders``, ``--ranks-per-node`` ranks a node): rank 0 reads one contribution
+from each node, which that node's leader made from its ranks' values with
+``leaders.of_node`` (each distinct value once: in the steady state a node's announcements
+are alike; its ranks' file records are not), and places each node's values by rank with
+``leaders.place`` (the leader's work is timed too, as ``leader_ms``: the leaders work in
+parallel, before rank 0 receives). Each report's steps are MPI collectives: an Igather of sizes and an
 Igatherv of pickles on the node and again among the leaders, two Ibcasts from rank 0, so
 rank 0 starts 6 collectives per step, after the Iallreduce that asks whether every rank is
 quiet; a report with a checkpoint has two steps. Network time
@@ -45,9 +47,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hpckit.experiment import encoding
+from hpckit.experiment import encoding  # noqa: E402
 from hpckit.experiment.manifest import CheckpointRecord, FileRecord, Manifest  # noqa: E402
 from hpckit.experiment.records import filed, filed_apart, records_name  # noqa: E402
+from hpckit.run.mpi.leaders import of_node, place  # noqa: E402
 from hpckit.run.writing.assignment import HandedFiles, SentFiles, merge  # noqa: E402
 from hpckit.run.writing.plan import REPORT, Announcement, Persisted  # noqa: E402
 from hpckit.run.writing.planning import make_plan  # noqa: E402
@@ -62,16 +65,17 @@ GOALS = {"checkpoint": {"rank0_ms": 100.0, "rank0_mb": 10.0}, "metrics": {"rank0
 
 def announcements(ranks: int, checkpoint: bool, memory: HandedFiles) -> list[bytes]:
     """Each rank's pickled announcement, as its Igatherv carries it. A checkpoint's ranks hand
-    the same names and sizes as at the last one (the steady state), so each sends their digest;
-    the last one's lists, sent in full, are what ``memory`` (rank 0's) holds, untimed."""
+    the same names and sizes as at the last one (the steady state), so each sends the number
+    of the report that sent them; the lists of that report, sent in full, are what ``memory``
+    (rank 0's) holds, untimed."""
     files = [[(f"model-rank{r}.bin", FILE_BYTES), (f"optimizer-rank{r}.bin", FILE_BYTES)]
              if checkpoint else None for r in range(ranks)]
     sent = [SentFiles() for _ in range(ranks)]
-    first = [s.compact(f) for s, f in zip(sent, files, strict=True)]
+    first = [s.compact(f, 6) for s, f in zip(sent, files, strict=True)]
     make_plan([Announcement(REPORT, 6, listed) for listed, _ in first], 6, 2, memory)
-    steady = [s.compact(f) for s, f in zip(sent, files, strict=True)]
-    return [pickle.dumps(Announcement(REPORT, 7, listed, same_files=same), pickle.HIGHEST_PROTOCOL)
-            for listed, same in steady]
+    steady = [s.compact(f, 7) for s, f in zip(sent, files, strict=True)]
+    return [pickle.dumps(Announcement(REPORT, 7, listed, same_files_as=same),
+                         pickle.HIGHEST_PROTOCOL) for listed, same in steady]
 
 
 def persisted(ranks: int) -> list[bytes]:
@@ -95,23 +99,25 @@ def timed(fn: object) -> tuple[float, object]:
 
 def by_node(values: list[bytes], per_node: int) -> tuple[list[bytes], list[bytes], float]:
     """What reaches rank 0 through the node leaders: its own node's pickles, one contribution
-    from each other node (its ranks' values, unpickled and pickled again by its leader), and
-    one leader's seconds to make its contribution."""
+    from each other node (``leaders.of_node``, pickled by its leader), and one leader's
+    seconds to make its contribution."""
     def contribution(first: int) -> bytes:
-        members = range(first, min(first + per_node, len(values)))
-        return pickle.dumps((tuple(members), [pickle.loads(values[r]) for r in members]),
+        members = tuple(range(first, min(first + per_node, len(values))))
+        return pickle.dumps(of_node(members, [values[r] for r in members]),
                             pickle.HIGHEST_PROTOCOL)
 
     leader_s, _ = timed(lambda: contribution(per_node))
     return values[:per_node], [contribution(f) for f in range(per_node, len(values), per_node)], leader_s
 
 
-def unpickled(own: list[bytes], contributions: list[bytes]) -> list[object]:
-    """Rank 0's side of ``run.mpi.leaders.gather_by_nodes``."""
-    values = [pickle.loads(b) for b in own]
+def unpickled(own: list[bytes], contributions: list[bytes], ranks: int) -> list[object]:
+    """Rank 0's side of ``run.mpi.leaders.gather_by_nodes``: its own node's values, then each
+    other node's, placed by rank."""
+    placed: list[object] = [None] * ranks
+    place(placed, of_node(tuple(range(len(own))), own))
     for data in contributions:
-        values.extend(pickle.loads(data)[1])
-    return values
+        place(placed, pickle.loads(data))
+    return placed
 
 
 def rank0_work(ranks: int, checkpoint: bool, folder: str, per_node: int) -> dict:
@@ -120,7 +126,7 @@ def rank0_work(ranks: int, checkpoint: bool, folder: str, per_node: int) -> dict
     memory = HandedFiles()
     own, contributions, leader_s = by_node(announcements(ranks, checkpoint, memory), per_node)
     seconds: dict[str, float] = {}
-    seconds["unpickle_announcements"], heard = timed(lambda: unpickled(own, contributions))
+    seconds["unpickle_announcements"], heard = timed(lambda: unpickled(own, contributions, ranks))
     seconds["plan"], plan = timed(lambda: make_plan(heard, 7, 3, memory))  # type: ignore[arg-type]
     seconds["pickle_plan"], sent = timed(lambda: pickle.dumps(plan, pickle.HIGHEST_PROTOCOL))
     through = sum(map(len, own + contributions)) + len(sent)  # type: ignore[arg-type]
@@ -129,7 +135,7 @@ def rank0_work(ranks: int, checkpoint: bool, folder: str, per_node: int) -> dict
         leader_s += leader_records_s
         through += sum(map(len, own_records + records))
         seconds["unpickle_records"], per_rank = timed(
-            lambda: [value[0] for value in unpickled(own_records, records)])
+            lambda: [value[0] for value in unpickled(own_records, records, ranks)])
         seconds["merge"], written = timed(lambda: merge(plan, per_rank))  # type: ignore[arg-type]
         seconds["manifest"], _ = timed(lambda: write_manifest(ranks, written, folder))
     return {"seconds": seconds, "bytes": through, "plan_bytes": len(sent),  # type: ignore[arg-type]

@@ -85,7 +85,9 @@ from hpckit.run.mpi.group import discover
 
 comm = MPI.COMM_WORLD.Dup()
 group = discover(comm, int(sys.argv[1]))
-got = all_reduce(group, "gathering", lambda: (comm.rank, group.topology.node_rank), list)
+alike = sys.argv[2] == "alike"  # every rank of a node sends the same value: sent once
+value = group.topology.node_rank if alike else (comm.rank, group.topology.node_rank)
+got = all_reduce(group, "gathering", lambda: value, list)
 if comm.rank == 0:
     print("GATHERED", got, flush=True)
 group.free()
@@ -94,8 +96,14 @@ group.free()
 
 @pytest.mark.parametrize("ranks,per_node,nodes", [(5, 2, [0, 0, 1, 1, 2]), (3, 1, [0, 1, 2]),
                                                   (4, 4, [0, 0, 0, 0])])
-def test_a_gather_through_node_leaders_keeps_world_rank_order(tmp_path, ranks, per_node, nodes):
+@pytest.mark.parametrize("values", ["distinct", "alike"])
+def test_a_gather_through_node_leaders_keeps_world_rank_order(tmp_path, ranks, per_node, nodes,
+                                                              values):
+    """Each rank's value in its place, whether a node's ranks send distinct values (each
+    crosses once) or alike ones (the leader sends one for all its ranks)."""
     script = tmp_path / "ordered.py"
     script.write_text(ORDERED)
-    out = run([MPIEXEC, "-n", str(ranks), sys.executable, str(script), str(per_node)], timeout=60)
-    assert f"GATHERED {list(enumerate(nodes))}" in out.output, out.output
+    out = run([MPIEXEC, "-n", str(ranks), sys.executable, str(script), str(per_node), values],
+              timeout=60)
+    expected = nodes if values == "alike" else list(enumerate(nodes))
+    assert f"GATHERED {expected}" in out.output, out.output

@@ -110,10 +110,12 @@ def test_a_stop_makes_every_level_synchronous():
     assert not in_background("SIGUSR2", True) and in_background(None, True)
 
 
-def test_the_same_files_again_travel_as_a_digest_and_reuse_the_assignment(monkeypatch):
+def test_the_same_files_again_travel_as_a_report_number_and_reuse_the_assignment(monkeypatch):
     """In the steady state no list of names crosses the network and rank 0 assigns nothing:
-    a rank that hands the same names and sizes sends their digest, and rank 0 reuses the
-    last assignment; a rank whose list changed sends it, and rank 0 assigns again."""
+    a rank that hands the same names and sizes sends the number of the report that sent them,
+    and rank 0 reuses the last assignment; a rank whose list changed sends it, and rank 0
+    assigns again. The ranks that hand their lists at the same report then announce alike,
+    which is what lets a node's leader send one announcement for all its ranks."""
     from hpckit.run.writing import assignment
 
     lists = [[("m0.pt", 8), ("cfg.json", 2)], [("m1.pt", 8), ("cfg.json", 2)], None]
@@ -122,15 +124,19 @@ def test_the_same_files_again_travel_as_a_digest_and_reuse_the_assignment(monkey
     monkeypatch.setattr(assignment, "assign_writers",
                         lambda handed: made.append(handed) or {"cfg.json": 0})
 
+    announced = []
+
     def report(count: int, lists) -> Plan:
-        compact = [s.compact(files) for s, files in zip(sent, lists)]
-        return make_plan([Announcement(REPORT, count, files, same_files=same)
-                          for files, same in compact], count, count, memory)
+        compact = [s.compact(files, count) for s, files in zip(sent, lists)]
+        announced.append([Announcement(REPORT, count, files, same_files_as=same)
+                          for files, same in compact])
+        return make_plan(announced[-1], count, count, memory)
 
     first = report(1, lists)
-    again = [s.compact(files) for s, files in zip(sent, lists)]
-    assert [files for files, _ in again] == [None, None, None], "sent once, then digests"
     assert report(2, lists) == replace(first, step=2, index=2, directory="checkpoint_000002")
+    assert [a.files for a in announced[-1]] == [None, None, None], "sent once"
+    assert [a.same_files_as for a in announced[-1]] == [1, 1, None]
+    assert announced[-1][0] == announced[-1][1], "handing ranks announce alike"
     assert len(made) == 1
     assert own_part(report(3, lists), 1, lists[1]).hashes == {1: ["cfg.json"]}
     changed = [lists[0], [("m1.pt", 9), ("cfg.json", 2)], None]
@@ -141,9 +147,9 @@ def test_the_same_files_again_travel_as_a_digest_and_reuse_the_assignment(monkey
     assert every_part(first, memory.now).writes == {0: ["m0.pt", "cfg.json"]}
 
 
-def test_a_digest_rank_0_does_not_know_is_a_protocol_error():
+def test_a_report_number_rank_0_does_not_know_is_a_protocol_error():
     from hpckit.errors import ProtocolError
 
     with pytest.raises(ProtocolError, match="rank 1 handed the files it handed last time"):
-        make_plan([Announcement(REPORT, 1, [("a", 1)]), Announcement(REPORT, 1, same_files=7)],
+        make_plan([Announcement(REPORT, 1, [("a", 1)]), Announcement(REPORT, 1, same_files_as=7)],
                   0, 0, HandedFiles())

@@ -104,12 +104,12 @@ class CommitProtocol:
         handed, failure = captured(rank, lambda: self._prepare(metrics, checkpoint, upload))
         failure = failure or self._callback_failure()
         handed = handed or Handed()
-        files, same_files = self._sent.compact(handed.files)
+        files, same_files_as = self._sent.compact(handed.files, self.reports)
         plan = own_part(self._announce(Announcement(
             REPORT, self.reports, files, failure, stop.received(), handed.in_place,
             self.in_flight.finished(), upload.mode is CheckpointUploadMode.ASYNC, upload.dir_name,
             self._mine if self.callbacks else None, handed.later, handed.upload_fn is not None,
-            same_files)), rank, handed.files)
+            same_files_as)), rank, handed.files)
         if self.levels is not None:
             self.levels.tidy(plan)
         if plan.directory is None:

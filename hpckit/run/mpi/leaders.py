@@ -1,12 +1,17 @@
 """A gather to rank 0 through the node leaders: one contribution per node.
 
-Rank 0 unpickles whatever every rank sends it at a step, and at thousands of ranks that is
-most of its work on a commit (every rank's file records). Unpickled one rank at a time, each
-value pays for a pickle of its own (its header, each class looked up again); gathered on its
-node first, the node's leader unpickles its ranks' values and sends rank 0 one pickle of
-them all, which rank 0 reads at a fraction of the cost (``benchmarks/scale_model.py``). The
-leaders do that work in parallel, one node each. With one node there is nothing to gain,
-and the step is the world's own gather (:func:`~hpckit.run.mpi.waiting.gather_to_root`).
+Rank 0 unpickles whatever every rank sends it at a step, and at thousands of ranks that was
+most of its work on a report. Gathered on its node first, the node's leader sends rank 0 one
+pickle for the node, which holds each distinct value once and, where they differ, which rank
+sent which: in the steady state every rank of a node announces the same thing (the same
+files as at an earlier report, the same mode, no failure), so rank 0 reads one value per node
+and hands it to each of the node's ranks (``benchmarks/scale_model.py``). Values that differ
+(file records) still cross once per rank, in the node's one pickle. The leaders do that
+work in parallel, one node each. With one node there is nothing to gain, and the step is the
+world's own gather (:func:`~hpckit.run.mpi.waiting.gather_to_root`).
+
+Ranks of a node whose values are alike receive one object between them: the values gathered
+are read, never changed.
 
 Ctrl-C: every wait here watches the world for rank 0's word, as the world's gather does.
 """
@@ -14,13 +19,17 @@ Ctrl-C: every wait here watches the world for rank 0's word, as the world's gath
 from __future__ import annotations
 
 import pickle
-from typing import TypeVar
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 from hpckit.errors import ProtocolError
 from hpckit.run.mpi.group import Group
 from hpckit.run.mpi.waiting import gather_bytes, gather_to_root, root_work
 
 T = TypeVar("T")
+# A node's values: its ranks, each distinct value once, and which of them each rank sent
+# (None: they all sent the first).
+Contribution = tuple[tuple[int, ...], list[Any], list[int] | None]
 
 
 def gather_by_nodes(group: Group, value: T) -> list[T] | None:
@@ -32,9 +41,9 @@ def gather_by_nodes(group: Group, value: T) -> list[T] | None:
     if group.rank != 0:
         node = gather_bytes(group.node, data, alarms=group.world)
         if group.leaders is not None:
-            values = [pickle.loads(item) for item in node or []]
-            contribution = pickle.dumps((group.members, values), pickle.HIGHEST_PROTOCOL)
-            gather_bytes(group.leaders, contribution, alarms=group.world)
+            contribution = of_node(group.members, node or [])
+            gather_bytes(group.leaders, pickle.dumps(contribution, pickle.HIGHEST_PROTOCOL),
+                         alarms=group.world)
         return None
     leaders = group.leaders
     if leaders is None:
@@ -42,15 +51,31 @@ def gather_by_nodes(group: Group, value: T) -> list[T] | None:
     own, contributions = root_work(group.world, lambda: (
         gather_bytes(group.node, data, alarms=group.world) or [],
         gather_bytes(leaders, b"", alarms=group.world) or []))
-    return _in_rank_order(group, [pickle.loads(item) for item in own], contributions[1:])
+    placed: list[Any] = [None] * group.size
+    place(placed, of_node(group.members, own))
+    for item in contributions[1:]:
+        place(placed, pickle.loads(item))
+    return placed  # every rank is some node's
 
 
-def _in_rank_order(group: Group, own: list[T], contributions: list[memoryview]) -> list[T]:
-    placed: list[T | None] = [None] * group.size
-    for rank, value in zip(group.members, own, strict=True):
-        placed[rank] = value
-    for data in contributions:
-        ranks, values = pickle.loads(data)
-        for rank, value in zip(ranks, values, strict=True):
-            placed[rank] = value
-    return placed  # type: ignore[return-value]  # every rank is some node's
+def of_node(members: tuple[int, ...], items: Sequence[bytes | memoryview]) -> Contribution:
+    """A leader's contribution from its node's pickled values (``items``, in ``members``'
+    order): each distinct value read once."""
+    distinct: dict[bytes, int] = {}
+    held = [distinct.setdefault(bytes(item), len(distinct)) for item in items]
+    if len(held) != len(members):
+        raise ProtocolError(f"a node of ranks {members} gathered {len(held)} values (a bug in "
+                            "hpckit: please report it)")
+    values = [pickle.loads(item) for item in distinct]
+    return members, values, None if len(values) == 1 else held
+
+
+def place(placed: list[Any], contribution: Contribution) -> None:
+    """Rank 0: a node's values into ``placed``, by world rank."""
+    members, values, held = contribution
+    if held is None:
+        for rank in members:
+            placed[rank] = values[0]
+    else:
+        for rank, index in zip(members, held, strict=True):
+            placed[rank] = values[index]

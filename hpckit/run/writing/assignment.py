@@ -8,10 +8,12 @@ own part from the names it handed itself (:func:`own_part`): the plan is the sam
 any rank count. (A checkpoint for the node-local caches also carries every rank's names: a
 partner node receives them.)
 
-A rank that hands the same names and sizes as the last time it handed any sends their digest
-instead of the list (:class:`SentFiles`), and rank 0, which remembers the lists
-(:class:`HandedFiles`), reuses the last assignment when no list changed: in the steady state,
-no list of names crosses the network and rank 0 assigns nothing.
+A rank that hands the same names and sizes as the last time it handed any sends, instead of
+the list, the number of the report that sent it (:class:`SentFiles`), and rank 0, which
+remembers the lists (:class:`HandedFiles`), reuses the last assignment when no list changed:
+in the steady state, no list of names crosses the network, rank 0 assigns nothing, and the
+ranks' announcements are alike, so that each node's leader sends rank 0 one of them for all
+its ranks (``run.mpi.leaders``).
 """
 
 from __future__ import annotations
@@ -76,19 +78,21 @@ def digest(files: Files) -> int:
 
 
 class SentFiles:
-    """A rank's side: the digest of the files it last told rank 0 of."""
+    """A rank's side: the digest of the files it last told rank 0 of, and at which report."""
 
     def __init__(self) -> None:
         self.last: int | None = None
+        self.sent_at: int | None = None
 
-    def compact(self, files: Files | None) -> tuple[Files | None, int | None]:
-        """What to announce: the list where it changed, else (None, its digest)."""
+    def compact(self, files: Files | None, report: int) -> tuple[Files | None, int | None]:
+        """What to announce at ``report``: the list where it changed, else (None, the number
+        of the report that sent it)."""
         if files is None:
             return None, None
         value = digest(files)
         if value == self.last:
-            return None, value
-        self.last = value
+            return None, self.sent_at
+        self.last, self.sent_at = value, report
         return files, None
 
 
@@ -97,7 +101,7 @@ class HandedFiles:
 
     def __init__(self) -> None:
         self.files: dict[int, Files] = {}
-        self.digests: dict[int, int] = {}
+        self.sent_at: dict[int, int] = {}  # by rank: the report that sent its list
         self.now: dict[int, Files] = {}  # every handing rank's files at the latest report
         self._assigned: tuple[frozenset[int], dict[str, int]] | None = None
         self._changed = True
@@ -108,11 +112,11 @@ class HandedFiles:
         handed: dict[int, Files] = {}
         for rank, a in enumerate(announcements):
             if a.files is not None:
-                self.files[rank], self.digests[rank] = a.files, digest(a.files)
+                self.files[rank], self.sent_at[rank] = a.files, a.number
                 self._changed = True
                 handed[rank] = a.files
-            elif a.same_files is not None:
-                if self.digests.get(rank) != a.same_files:
+            elif a.same_files_as is not None:
+                if self.sent_at.get(rank) != a.same_files_as:
                     raise ProtocolError(f"rank {rank} handed the files it handed last time, "
                                         "which rank 0 does not know (a bug in hpckit: please "
                                         "report it)")

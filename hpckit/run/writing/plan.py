@@ -70,7 +70,7 @@ class Announcement(NamedTuple):
     metrics: dict[str, Any] | None = None  # this rank's, sent only for UserCallbacks
     later: tuple[str, ...] = ()  # in place: files this rank's saves are still writing
     uploading: bool = False  # in place, by this rank's checkpoint_upload_fn
-    same_files: int | None = None  # files: the digest of the list, the same as last time
+    same_files_as: int | None = None  # files: the same list as this rank sent at that report
 
     def __reduce__(self) -> tuple[Any, ...]:
         return _announcement, (tuple(self),)
@@ -78,7 +78,7 @@ class Announcement(NamedTuple):
     @property
     def hands(self) -> bool:
         """This rank hands a directory of files (listed, or the same as last time)."""
-        return self.files is not None or self.same_files is not None
+        return self.files is not None or self.same_files_as is not None
 
     @property
     def quiet(self) -> bool:
