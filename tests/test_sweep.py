@@ -19,7 +19,7 @@ from conftest import HERE, HPCKIT, MPIEXEC, manifest, metrics_lines, run
 
 from hpckit import tune
 from hpckit.errors import ConfigError
-from hpckit.sweep import placement
+from hpckit.sweep import trialqueue
 from hpckit.sweep.space import expand
 
 SWEEP = HERE / "ranks" / "sweep.py"
@@ -48,7 +48,7 @@ def test_grids_multiply_samples_repeat_them_and_the_seed_fixes_the_draws():
     (lambda: tune.TuneConfig(mode="best", metric="x"), "'max'"),
     (lambda: tune.Tuner(42), "training function"),
     (lambda: tune.RunConfig(stop={"loss": "low"}), "dict of metric names to thresholds"),
-    (lambda: placement.check(2, 4), r"2 ranks cannot be split into trials of 4.*mpirun -n 4"),
+    (lambda: trialqueue.check(2, 4), r"2 ranks cannot be split into trials of 4.*mpirun -n 4"),
 ])
 def test_bad_search_spaces_and_configs_say_what_would_be_right(make, fragment):
     with pytest.raises(ConfigError, match=fragment):

@@ -1,7 +1,7 @@
 """Sweeps: many trials of one training function, as Ray Tune runs them. Search spaces and
 the trials they expand to (``space``), ``TuneConfig``, the sweep manifest (``record``, rank
 0's), one trial's trainer (``trials``), the ``Tuner`` and its ``ResultGrid``; where trials
-run (``placement`` and ``packed`` under mpirun/srun, ``spawned`` and ``worker`` when
+run (``trialqueue`` and ``packed`` under mpirun/srun, ``spawned`` and ``worker`` when
 ``python sweep.py`` starts the ranks itself); what a person sees of them (``status``,
 ``progress``). Each trial is an ordinary hpckit experiment under the sweep's directory.
 Users import it as ``hpckit.tune``.

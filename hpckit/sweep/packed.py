@@ -12,8 +12,8 @@ from hpckit import settings as _settings
 from hpckit.logs import log
 from hpckit.run.ending.exit import interrupted, register_pid, requeued_now
 from hpckit.run.mpi.waiting import from_root, gather_to_root, wait_for_all
-from hpckit.sweep.placement import TrialQueue, split
 from hpckit.sweep.record import Trial
+from hpckit.sweep.trialqueue import TrialQueue, split
 
 if TYPE_CHECKING:
     from mpi4py.MPI import Comm

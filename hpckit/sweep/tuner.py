@@ -27,7 +27,7 @@ from hpckit.result import Result
 from hpckit.run.job import DEFAULT_STORAGE
 from hpckit.run.mpi.comm import on_root, world
 from hpckit.storage.location import Location, resolve
-from hpckit.sweep import placement, space
+from hpckit.sweep import space, trialqueue
 from hpckit.sweep.allocated import across_nodes, run_allocated
 from hpckit.sweep.config import TuneConfig
 from hpckit.sweep.packed import run_packed
@@ -109,7 +109,7 @@ class Tuner:
         comm = world() if current.launcher is not None else None
         logs.configure(comm.rank if comm is not None else 0)
         if comm is not None:
-            placement.check(comm.size, ranks_per_trial(self.trainable))
+            trialqueue.check(comm.size, ranks_per_trial(self.trainable))
         share = current.array_share
         manifest = self._agree(comm, record, location, shared=share is not None)
         params = self._params(manifest)

@@ -115,7 +115,7 @@ class Plan:
     hand, with the rank that writes each; ``writes`` and ``hashes``, by rank, are filled in by
     each rank for itself (``assignment.own_part``), by rank 0 for every rank only for the
     node-local caches. A checkpoint's plan answers three questions apart, each in one field
-    whose values exclude one another: how its files arrive (``placement``), where they go
+    whose values exclude one another: how its files arrive (``trialqueue``), where they go
     (``level``) and when (``asynchronous``: in the background)."""
 
     step: int
