@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from support import reliability
-from conftest import HERE, MPIEXEC, Run, mpiexec
+from conftest import HERE, MPIEXEC, Run, manifest, mpiexec
 
 from hpckit.experiment.manifest import checkpoint_dirname
 from hpckit.experiment.reading import read_manifest
@@ -396,25 +396,29 @@ WIDE = HERE / "ranks" / "wide.py"
 WIDE_RANKS, WIDE_EPOCHS = 64, 3
 
 
+@pytest.mark.alone  # 64 ranks load both cores: a test beside it (a Slurm job's ranks) crawls
 def test_sixty_four_ranks_one_killed_mid_commit_rerun_is_exact(tmp_path):
     """64 oversubscribed ranks, each with state of its own, hand a checkpoint every epoch (65
     files: each rank's, and one every rank hands alike); rank 37 is SIGKILLed after writing its
     share of the second checkpoint, before the commit. The rerun resumes from the first, the
     second never became visible, and every rank ends with exactly the state of a run that was
     never killed, each step logged once. The steps gather through node leaders: nodes of 8
-    ranks, then of 5 on the rerun (the last node holds 4)."""
+    ranks, then of 5 on the rerun (the last node holds 4); each checkpoint's records are kept
+    apart (HPCKIT_INLINE_RECORDS=0), so the leaders write them, a part per node, and the
+    killed checkpoint's parts go with its directory."""
     sys.path.insert(0, str(WIDE.parent))
     from wide import expected
 
     args = ("--storage", str(tmp_path), "--epochs", str(WIDE_EPOCHS))
     killed = mpiexec(WIDE_RANKS, *args, script=WIDE, expect=None, timeout=240,
-                     env={**QUICK, "HPCKIT_FAULT": "written:37:2", "HPCKIT_RANKS_PER_NODE": "8"})
+                     env={**QUICK, "HPCKIT_FAULT": "written:37:2", "HPCKIT_RANKS_PER_NODE": "8",
+                          "HPCKIT_INLINE_RECORDS": "0"})
     assert killed.returncode != 0 and killed.line("FINAL") is None, \
         f"rank 37 was not killed:\n{killed.output}"
     state = reliability.check_experiment(tmp_path / "wide", None)
     assert state.committed == ["checkpoint_000000"], state
-    rerun = mpiexec(WIDE_RANKS, *args, script=WIDE, env={**QUICK, "HPCKIT_RANKS_PER_NODE": "5"},
-                    timeout=240)
+    rerun = mpiexec(WIDE_RANKS, *args, script=WIDE, timeout=240,
+                    env={**QUICK, "HPCKIT_RANKS_PER_NODE": "5", "HPCKIT_INLINE_RECORDS": "0"})
     check_resumed(rerun, state)
     line = rerun.line("FINAL")
     assert line is not None and json.loads(line) == \
@@ -424,3 +428,5 @@ def test_sixty_four_ranks_one_killed_mid_commit_rerun_is_exact(tmp_path):
     assert not end.leftovers and not end.temp_files and not end.lost, end
     text = (tmp_path / "wide" / "metrics.jsonl").read_text()
     assert [json.loads(entry)["step"] for entry in text.splitlines()] == list(range(WIDE_EPOCHS))
+    parts = {c["directory"]: c["records"]["parts"] for c in manifest(tmp_path / "wide")["checkpoints"]}
+    assert parts == {"checkpoint_000000": 8, "checkpoint_000001": 13, "checkpoint_000002": 13}, parts

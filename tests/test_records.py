@@ -134,3 +134,111 @@ def test_a_file_of_an_unknown_writer_is_kept_inline_and_apart_and_needs_format_6
     read = read_manifest(resolve(str(tmp_path / "exp")))
     assert read == experiment.manifest
     assert [c.files[0].rank for c in read.checkpoints] == [None, None]
+
+
+def node_parts(tmp_path, directory: str, nodes: list[list[FileRecord]],
+               plan_shared: dict[str, int] | None = None) -> list:
+    """Each node's part written as its leader writes it (``writing.noderecords``), its
+    leader the node's first rank."""
+    from hpckit.run.writing.noderecords import node_part
+    from hpckit.run.writing.plan import Persisted, Plan
+
+    plan = Plan(0, directory=directory, index=int(directory.split("_")[1]),
+                shared=plan_shared or {}, by_nodes=True)
+    target = resolve(str(tmp_path / "exp" / directory))
+    return [node_part(plan, target, tuple(sorted({r.rank for r in files})),
+                      [Persisted([r]) for r in files]) for files in nodes]
+
+
+def commit_by_nodes(experiment: Experiment, tmp_path, index: int, nodes) -> CheckpointRecord:
+    from hpckit.experiment.records import indexed
+
+    directory = f"checkpoint_{index:06d}"
+    parts = node_parts(tmp_path, directory, nodes)
+    reference, data = indexed(directory, index, [node.part for node in parts])
+    committed = CheckpointRecord(index, directory, index, 1.0, {"loss": 1.0}, (),
+                                 records=reference)
+    experiment.commit(committed, CheckpointConfig(), data)
+    return committed
+
+
+def test_records_written_in_parts_by_the_node_leaders_read_back_whole_and_sorted(tmp_path):
+    """Format 8: rank 0 writes only the index of the nodes' parts; the manifest read back
+    holds every record, in path order, and a damaged part takes only its checkpoint out of
+    use."""
+    experiment = experiment_at(tmp_path)
+    nodes = [[FileRecord(f"shard-{r}.bin", r, r, CHECKSUM) for r in ranks]
+             for ranks in ([0, 1], [2, 3], [4])]
+    commit_by_nodes(experiment, tmp_path, 0, nodes)
+    commit_by_nodes(experiment, tmp_path, 1, nodes)
+    body = json.loads((tmp_path / "exp" / "manifest.json").read_text())
+    assert body["format_version"] == 8
+    assert body["checkpoints"][0]["records"] == {
+        "file": "records/000000.json", "checksum": body["checkpoints"][0]["records"]["checksum"],
+        "count": 5, "parts": 3}
+    index = json.loads((tmp_path / "exp" / "records" / "000000.json").read_text())
+    assert [name for name, _, _ in index["parts"]] == [
+        f"checkpoint_000000/.hpckit-records/rank-{leader:06d}.json" for leader in (0, 2, 4)]
+    read = read_manifest(resolve(str(tmp_path / "exp")))
+    assert [f.path for f in read.checkpoints[0].files] == [f"shard-{r}.bin" for r in range(5)]
+    assert [f.rank for f in read.checkpoints[1].files] == list(range(5))
+    part = tmp_path / "exp" / "checkpoint_000000" / ".hpckit-records" / "rank-000002.json"
+    part.write_text(part.read_text().replace("shard-2", "shard-9"))
+    damaged = read_manifest(resolve(str(tmp_path / "exp")))
+    assert damaged.checkpoints[0].files == () and "rank-000002.json does not match" in \
+        damaged.checkpoints[0].damaged
+    assert damaged.checkpoints[1].damaged is None and len(damaged.checkpoints[1].files) == 5
+
+
+def test_an_index_can_name_only_parts_of_records(tmp_path):
+    from hpckit.experiment.records import RecordsFile, read_records
+    from hpckit.storage.checksum import checksum_of
+
+    index = json.dumps({"format": "hpckit.records", "directory": "checkpoint_000000",
+                        "parts": [["checkpoint_000000/model.bin", CHECKSUM, 1]]}).encode()
+    reference = RecordsFile("records/000000.json", checksum_of(index), 1, 1)
+    with pytest.raises(ManifestError, match="is not a part of the checkpoint's records"):
+        read_records(reference, {"records/000000.json": index}.__getitem__, "m", lambda _: True)
+
+
+def test_names_several_ranks_hand_are_kept_once_and_compared_across_nodes(tmp_path):
+    """A name every rank hands is in its writer's part only; rank 0 compares every node's
+    hash of it (``noderecords.checked``), and refuses a checkpoint where they differ."""
+    from hpckit.errors import CheckpointError
+    from hpckit.run.writing.noderecords import checked
+    from hpckit.run.writing.plan import Plan
+
+    other = "xxh3-128:" + "1e" * 16
+    alike = [[FileRecord("cfg.json", 2, 0, CHECKSUM), FileRecord("m0.bin", 4, 0, CHECKSUM)],
+             [FileRecord("cfg.json", 2, 1, CHECKSUM), FileRecord("m1.bin", 4, 1, CHECKSUM)]]
+    parts = node_parts(tmp_path, "checkpoint_000000", alike, {"cfg.json": 0})
+    assert [p.part.records for p in parts] == [2, 1]
+    assert [p.size for p in parts] == [6, 4]
+    plan = Plan(0, directory="checkpoint_000000", index=0, shared={"cfg.json": 0})
+    checked(plan, parts)
+    differ = [alike[0], [alike[1][0]._replace(checksum=other), alike[1][1]]]
+    with pytest.raises(CheckpointError, match="cfg.json"):
+        checked(plan, node_parts(tmp_path, "checkpoint_000000", differ, {"cfg.json": 0}))
+
+
+def test_a_mirror_copies_the_parts_and_every_file_of_records_written_by_nodes(tmp_path):
+    """Rank 0 holds none of such a checkpoint's records: the mirror reads them back, copies
+    every file and the parts, and the mirror's manifest reads back whole."""
+    from hpckit.config import SyncConfig
+    from hpckit.experiment.mirror import Mirror
+
+    experiment = experiment_at(tmp_path)
+    nodes = [[FileRecord(f"shard-{r}.bin", 3, r, CHECKSUM) for r in ranks] for ranks in ([0], [1])]
+    for r in range(2):
+        (tmp_path / "exp" / "checkpoint_000000").mkdir(exist_ok=True)
+        (tmp_path / "exp" / "checkpoint_000000" / f"shard-{r}.bin").write_bytes(b"abc")
+    committed = commit_by_nodes(experiment, tmp_path, 0, nodes)
+    assert committed.files == () and experiment.manifest.checkpoints[0].files == ()
+    mirror = Mirror(experiment.location, "exp", SyncConfig(mirror=str(tmp_path / "mirror")))
+    mirror.close(experiment.manifest)
+    assert mirror.failures == 0
+    copied = tmp_path / "mirror" / "exp" / "checkpoint_000000"
+    assert sorted(p.name for p in copied.iterdir()) == [".hpckit-records", "shard-0.bin",
+                                                       "shard-1.bin"]
+    read = read_manifest(resolve(str(tmp_path / "mirror" / "exp")))
+    assert [f.path for f in read.checkpoints[0].files] == ["shard-0.bin", "shard-1.bin"]

@@ -4,7 +4,7 @@ version that holds it (:func:`to_json`), read back into its values with every fi
 
 A damaged or hostile manifest fails here with the field it got wrong, and a path that would
 leave the experiment directory is refused, so that reading a manifest can never make hpckit
-touch files outside it. Formats 1 to 7 are read; a newer one is refused with the fix.
+touch files outside it. Formats 1 to 8 are read; a newer one is refused with the fix.
 """
 
 from __future__ import annotations
@@ -35,10 +35,11 @@ FORMAT = "hpckit.manifest"
 # 2 adds cached checkpoints; 3 records each file's checksum with its algorithm ("checksum")
 # where 1 and 2 had a bare SHA-256 ("sha256"); 4 adds validations; 5 keeps the records of a
 # checkpoint of many files in a file of their own (experiment.records); 6 allows a file whose
-# writer is not known; 7 records the experiment's tracker runs. Each manifest is written as
+# writer is not known; 7 records the experiment's tracker runs; 8 keeps a checkpoint's records
+# in parts, one per node, that an index names (experiment.records). Each manifest is written as
 # the oldest version that holds it: 1 while there are no checkpoints. An attempt's optional
 # fields (``resumed_from`` among them) need no version: every reader skips what it does not know.
-FORMAT_VERSION = 7
+FORMAT_VERSION = 8
 
 
 def to_json(manifest: Manifest) -> str:
@@ -58,7 +59,10 @@ def _version(manifest: Manifest) -> int:
     can: 1 without checkpoints, 4 with validations (which an older hpckit would drop), 5
     with records kept apart (which it could not find), 6 with a file whose writer is not
     known (which it would take for a damaged record), 7 with tracker runs (which it
-    would drop, and a resume would start new runs)."""
+    would drop, and a resume would start new runs), 8 with records in parts (which it would
+    take for damaged records)."""
+    if any(r.records and r.records.parts for r in manifest.checkpoints):
+        return 8
     if manifest.tracker_runs:
         return 7
     if not all(r.writers_known for r in manifest.checkpoints):

@@ -83,13 +83,14 @@ class Experiment:
         return cls(location, require_manifest(location), lock)
 
     @written
-    def commit(self, record: CheckpointRecord, config: CheckpointConfig) -> None:
+    def commit(self, record: CheckpointRecord, config: CheckpointConfig,
+               index: bytes | None = None) -> None:
         """Commit ``record``, at whichever level it is: its metrics line first, then the new
         manifest, written atomically (the commit itself), so that after a kill at any moment
         the metrics are never behind the latest committed checkpoint (a resume drops a line
         whose checkpoint did not commit). Then what retention evicts is deleted in the
-        background, and the mirror (if any) follows."""
-        record = self._filed(record)
+        background, and the mirror (if any) follows. ``index``: the bytes of the parts' index."""
+        record = self._filed(record, index)
         evicted = select_evictions([*self._manifest.checkpoints, record], config)
         updated = self._manifest.with_checkpoint(record, evicted)
         faults.reached("gathered", 0)
@@ -111,13 +112,14 @@ class Experiment:
         if self._mirror is not None:
             self._mirror.after_commit(self._manifest)
 
-    def _filed(self, record: CheckpointRecord) -> CheckpointRecord:
+    def _filed(self, record: CheckpointRecord, index: bytes | None) -> CheckpointRecord:
         """Records of many files are kept apart; a checkpoint of none gets its directory."""
-        if not record.files and record.on_storage:
-            files.make_dir(self.location.join(record.directory))
-        if not filed_apart(record.files):
+        if record.records is None and not filed_apart(record.files):
+            if not record.files and record.on_storage:
+                files.make_dir(self.location.join(record.directory))
             return record
-        reference, data = filed(record.directory, record.index, record.files)
+        reference, data = ((record.records, index) if record.records is not None and index
+                           else filed(record.directory, record.index, record.files))
         self._fence()
         files.make_dir(self.location.join(RECORDS_DIR))
         files.write_atomic(self.location.join(reference.name), data)

@@ -24,8 +24,15 @@ from hpckit.background import NORMAL, Worker
 from hpckit.config import SyncConfig
 from hpckit.errors import HpckitError, ProtocolError
 from hpckit.experiment import encoding
-from hpckit.experiment.manifest import MANIFEST_NAME, Manifest, is_checkpoint_dirname
+from hpckit.experiment.manifest import (
+    MANIFEST_NAME,
+    CheckpointRecord,
+    Manifest,
+    is_checkpoint_dirname,
+    is_safe_relpath,
+)
 from hpckit.experiment.reading import read_manifest
+from hpckit.experiment.records import PARTS_DIR, read_records
 from hpckit.experiment.segments import segments
 from hpckit.logs import log
 from hpckit.storage import files, uris
@@ -118,9 +125,9 @@ class Mirror:
             if record.directory in complete:
                 continue
             files.delete_dir(target.join(record.directory))  # a partial copy of an earlier try
-            for f in record.files:
-                copy_file(self.source.join(record.directory, f.path),
-                          target.join(record.directory, f.path))
+            for path in _paths_of(self.source, record):
+                copy_file(self.source.join(record.directory, path),
+                          target.join(record.directory, path))
             if record.records is not None:  # written once: the mirror's copy, before its manifest
                 copy_file(self.source.join(record.records.name), target.join(record.records.name))
         for segment in segments(self.source):  # metrics.jsonl, and its segments on S3
@@ -131,3 +138,13 @@ class Mirror:
             if is_checkpoint_dirname(name):
                 files.delete_dir(target.join(name))
 
+
+def _paths_of(source: Location, record: CheckpointRecord) -> list[str]:
+    """What to copy of a checkpoint: its files, and where its node leaders wrote its records,
+    their parts (rank 0 holds none of those records: they are read back here)."""
+    if record.records is None or not record.records.parts:
+        return [f.path for f in record.files]
+    stored = read_records(record.records, lambda name: files.read_bytes(source.join(name)),
+                          source.display, is_safe_relpath)
+    parts = files.list_files(source.join(record.directory, PARTS_DIR))
+    return [f.path for f in stored] + [f"{PARTS_DIR}/{name}" for name, _ in parts]

@@ -7,6 +7,12 @@ of more files than ``HPCKIT_INLINE_RECORDS`` (1,000) into ``records/<index>.json
 once, before the commit, by the experiment's owner; the manifest keeps the file's name,
 checksum and record count. A record file is never changed after it is written, and it is read back only
 when its checksum matches the manifest's.
+
+Format 8: where the node leaders merged their ranks' records (``run.writing.noderecords``),
+each wrote its node's part into the checkpoint, ``<checkpoint>/.hpckit-records/rank-N.json``
+(N: the leader's rank), and the record file is an index of the parts, each with its checksum
+and count: rank 0 writes one line per node, whatever the ranks. A part lives and goes with its
+checkpoint's directory (a leftover's parts go with the leftover).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from hpckit.storage.checksum import problem as checksum_problem
 
 RECORDS_DIR = "records"
 RECORDS_FORMAT = "hpckit.records"
+PARTS_DIR = ".hpckit-records"  # in a checkpoint: the parts of its records, one per node
 
 
 class FileRecord(NamedTuple):
@@ -44,9 +51,32 @@ class RecordsFile:
     name: str
     checksum: str
     count: int
+    parts: int = 0  # the file indexes this many parts, one per node (format 8); 0: none
 
     def to_json(self) -> dict[str, Any]:
-        return {"file": self.name, "checksum": self.checksum, "count": self.count}
+        body = {"file": self.name, "checksum": self.checksum, "count": self.count}
+        return {**body, "parts": self.parts} if self.parts else body
+
+
+class Part(NamedTuple):
+    """One node's part of a checkpoint's records, as its index names it."""
+
+    name: str  # relative to the experiment: <checkpoint>/.hpckit-records/rank-N.json
+    checksum: str
+    records: int  # how many it holds
+
+
+def part_name(directory: str, leader: int) -> str:
+    """The part that the node led by rank ``leader`` writes of checkpoint ``directory``."""
+    return f"{directory}/{PARTS_DIR}/rank-{leader:06d}.json"
+
+
+def indexed(directory: str, index: int, parts: Sequence[Part]) -> tuple[RecordsFile, bytes]:
+    """The reference a manifest keeps and the bytes to write for an index of ``parts``."""
+    body = {"format": RECORDS_FORMAT, "directory": directory, "parts": [list(p) for p in parts]}
+    data = (json.dumps(body, separators=(",", ":"), allow_nan=False) + "\n").encode()
+    return RecordsFile(records_name(index), checksum_of(data), sum(p.records for p in parts),
+                       len(parts)), data
 
 
 def records_name(index: int) -> str:
@@ -84,29 +114,66 @@ def parse_reference(raw: Any, index: int, where: str) -> RecordsFile:
                             f"{why or 'expected a checksum'}.")
     if not isinstance(count, int) or isinstance(count, bool) or count < 0:
         raise ManifestError(f"manifest {where}.count: expected a number of records.")
-    return RecordsFile(name, checksum, count)
+    parts = raw.get("parts", 0)
+    if not _is_int(parts) or parts < 0:
+        raise ManifestError(f"manifest {where}.parts: expected a number of parts.")
+    return RecordsFile(name, checksum, count, parts)
 
 
 def read_records(reference: RecordsFile, read: Callable[[str], bytes], where: str,
                  is_safe: Callable[[str], bool]) -> tuple[FileRecord, ...]:
-    """The records a record file holds, read through ``read`` (a name relative to the
-    experiment) and refused unless they are exactly what the manifest names."""
-    data = read(reference.name)
-    if checksum_of(data) != reference.checksum:
+    """The records a record file holds (or, for an index, its parts hold), read through
+    ``read`` (a name relative to the experiment) and refused unless they are exactly what
+    the manifest names."""
+    body = _checked(read, reference.name, reference.checksum, f"manifest {where}")
+    if not reference.parts:
+        return _entries(body, "files", reference.count, reference.name, where, is_safe)
+    parts = _entries(body, "parts", reference.parts, reference.name, where,
+                     lambda name: is_safe(name) and f"/{PARTS_DIR}/" in name)
+    records = tuple(sorted((record for name, checksum, count in parts for record in _entries(
+        _checked(read, name, checksum, f"{reference.name}"), "files", count, name, where,
+        is_safe)), key=lambda r: r.path))
+    if len(records) != reference.count:
+        raise ManifestError(f"the parts {reference.name} names hold {len(records)} records, "
+                            f"not the {reference.count} that manifest {where} records.")
+    return records
+
+
+def _checked(read: Callable[[str], bytes], name: str, checksum: str, by: str) -> Any:
+    """The JSON body of file ``name``, refused unless its checksum is the one ``by`` records."""
+    data = read(name)
+    if checksum_of(data) != checksum:
         raise ManifestError(
-            f"{reference.name} does not match the checksum that manifest {where} records (a "
-            "damaged or replaced file); restore it from a backup. The other checkpoints are "
-            "unaffected.")
+            f"{name} does not match the checksum that {by} records (a damaged or replaced "
+            "file); restore it from a backup. The other checkpoints are unaffected.")
     try:
         body = json.loads(data)
-        entries = body["files"] if body.get("format") == RECORDS_FORMAT else None
-    except (ValueError, UnicodeDecodeError, AttributeError, KeyError):
-        entries = None
-    if not isinstance(entries, list) or len(entries) != reference.count:
-        raise ManifestError(f"{reference.name} of manifest {where} is not a record file of "
-                            f"{reference.count} records.")
-    return tuple(_record(entry, is_safe, f"{reference.name}: files[{i}]")
-                 for i, entry in enumerate(entries))
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return body if isinstance(body, dict) and body.get("format") == RECORDS_FORMAT else None
+
+
+def _entries(body: Any, key: str, count: int, name: str, where: str,
+             is_safe: Callable[[str], bool]) -> tuple[Any, ...]:
+    """A record file's ``key`` list ("files", or an index's "parts"), each entry checked."""
+    entries = body.get(key) if body is not None else None
+    if not isinstance(entries, list) or len(entries) != count:
+        raise ManifestError(f"{name} of manifest {where} is not a record file of {count} "
+                            f"{'records' if key == 'files' else 'parts'}.")
+    parse = _record if key == "files" else _part
+    return tuple(parse(entry, is_safe, f"{name}: {key}[{i}]") for i, entry in enumerate(entries))
+
+
+def _part(entry: Any, is_safe: Callable[[str], bool], where: str) -> Part:
+    if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
+            and isinstance(entry[1], str) and _is_int(entry[2]) and entry[2] >= 0):
+        raise ManifestError(f"{where}: expected [file, checksum, count].")
+    name, checksum, count = entry
+    if not is_safe(name):
+        raise ManifestError(f"{where}: {name!r} is not a part of the checkpoint's records.")
+    if (why := checksum_problem(checksum)) is not None:
+        raise ManifestError(f"{where}: {why}.")
+    return Part(name, checksum, count)
 
 
 def _record(entry: Any, is_safe: Callable[[str], bool], where: str) -> FileRecord:

@@ -16,13 +16,15 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from hpckit.experiment.manifest import CACHE
+from hpckit import settings
+from hpckit.experiment.manifest import CACHE, STORAGE
 from hpckit.run.commit.callbacks import Callbacks
 from hpckit.run.commit.ledger import Ledger
 from hpckit.run.ending import stop
 from hpckit.run.levels.levels import Levels
 from hpckit.run.writing.assignment import HandedFiles, every_part
-from hpckit.run.writing.plan import REPORT, Announcement, Persisted, Plan
+from hpckit.run.writing.noderecords import NodeRecords
+from hpckit.run.writing.plan import REPORT, Announcement, Persisted, Placement, Plan
 from hpckit.run.writing.planning import make_plan
 
 
@@ -57,7 +59,7 @@ class Coordinator:
         plan = replace(plan, committed=ledger.commit_finished(
             announcements, report and self.levels is None),
                        committing=ledger.committer.directories)
-        plan = self._leveled(plan)
+        plan = self._by_nodes(self._leveled(plan))
         if not report:
             return plan
         ledger.say_if_mixed(plan, announcements, self.levels is not None)
@@ -68,6 +70,15 @@ class Coordinator:
             ledger.expect(plan, metrics)
         met = stop.criterion_met(self.stop_when, self.name, metrics, plan.step + 1)
         return replace(plan, criterion_met=met)
+
+    def _by_nodes(self, plan: Plan) -> Plan:
+        """A checkpoint whose many records the node leaders merge and write: handed to
+        storage_path synchronously (``writing.noderecords``)."""
+        many = self.handed.count > settings.current().inline_records
+        if (plan.directory is None or plan.asynchronous or plan.level != STORAGE
+                or plan.placement is not Placement.HANDED or not many):
+            return plan
+        return replace(plan, by_nodes=True)
 
     def _leveled(self, plan: Plan) -> Plan:
         """With node-local caches: the plan's level, and for the caches every rank's part
@@ -82,6 +93,11 @@ class Coordinator:
                started: float) -> None:
         """Commit the checkpoint of ``plan`` that the ranks persisted."""
         self.ledger.commit(plan, per_rank, metrics, started)
+
+    def commit_nodes(self, plan: Plan, nodes: list[NodeRecords], metrics: dict[str, Any],
+                     started: float) -> None:
+        """Commit the checkpoint of ``plan`` whose records the node leaders wrote."""
+        self.ledger.commit_nodes(plan, nodes, metrics, started)
 
     def discard(self, directory: str) -> None:
         """A checkpoint that failed before its commit."""

@@ -11,7 +11,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -22,10 +22,10 @@ from hpckit.experiment.experiment import Experiment
 from hpckit.experiment.manifest import (
     CACHE,
     CheckpointRecord,
-    FileRecord,
     checkpoint_dirname,
 )
 from hpckit.experiment.nested import flatten
+from hpckit.experiment.records import indexed
 from hpckit.experiment.retention import score_of
 from hpckit.experiment.validation import Validation
 from hpckit.logs import human_size, log, metrics_summary
@@ -33,9 +33,10 @@ from hpckit.run.commit.callbacks import Callbacks
 from hpckit.run.commit.committer import Committer
 from hpckit.run.validation.validator import Validator
 from hpckit.run.writing.assignment import attributed, check_copies, merge, unrecorded
+from hpckit.run.writing.noderecords import NodeRecords, checked
 from hpckit.run.writing.plan import Announcement, Persisted, Placement, Plan
 from hpckit.run.writing.planning import finished_everywhere, mixed_modes, raise_background_failure
-from hpckit.storage.copy import checksum_file, checksum_stored
+from hpckit.run.writing.shares import hash_late
 from hpckit.storage.location import Location
 
 
@@ -204,21 +205,45 @@ class Ledger:
         target = self.experiment.location.join(directory)
         try:
             written = merge(plan, per_rank)
-            written += [_hash_late(target, name) for name in unrecorded(per_rank)]
+            written += [hash_late(target, name) for name in unrecorded(per_rank)]
             written = attributed(plan, per_rank, written)
             check_copies(plan, per_rank)
         except (HpckitError, OSError):
             self.experiment.discard(directory)
             raise
+        files = tuple(sorted(written, key=lambda r: r.path))
+        self._commit(plan, CheckpointRecord(index, directory, plan.step, time.time(), metrics,
+                                            files, plan.level), None, sum(f.size for f in files),
+                     metrics, started)
+
+    def commit_nodes(self, plan: Plan, nodes: list[NodeRecords], metrics: dict[str, Any],
+                     started: float) -> None:
+        """Commit a checkpoint whose records the node leaders wrote: the names several ranks
+        hand compared across nodes, and the index of the nodes' parts written with it."""
+        directory, index = plan.checkpoint()
+        try:
+            checked(plan, nodes)
+        except HpckitError:
+            self.experiment.discard(directory)
+            raise
+        reference, data = indexed(directory, index, [node.part for node in nodes])
+        self._commit(plan, CheckpointRecord(index, directory, plan.step, time.time(), metrics,
+                                            (), plan.level, records=reference), data,
+                     sum(node.size for node in nodes), metrics, started)
+
+    def _commit(self, plan: Plan, record: CheckpointRecord, index: bytes | None, size: int,
+                metrics: dict[str, Any], started: float) -> None:
+        """Commit ``record`` (``index``: the bytes of its records' index, where the node
+        leaders wrote its records), asking for its validation, and say so."""
+        directory = record.directory
+        target = self.experiment.location.join(directory)
         asked = self._validations.pop(directory, None)
-        record = CheckpointRecord(index, directory,
-                                  plan.step, time.time(), metrics,
-                                  tuple(sorted(written, key=lambda r: r.path)), plan.level,
-                                  self.hosts if plan.level == CACHE else (),
-                                  Validation.asked(asked) if asked else None)
+        record = replace(record, hosts=self.hosts if plan.level == CACHE else (),
+                         validation=Validation.asked(asked) if asked else None)
         if not asked:  # else the validation may bring the score
             self._say_if_unscored(metrics)
-        self.experiment.commit(record, self.config)
+        self.experiment.commit(record, self.config, index)
+        count = record.records.count if record.records else len(record.files)
         if asked and self.validator is not None:
             self.validator.submit(directory)
         if self.callbacks:
@@ -228,12 +253,12 @@ class Ledger:
         where = ", node-local caches" if plan.level == CACHE else ""
         if plan.asynchronous:
             log.info("step %d: committed %s (%s in %d file(s)%s), %.0f ms after its report",
-                     plan.step, directory, human_size(record.size), len(written), where,
+                     plan.step, directory, human_size(size), count, where,
                      (time.perf_counter() - started) * 1000)
         else:
             log.info("step %d: %s; committed %s (%s in %d file(s)%s) in %.0f ms", plan.step,
-                     metrics_summary(record.metrics), directory, human_size(record.size),
-                     len(written), where, (time.perf_counter() - started) * 1000)
+                     metrics_summary(record.metrics), directory, human_size(size), count, where,
+                     (time.perf_counter() - started) * 1000)
 
     def _log_report(self, step: int, metrics: dict[str, Any]) -> None:
         self.experiment.log_report(step, metrics)
@@ -269,12 +294,3 @@ class Ledger:
 
 def _nothing() -> None:
     pass
-
-
-def _hash_late(target: Location, name: str) -> FileRecord:
-    log.debug("hashing %s on rank 0: no rank's listing of %s held it", name, target.name)
-    if target.is_local:
-        size, digest = checksum_file(os.path.join(target.path, name), sync=True)
-    else:  # uploaded by checkpoint_upload_fn: read back
-        size, digest = checksum_stored(target.join(name))
-    return FileRecord(name, size, 0, digest)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from hpckit.checkpoint import Checkpoint
@@ -38,12 +39,13 @@ from hpckit.run.commit.coordinator import Coordinator
 from hpckit.run.commit.ledger import Ledger
 from hpckit.run.ending import stop
 from hpckit.run.levels.levels import Levels
-from hpckit.run.mpi.comm import RankFailure, all_reduce, captured
+from hpckit.run.mpi.comm import RankFailure, all_reduce, all_reduce_by_nodes, captured
 from hpckit.run.mpi.group import Group
 from hpckit.run.mpi.waiting import quiet_everywhere
 from hpckit.run.validation.validator import Validator
 from hpckit.run.writing.assignment import SentFiles, own_part
 from hpckit.run.writing.inflight import InFlight
+from hpckit.run.writing.noderecords import NodeRecords, node_part
 from hpckit.run.writing.plan import DRAIN, REPORT, RETURNED, Announcement, Persisted, Plan
 from hpckit.run.writing.staging import Handed, Staging, Upload, hand_in, release
 from hpckit.run.writing.uploads import Meeting
@@ -247,9 +249,21 @@ class CommitProtocol:
         def commit(per_rank: list[Persisted]) -> None:
             self._rank0().commit(plan, per_rank, self.last_metrics, started)
 
-        all_reduce(self.group, f"persisting {directory}",
-                   lambda: self.share_writer.now(plan, handed, target, state), commit, CommitError,
-                   undo=lambda: self._rank0().discard(target.name))
+        def commit_nodes(nodes: list[NodeRecords]) -> None:
+            self._rank0().commit_nodes(plan, nodes, self.last_metrics, started)
+
+        def write() -> Persisted:
+            return self.share_writer.now(plan, handed, target, state)
+
+        def undo() -> None:
+            self._rank0().discard(target.name)
+
+        what = f"persisting {directory}"
+        if plan.by_nodes:
+            all_reduce_by_nodes(self.group, what, write, partial(node_part, plan, target),
+                                commit_nodes, CommitError, undo)
+        else:
+            all_reduce(self.group, what, write, commit, CommitError, undo)
         self._now_latest(target)
         return True
 

@@ -12,12 +12,13 @@ import traceback
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, TypeAlias, TypeVar, cast
 
 from hpckit import logs
 from hpckit.errors import HpckitError
 from hpckit.run.mpi.group import Group
-from hpckit.run.mpi.leaders import gather_by_nodes
+from hpckit.run.mpi.leaders import condensed_by_nodes, gather_by_nodes
 from hpckit.run.mpi.waiting import from_root, gather_to_root, root_work, share
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ Ranks: TypeAlias = "Comm | Group"  # a Group's steps gather through its node lea
 T = TypeVar("T")
 R = TypeVar("R")
 K = TypeVar("K")
+C = TypeVar("C")
 
 # Errors raised on every rank together by raise_failures: such an error ends the run on each
 # rank as it is, while an error of one rank alone must abort the job (see run.ending.exit).
@@ -177,6 +179,49 @@ def all_reduce(ranks: Ranks, what: str, local: Callable[[], T], reduce: Callable
     result, failures, wrap = from_root(comm, outcome)
     raise_failures(failures, what, kind, wrap)
     return cast(R, result)
+
+
+def all_reduce_by_nodes(group: Group, what: str, local: Callable[[], T],
+                        by_node: Callable[[tuple[int, ...], list[T]], C],
+                        reduce: Callable[[list[C]], R], kind: type[HpckitError] = HpckitError,
+                        undo: Callable[[], None] | None = None) -> R:
+    """:func:`all_reduce` where each node's leader condenses its ranks' values first
+    (``by_node(members, values)``: what rank 0 needs of the node), so that rank 0 reduces one
+    value per node. A rank's failure, or the leader's in ``by_node``, fails the step as in
+    :func:`all_reduce`."""
+    comm = group.world
+    own = captured(comm.rank, local)
+    condense = partial(_node_step, by_node, comm.rank)
+    outcome = None
+    if comm.rank == 0:
+        outcome = root_work(comm, lambda: _reduce_nodes(
+            condensed_by_nodes(group, own, condense) or [], reduce, undo))
+    else:
+        condensed_by_nodes(group, own, condense)
+    result, failures, wrap = from_root(comm, outcome)
+    raise_failures(failures, what, kind, wrap)
+    return cast(R, result)
+
+
+def _node_step(by_node: Callable[[tuple[int, ...], list[T]], C], leader: int,
+               members: tuple[int, ...], items: list[tuple[T | None, RankFailure | None]]
+               ) -> tuple[C | None, list[RankFailure]]:
+    failures = [f for _, f in items if f]
+    if failures:
+        return None, failures
+    value, failure = captured(leader, lambda: by_node(members, [cast(T, v) for v, _ in items]))
+    return value, [failure] if failure else []
+
+
+def _reduce_nodes(gathered: list[tuple[C | None, list[RankFailure]]],
+                  reduce: Callable[[list[C]], R], undo: Callable[[], None] | None
+                  ) -> tuple[R | None, list[RankFailure], bool]:
+    failures = [f for _, node in gathered for f in node]
+    if failures:
+        if undo is not None:
+            undo()
+        return None, failures, undo is not None
+    return _reduced(lambda: reduce([cast(C, v) for v, _ in gathered]))
 
 
 def _gathered(ranks: Ranks, value: T) -> list[T] | None:

@@ -19,7 +19,7 @@ Ctrl-C: every wait here watches the world for rank 0's word, as the world's gath
 from __future__ import annotations
 
 import pickle
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from hpckit.errors import ProtocolError
@@ -27,6 +27,7 @@ from hpckit.run.mpi.group import Group
 from hpckit.run.mpi.waiting import gather_bytes, gather_to_root, root_work
 
 T = TypeVar("T")
+C = TypeVar("C")
 # A node's values: its ranks, each distinct value once, and which of them each rank sent
 # (None: they all sent the first).
 Contribution = tuple[tuple[int, ...], list[Any], list[int] | None]
@@ -37,11 +38,27 @@ def gather_by_nodes(group: Group, value: T) -> list[T] | None:
     its node's leader, then one contribution per node to rank 0."""
     if group.topology.num_nodes == 1:
         return gather_to_root(group.world, value)
+    return _through_leaders(group, value, None)
+
+
+def condensed_by_nodes(group: Group, value: T, condense: Callable[[tuple[int, ...], list[T]], C]
+                       ) -> list[C] | None:
+    """Each node's ranks' values, condensed by its leader (``condense(members, values)``, which
+    must not raise), to rank 0 in node order (None on the other ranks): rank 0 receives one
+    value per node, and never the ranks' own."""
+    if group.topology.num_nodes == 1:
+        values = gather_to_root(group.world, value)
+        return None if values is None else [condense(tuple(range(group.size)), values)]
+    return _through_leaders(group, value, condense)
+
+
+def _through_leaders(group: Group, value: Any, condense: Callable[..., Any] | None
+                     ) -> list[Any] | None:
     data = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
     if group.rank != 0:
         node = gather_bytes(group.node, data, alarms=group.world)
         if group.leaders is not None:
-            contribution = of_node(group.members, node or [])
+            contribution = _contribution(group.members, node or [], condense)
             gather_bytes(group.leaders, pickle.dumps(contribution, pickle.HIGHEST_PROTOCOL),
                          alarms=group.world)
         return None
@@ -51,11 +68,21 @@ def gather_by_nodes(group: Group, value: T) -> list[T] | None:
     own, contributions = root_work(group.world, lambda: (
         gather_bytes(group.node, data, alarms=group.world) or [],
         gather_bytes(leaders, b"", alarms=group.world) or []))
+    if condense is not None:
+        return [_contribution(group.members, own, condense),
+                *(pickle.loads(item) for item in contributions[1:])]
     placed: list[Any] = [None] * group.size
     place(placed, of_node(group.members, own))
     for item in contributions[1:]:
         place(placed, pickle.loads(item))
     return placed  # every rank is some node's
+
+
+def _contribution(members: tuple[int, ...], items: Sequence[bytes | memoryview],
+                  condense: Callable[..., Any] | None) -> Any:
+    if condense is None:
+        return of_node(members, items)
+    return condense(members, [pickle.loads(item) for item in items])
 
 
 def of_node(members: tuple[int, ...], items: Sequence[bytes | memoryview]) -> Contribution:

@@ -115,8 +115,9 @@ class Plan:
     hand, with the rank that writes each; ``writes`` and ``hashes``, by rank, are filled in by
     each rank for itself (``assignment.own_part``), by rank 0 for every rank only for the
     node-local caches. A checkpoint's plan answers three questions apart, each in one field
-    whose values exclude one another: how its files arrive (``trialqueue``), where they go
-    (``level``) and when (``asynchronous``: in the background)."""
+    whose values exclude one another: how its files arrive (``placement``), where they go
+    (``level``) and when (``asynchronous``: in the background). ``by_nodes``: its records are
+    many, and merged by the node leaders (``writing.noderecords``)."""
 
     step: int
     stop: str | None = None
@@ -134,6 +135,7 @@ class Plan:
     level: str = STORAGE  # or CACHE: the node-local caches only (CheckpointConfig(cache_dir))
     kept: tuple[str, ...] | None = None  # with caches: every checkpoint they keep
     placed_by: int | None = None  # found: the one rank that handed it, where only one did
+    by_nodes: bool = False  # its records are merged and written by the node leaders
 
     def checkpoint(self) -> tuple[str, int]:
         """The directory and index of the checkpoint this plan writes."""

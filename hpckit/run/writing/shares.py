@@ -14,6 +14,7 @@ from hpckit import faults
 from hpckit.checkpoint import Checkpoint
 from hpckit.errors import CheckpointError, ProtocolError
 from hpckit.experiment.manifest import PENDING_MARKER, FileRecord, is_rank_state, is_safe_relpath
+from hpckit.logs import log
 from hpckit.run.writing.plan import Persisted, Plan
 from hpckit.storage import files
 from hpckit.storage.copy import checksum_file, checksum_stored, fsync_tree, persist_file, progress
@@ -189,3 +190,13 @@ def share_hashing(listing: list[tuple[str, int]], ranks: int, rank: int) -> list
         if least == rank:
             mine.append(name)
     return mine
+
+
+def hash_late(target: Location, name: str) -> FileRecord:
+    """Rank 0: a file of an in-place checkpoint that no rank's listing held, hashed."""
+    log.debug("hashing %s on rank 0: no rank's listing of %s held it", name, target.name)
+    if target.is_local:
+        size, digest = checksum_file(os.path.join(target.path, name), sync=True)
+    else:  # uploaded by checkpoint_upload_fn: read back
+        size, digest = checksum_stored(target.join(name))
+    return FileRecord(name, size, 0, digest)
