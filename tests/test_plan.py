@@ -153,3 +153,20 @@ def test_a_report_number_rank_0_does_not_know_is_a_protocol_error():
     with pytest.raises(ProtocolError, match="rank 1 handed the files it handed last time"):
         make_plan([Announcement(REPORT, 1, [("a", 1)]), Announcement(REPORT, 1, same_files_as=7)],
                   0, 0, HandedFiles())
+
+
+def test_a_plan_crosses_with_only_the_fields_that_differ_from_their_defaults():
+    """Rank 0 sends the plan to every rank at every step: it pickles only what is not a
+    default, reads back equal, and each plan read back has dicts of its own."""
+    import pickle
+
+    from hpckit.run.writing.plan import Placement
+
+    plans = [Plan(3), Plan(7, directory="checkpoint_000003", index=3, shared={"cfg.json": 0}),
+             Plan(9, stop="SIGUSR2", placement=Placement.IN_PLACE, by_nodes=True,
+                  later={1: ("state.pt",)})]
+    for plan in plans:
+        assert pickle.loads(pickle.dumps(plan, pickle.HIGHEST_PROTOCOL)) == plan
+    one, two = (pickle.loads(pickle.dumps(plans[0])) for _ in range(2))
+    assert one.writes is not two.writes
+    assert len(pickle.dumps(plans[1], pickle.HIGHEST_PROTOCOL)) < 150

@@ -5,7 +5,8 @@ persisted, and the plan rank 0 sends every rank (rank 0 makes it in
 from __future__ import annotations
 
 import marshal
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import MISSING, Field, dataclass, field, fields
 from enum import Enum
 from typing import Any, NamedTuple
 
@@ -137,12 +138,34 @@ class Plan:
     placed_by: int | None = None  # found: the one rank that handed it, where only one did
     by_nodes: bool = False  # its records are merged and written by the node leaders
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The fields that differ from their defaults: rank 0 sends the plan to every rank
+        at every step, and most fields keep their defaults at most steps."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in _DEFAULTS or getattr(self, f.name) != _DEFAULTS[f.name]()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, default in _DEFAULTS.items():
+            object.__setattr__(self, name, state[name] if name in state else default())
+        object.__setattr__(self, "step", state["step"])
+
     def checkpoint(self) -> tuple[str, int]:
         """The directory and index of the checkpoint this plan writes."""
         if self.directory is None or self.index is None:
             raise ProtocolError(f"the plan of step {self.step} writes no checkpoint, yet a rank "
                                 "went on to write one")
         return self.directory, self.index
+
+
+# Each field's default, made afresh (a dict is never shared between plans).
+def _default_of(f: Field[Any]) -> Callable[[], Any]:
+    if f.default_factory is not MISSING:
+        return f.default_factory
+    value = f.default
+    return lambda: value
+
+
+_DEFAULTS = {f.name: _default_of(f) for f in fields(Plan) if f.name != "step"}
 
 
 def in_background(stop: str | None, asked: bool) -> bool:
