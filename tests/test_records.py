@@ -242,3 +242,17 @@ def test_a_mirror_copies_the_parts_and_every_file_of_records_written_by_nodes(tm
                                                        "shard-1.bin"]
     read = read_manifest(resolve(str(tmp_path / "mirror" / "exp")))
     assert [f.path for f in read.checkpoints[0].files] == ["shard-0.bin", "shard-1.bin"]
+
+
+def test_a_checkpoint_handed_again_leaves_its_parts_behind(tmp_path):
+    """report(checkpoint=get_checkpoint()) of a checkpoint whose records the node leaders
+    wrote: its parts are hpckit's, stale for the new checkpoint, which gets its own."""
+    from hpckit.run.writing.shares import list_source
+
+    source = tmp_path / "checkpoint_000003"
+    (source / ".hpckit-records").mkdir(parents=True)
+    (source / ".hpckit-records" / "rank-000000.json").write_text("{}")
+    (source / ".hpckit-resume").mkdir()
+    (source / ".hpckit-resume" / "rank-00000").write_text("state")
+    (source / "model.pt").write_bytes(b"weights")
+    assert list_source(str(source), 0) == [("model.pt", 7)]

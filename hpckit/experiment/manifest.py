@@ -15,7 +15,7 @@ from typing import Any
 
 from hpckit.checkpoint import MANIFEST_NAME as MANIFEST_NAME
 from hpckit.experiment.attempts import Attempt, AttemptStatus
-from hpckit.experiment.records import RECORDS_DIR, RecordsFile
+from hpckit.experiment.records import PARTS_DIR, RECORDS_DIR, RecordsFile
 from hpckit.experiment.records import FileRecord as FileRecord
 from hpckit.experiment.validation import Validation
 
@@ -56,6 +56,12 @@ def custom_dirname_problem(name: str) -> str | None:
         return (f"{name!r} is hpckit's own (its numbered checkpoints, "
                 f"{', '.join(sorted(RESERVED_NAMES))}); choose another name, e.g. 'epoch_3'")
     return None
+
+
+def is_records_part(name: str) -> bool:
+    """Whether a checkpoint's relative file name is a node's part of its records (format 8):
+    hpckit's, and never one of the checkpoint's files."""
+    return name == PARTS_DIR or name.startswith(PARTS_DIR + "/")
 
 
 def is_rank_state(name: str) -> bool:

@@ -63,7 +63,8 @@ class Coordinator:
         if not report:
             return plan
         ledger.say_if_mixed(plan, announcements, self.levels is not None)
-        self.callbacks.heard(plan.step, [a.metrics or {} for a in announcements])
+        if self.callbacks:  # each rank's own dict: a node's alike announcements share one
+            self.callbacks.heard(plan.step, [dict(a.metrics or {}) for a in announcements])
         if plan.directory is None:
             ledger.log(plan.step, metrics)
         elif plan.asynchronous:

@@ -90,16 +90,17 @@ def of_node(members: tuple[int, ...], items: Sequence[bytes | memoryview]) -> Co
     order): each distinct value read once."""
     distinct: dict[bytes, int] = {}
     held = [distinct.setdefault(bytes(item), len(distinct)) for item in items]
-    if len(held) != len(members):
-        raise ProtocolError(f"a node of ranks {members} gathered {len(held)} values (a bug in "
-                            "hpckit: please report it)")
     values = [pickle.loads(item) for item in distinct]
     return members, values, None if len(values) == 1 else held
 
 
 def place(placed: list[Any], contribution: Contribution) -> None:
-    """Rank 0: a node's values into ``placed``, by world rank."""
+    """Rank 0: a node's values into ``placed``, by world rank (a count that does not match
+    its ranks is raised here, on rank 0, never on a leader that rank 0 waits for)."""
     members, values, held = contribution
+    if held is not None and len(held) != len(members):
+        raise ProtocolError(f"a node of ranks {members} gathered {len(held)} values (a bug in "
+                            "hpckit: please report it)")
     if held is None:
         for rank in members:
             placed[rank] = values[0]

@@ -103,7 +103,7 @@ class HandedFiles:
         self.files: dict[int, Files] = {}
         self.sent_at: dict[int, int] = {}  # by rank: the report that sent its list
         self.now: dict[int, Files] = {}  # every handing rank's files at the latest report
-        self.count = 0  # of the files in ``now``, as of the last assignment
+        self.count = 0  # distinct names in ``now``, as of the last assignment
         self._assigned: tuple[frozenset[int], dict[str, int]] | None = None
         self._changed = True
 
@@ -130,7 +130,7 @@ class HandedFiles:
         ranks = frozenset(handed)
         if self._changed or self._assigned is None or self._assigned[0] != ranks:
             self._assigned = (ranks, assign_writers(handed))
-            self.count = sum(map(len, handed.values()))
+            self.count = len({name for files in handed.values() for name, _ in files})
             self._changed = False
         return self._assigned[1]
 

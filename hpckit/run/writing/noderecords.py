@@ -43,6 +43,7 @@ def node_part(plan: Plan, target: Location, members: tuple[int, ...],
     name = part_name(directory, members[0])
     if target.is_local:  # object storage has no directories (a marker object would be one more)
         files.make_dir(target.join(PARTS_DIR))
+        files.fsync_dir(target.path)  # the folder's entry, made after the ranks synced theirs
     files.write_atomic(target.join(name.removeprefix(f"{directory}/")), data)
     return NodeRecords(Part(name, checksum_of(data), len(own)), sum(r.size for r in own),
                        [r for r in records if r.path in plan.shared])

@@ -13,7 +13,13 @@ from typing import Any
 from hpckit import faults
 from hpckit.checkpoint import Checkpoint
 from hpckit.errors import CheckpointError, ProtocolError
-from hpckit.experiment.manifest import PENDING_MARKER, FileRecord, is_rank_state, is_safe_relpath
+from hpckit.experiment.manifest import (
+    PENDING_MARKER,
+    FileRecord,
+    is_rank_state,
+    is_records_part,
+    is_safe_relpath,
+)
 from hpckit.logs import log
 from hpckit.run.writing.plan import Persisted, Plan
 from hpckit.storage import files
@@ -39,13 +45,14 @@ def local_source(checkpoint: Any, rank: int) -> str:
 
 def list_source(source: str, rank: int) -> list[tuple[str, int]]:
     """Every file of a handed directory as (relative POSIX path, size), but the ranks' resume
-    states (a copied checkpoint's are stale; the state going with this one is written anew)."""
+    states and the nodes' parts of its records (a committed checkpoint handed again: they are
+    stale, and this one's are written anew)."""
     found = []
     for parent, _, names in os.walk(source, followlinks=True):
         for name in names:
             full = os.path.join(parent, name)
             rel = os.path.relpath(full, source).replace(os.sep, "/")
-            if is_rank_state(rel):
+            if is_rank_state(rel) or is_records_part(rel):
                 continue
             if not is_safe_relpath(rel):
                 raise CheckpointError(f"rank {rank}: checkpoint file name {rel!r} in {source} is "
@@ -138,7 +145,8 @@ def hash_uploaded(target: Location, rank: int, ranks: int, phase: str) -> Persis
     """This rank's share of what the uploads left in ``target``, hashed (and synced) where it
     lies: on object storage each object is read back."""
     listing = [(name, size) for name, size in files.list_files(target)
-               if name != PENDING_MARKER and not is_rank_state(name)]
+               if name != PENDING_MARKER and not is_rank_state(name)
+               and not is_records_part(name)]
     for name, _ in listing:
         if not is_safe_relpath(name):
             raise CheckpointError(f"rank {rank}: checkpoint_upload_fn left {name!r} in "
