@@ -50,13 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hpckit.experiment import encoding  # noqa: E402
 from hpckit.experiment.manifest import CheckpointRecord, FileRecord, Manifest  # noqa: E402
-from hpckit.experiment.records import (  # noqa: E402
-    Part,
-    indexed,
-    part_name,
-    records_name,
-    render_records,
-)
+from hpckit.experiment.records import indexed, records_name, render_records  # noqa: E402
 from hpckit.run.mpi.leaders import of_node, place  # noqa: E402
 from hpckit.run.writing.assignment import HandedFiles, SentFiles  # noqa: E402
 from hpckit.run.writing.noderecords import NodeRecords, checked, node_part  # noqa: E402
@@ -174,8 +168,7 @@ def records_by_node(plan: Plan, values: list[bytes], per_node: int, folder: str
     def written(node: tuple[int, ...]) -> NodeRecords:
         own = sorted((r for p in records(node) for r in p.records), key=lambda r: r.path)
         data = render_records(plan.checkpoint()[0], own)
-        part = Part(part_name(plan.checkpoint()[0], node[0]), checksum_of(data), len(own))
-        return NodeRecords(part, sum(r.size for r in own), [])
+        return NodeRecords(node[0], checksum_of(data), len(own), sum(r.size for r in own), [])
 
     leader_s, _ = timed(lambda: node_part(plan, local(folder), members(per_node),
                                           records(members(per_node))))
@@ -187,7 +180,7 @@ def records_by_node(plan: Plan, values: list[bytes], per_node: int, folder: str
 def write_manifest(ranks: int, nodes: list[NodeRecords], folder: str) -> int:
     """Write the index of the nodes' parts of the checkpoint's records (manifest format 8),
     then a manifest that keeps two such checkpoints, as a commit does."""
-    reference, data = indexed("checkpoint_000003", 3, [node.part for node in nodes])
+    reference, data = indexed("checkpoint_000003", 3, [n.part("checkpoint_000003") for n in nodes])
     durable(os.path.join(folder, "records.json"), data)
     record = CheckpointRecord(3, "checkpoint_000003", 7, time.time(), {"loss": 0.5}, (),
                               records=reference)

@@ -155,7 +155,7 @@ def commit_by_nodes(experiment: Experiment, tmp_path, index: int, nodes) -> Chec
 
     directory = f"checkpoint_{index:06d}"
     parts = node_parts(tmp_path, directory, nodes)
-    reference, data = indexed(directory, index, [node.part for node in parts])
+    reference, data = indexed(directory, index, [node.part(directory) for node in parts])
     committed = CheckpointRecord(index, directory, index, 1.0, {"loss": 1.0}, (),
                                  records=reference)
     experiment.commit(committed, CheckpointConfig(), data)
@@ -212,7 +212,7 @@ def test_names_several_ranks_hand_are_kept_once_and_compared_across_nodes(tmp_pa
     alike = [[FileRecord("cfg.json", 2, 0, CHECKSUM), FileRecord("m0.bin", 4, 0, CHECKSUM)],
              [FileRecord("cfg.json", 2, 1, CHECKSUM), FileRecord("m1.bin", 4, 1, CHECKSUM)]]
     parts = node_parts(tmp_path, "checkpoint_000000", alike, {"cfg.json": 0})
-    assert [p.part.records for p in parts] == [2, 1]
+    assert [p.records for p in parts] == [2, 1]
     assert [p.size for p in parts] == [6, 4]
     plan = Plan(0, directory="checkpoint_000000", index=0, shared={"cfg.json": 0})
     checked(plan, parts)

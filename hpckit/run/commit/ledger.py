@@ -226,7 +226,7 @@ class Ledger:
         except HpckitError:
             self.experiment.discard(directory)
             raise
-        reference, data = indexed(directory, index, [node.part for node in nodes])
+        reference, data = indexed(directory, index, [node.part(directory) for node in nodes])
         self._commit(plan, CheckpointRecord(index, directory, plan.step, time.time(), metrics,
                                             (), plan.level, records=reference), data,
                      sum(node.size for node in nodes), metrics, started)

@@ -5,10 +5,11 @@ Where a checkpoint's records go into a file of their own (more files than
 ``HPCKIT_INLINE_RECORDS``), handed by the ranks and written to storage_path synchronously,
 each node's leader merges what its ranks wrote, writes the node's part of the records into
 the checkpoint (``<checkpoint>/.hpckit-records/rank-N.json``, ``experiment.records``), and
-sends rank 0 only the part's name, checksum and count, the node's bytes, and the records of
-the names that several ranks hand, which rank 0 compares across nodes (:func:`checked`). Rank
-0 then writes an index of the parts, one line per node. The leaders work in parallel, inside
-the step's gather (``run.mpi.comm.all_reduce_by_nodes``)."""
+sends rank 0 only its rank (which names the part), the part's checksum and count, the
+node's bytes, and the records of the names that several ranks hand, which rank 0 compares
+across nodes (:func:`checked`). Rank 0 then writes an index of the parts, one line per node.
+The leaders work in parallel, inside the step's gather (``run.mpi.comm.all_reduce_by_nodes``).
+"""
 
 from __future__ import annotations
 
@@ -26,9 +27,15 @@ from hpckit.storage.location import Location
 class NodeRecords(NamedTuple):
     """What rank 0 needs of one node's records of a checkpoint."""
 
-    part: Part
-    size: int  # the bytes of the files the node's records name
+    leader: int  # the node's first rank, which wrote the part (``records.part_name``)
+    checksum: str  # the part's
+    records: int  # how many it holds
+    size: int  # the bytes of the files they name
     shared: list[FileRecord]  # the records of names several ranks hand, writers' and others'
+
+    def part(self, directory: str) -> Part:
+        """The part, as the index of checkpoint ``directory`` names it."""
+        return Part(part_name(directory, self.leader), self.checksum, self.records)
 
 
 def node_part(plan: Plan, target: Location, members: tuple[int, ...],
@@ -45,7 +52,7 @@ def node_part(plan: Plan, target: Location, members: tuple[int, ...],
         files.make_dir(target.join(PARTS_DIR))
         files.fsync_dir(target.path)  # the folder's entry, made after the ranks synced theirs
     files.write_atomic(target.join(name.removeprefix(f"{directory}/")), data)
-    return NodeRecords(Part(name, checksum_of(data), len(own)), sum(r.size for r in own),
+    return NodeRecords(members[0], checksum_of(data), len(own), sum(r.size for r in own),
                        [r for r in records if r.path in plan.shared])
 
 
