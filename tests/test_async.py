@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 from support import reliability
 from conftest import HERE, mpiexec
+from support.once import computed_once
 
 from hpckit import CheckpointConfig, CheckpointUploadMode, ConfigError
 from hpckit.errors import CommitError
@@ -45,10 +46,15 @@ def outcome(run, experiment: str) -> tuple[str, list[tuple[int, str | None]]]:
     return run.line("FINAL"), [(m["step"], m["checkpoint"]) for m in map(json.loads, lines)]
 
 
-@pytest.fixture(scope="session")  # computed once a worker, whatever the order of tests
+@pytest.fixture(scope="session")
 def synchronous(tmp_path_factory):
-    storage = tmp_path_factory.mktemp("sync")
-    return outcome(sharded(3, str(storage), "sync"), str(storage / "exp"))
+    """The synchronous run's outcome, computed once a test run, whichever worker asks first."""
+    def compute():
+        storage = tmp_path_factory.mktemp("sync")
+        return outcome(sharded(3, str(storage), "sync"), str(storage / "exp"))
+
+    final, lines = computed_once(tmp_path_factory, "async-synchronous", compute)
+    return final, [tuple(line) for line in lines]
 
 
 @pytest.mark.parametrize("mode", ["async", "in-place", "in-place-async"])

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from support import reliability
 from conftest import HERE, MPIEXEC, Run, manifest, mpiexec
+from support.once import computed_once
 
 from hpckit.experiment.manifest import checkpoint_dirname
 from hpckit.experiment.reading import read_manifest
@@ -136,18 +137,18 @@ def finished(experiment: str, epochs: int, run: Run) -> tuple[list[str], list[tu
     return json.loads(line)["shards"], history
 
 
-_references: dict[int, tuple[list[str], list[tuple[int, float]]]] = {}
-
-
 @pytest.fixture
 def reference(tmp_path_factory: pytest.TempPathFactory):
-    """The result of an uninterrupted run, by number of epochs (computed once each)."""
+    """The result of an uninterrupted run, by number of epochs (computed once a test run
+    each, whichever worker asks first)."""
     def of(epochs: int) -> tuple[list[str], list[tuple[int, float]]]:
-        if epochs not in _references:
+        def compute() -> tuple[list[str], list[tuple[int, float]]]:
             storage = tmp_path_factory.mktemp("reference")
-            _references[epochs] = finished(str(storage / "exp"), epochs, mpiexec(
+            return finished(str(storage / "exp"), epochs, mpiexec(
                 RANKS, *args(storage, epochs), script=SHARDED, env=QUICK, timeout=120))
-        return _references[epochs]
+
+        shards, history = computed_once(tmp_path_factory, f"kill-reference-{epochs}", compute)
+        return shards, [(step, loss) for step, loss in history]
     return of
 
 
