@@ -218,9 +218,7 @@ def _reduce_nodes(gathered: list[tuple[C | None, list[RankFailure]]],
                   ) -> tuple[R | None, list[RankFailure], bool]:
     failures = [f for _, node in gathered for f in node]
     if failures:
-        if undo is not None:
-            undo()
-        return None, failures, undo is not None
+        return _undone(failures, undo)
     return _reduced(lambda: reduce([cast(C, v) for v, _ in gathered]))
 
 
@@ -234,10 +232,16 @@ def _reduce_gathered(ranks: Ranks, own: tuple[T | None, RankFailure | None],
     gathered = _gathered(ranks, own) or []
     failures = [f for _, f in gathered if f]
     if failures:
-        if undo is not None:
-            undo()
-        return None, failures, undo is not None
+        return _undone(failures, undo)
     return _reduced(lambda: reduce([cast(T, v) for v, _ in gathered]))
+
+
+def _undone(failures: list[RankFailure], undo: Callable[[], None] | None
+            ) -> tuple[None, list[RankFailure], bool]:
+    """Ranks failed: rank 0 undoes the step, and the error names them (wrapped, when undone)."""
+    if undo is not None:
+        undo()
+    return None, failures, undo is not None
 
 
 def _reduced(fn: Callable[[], R]) -> tuple[R | None, list[RankFailure], bool]:
