@@ -5,6 +5,7 @@ its checkpoint, and removed as a leftover where no manifest names it. Pure: no M
 from __future__ import annotations
 
 import json
+import pickle
 import re
 from dataclasses import replace
 
@@ -188,6 +189,50 @@ def test_records_written_in_parts_by_the_node_leaders_read_back_whole_and_sorted
     assert damaged.checkpoints[0].files == () and "rank-000002.json does not match" in \
         damaged.checkpoints[0].damaged
     assert damaged.checkpoints[1].damaged is None and len(damaged.checkpoints[1].files) == 5
+
+
+def test_a_manifest_read_reads_no_records_and_one_file_reads_its_nodes_part_first(tmp_path):
+    """Reading a manifest reads none of its checkpoints' record files; a checkpoint's files
+    read the index and every part; one file looked up by rank reads the index and the part
+    of that rank's node, then the others only while it is not found."""
+    from hpckit.experiment import encoding
+
+    experiment = experiment_at(tmp_path)
+    nodes = [[FileRecord(f"shard-{r}.bin", r, r, CHECKSUM) for r in ranks]
+             for ranks in ([0, 1], [2, 3], [4])]
+    commit_by_nodes(experiment, tmp_path, 0, nodes)
+    commit_by_nodes(experiment, tmp_path, 1, nodes)
+    reads: list[str] = []
+
+    def read(name: str) -> bytes:
+        reads.append(name)
+        return (tmp_path / "exp" / name).read_bytes()
+
+    def manifest() -> Manifest:
+        reads.clear()
+        found = encoding.from_json((tmp_path / "exp" / "manifest.json").read_bytes(), "m", read)
+        assert reads == []
+        return found
+
+    part = "checkpoint_000001/.hpckit-records/rank-{:06d}.json".format
+    assert manifest().checkpoints[1].file("shard-3.bin", rank=3) == nodes[1][1]
+    assert reads == ["records/000001.json", part(2)]
+    assert manifest().checkpoints[1].file("shard-4.bin", rank=1) == nodes[2][0]
+    assert reads == ["records/000001.json", part(0), part(2), part(4)]
+    assert manifest().checkpoints[1].file("absent.bin", rank=4) is None
+    assert reads == ["records/000001.json", part(4), part(0), part(2), "records/000001.json",
+                     part(0), part(2), part(4)]  # not found: read whole, as files are
+    read_back = manifest().checkpoints[1]
+    assert [f.path for f in read_back.files] == [f"shard-{r}.bin" for r in range(5)]
+    assert reads == ["records/000001.json", part(0), part(2), part(4)]
+    reads.clear()
+    assert read_back.file("shard-2.bin", rank=0) == nodes[1][0] and reads == []
+    unread = read_manifest(resolve(str(tmp_path / "exp")))
+    assert pickle.loads(pickle.dumps(unread)) == unread  # what it reads with is a value
+    (tmp_path / "exp" / part(2)).write_text("{}")
+    damaged = manifest().checkpoints[1]
+    assert damaged.file("shard-2.bin", rank=2) is None
+    assert "rank-000002.json does not match" in damaged.damaged
 
 
 def test_an_index_can_name_only_parts_of_records(tmp_path):

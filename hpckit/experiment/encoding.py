@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
-from hpckit.errors import ManifestError, StorageError
+from hpckit.errors import ManifestError
 from hpckit.experiment.attempts import Attempt
 from hpckit.experiment.manifest import (
     CACHE,
@@ -26,7 +26,7 @@ from hpckit.experiment.manifest import (
     is_checkpoint_dirname,
     is_safe_relpath,
 )
-from hpckit.experiment.records import RecordsFile, parse_reference, read_records
+from hpckit.experiment.records import KeptApart, RecordsFile, parse_reference
 from hpckit.experiment.validation import parse as parse_validation
 from hpckit.storage.checksum import SHA256
 from hpckit.storage.checksum import problem as checksum_problem
@@ -86,7 +86,7 @@ def checkpoint_json(record: CheckpointRecord, inline: bool = False) -> dict[str,
             body["records"] = record.records.to_json()
         elif name == "validation" and value is not None:
             body["validation"] = value.to_json()
-        elif name not in ("files", "validation", "records", "damaged"):
+        elif name not in ("files", "validation", "records"):
             body[name] = list(value) if name == "hosts" else value
     return body
 
@@ -156,8 +156,7 @@ def _parse_checkpoint(raw: Any, check: _Checker, name: str) -> CheckpointRecord:
                    "plain directory name given by checkpoint_dir_name)")
     records = (parse_reference(raw["records"], index, f"{check.where}: {name}.records")
                if "records" in raw else None)
-    files, damaged = (_kept_apart(records, check) if records
-                      else (_inline_files(raw, check, name), None))
+    files = _kept_apart(records, check) if records else _inline_files(raw, check, name)
     level = raw.get("level", STORAGE)
     if level not in (STORAGE, CACHE):
         check.fail(f"{name}.level", f"{level!r} is neither {STORAGE!r} nor {CACHE!r}")
@@ -172,25 +171,15 @@ def _parse_checkpoint(raw: Any, check: _Checker, name: str) -> CheckpointRecord:
         index=index, directory=directory, step=check.field(raw, "step", int, name),
         reported_at=check.field(raw, "reported_at", (int, float), name),
         metrics=check.field(raw, "metrics", dict, name), files=files, level=level,
-        hosts=tuple(hosts), validation=validation, records=records, damaged=damaged)
+        hosts=tuple(hosts), validation=validation, records=records)
 
 
-def _kept_apart(records: RecordsFile,
-                check: _Checker) -> tuple[tuple[FileRecord, ...], str | None]:
-    """A checkpoint's records from their own file, or none and why: a record file that is
-    gone or damaged takes only its own checkpoint out of use. A read that fails otherwise
-    (the storage) is raised: it may work later."""
+def _kept_apart(records: RecordsFile, check: _Checker) -> KeptApart:
+    """A checkpoint's records in their own file, read when first asked for."""
     if check.read is None:
         raise ManifestError(f"manifest {check.where} keeps records in {records.name}, and "
                             "nothing was given to read it with (a bug in hpckit: please report it).")
-    try:
-        return read_records(records, check.read, check.where, is_safe_relpath), None
-    except ManifestError as exc:
-        return (), f"its records cannot be used: {exc}"
-    except StorageError as exc:
-        if not isinstance(exc.__cause__, FileNotFoundError):
-            raise
-        return (), f"its records cannot be used: {records.name} is missing"
+    return KeptApart(records, check.read, check.where, is_safe_relpath)
 
 
 def _inline_files(raw: dict[str, Any], check: _Checker, name: str) -> tuple[FileRecord, ...]:

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
 from hpckit.checkpoint import MANIFEST_NAME as MANIFEST_NAME
 from hpckit.experiment.attempts import Attempt, AttemptStatus
-from hpckit.experiment.records import PARTS_DIR, RECORDS_DIR, RecordsFile
+from hpckit.experiment.records import PARTS_DIR, RECORDS_DIR, KeptApart, RecordsFile
 from hpckit.experiment.records import FileRecord as FileRecord
 from hpckit.experiment.validation import Validation
 
@@ -85,15 +85,25 @@ class CheckpointRecord:
     step: int
     reported_at: float
     metrics: dict[str, Any]
-    files: tuple[FileRecord, ...]
+    files: Sequence[FileRecord]  # a tuple, or (kept apart) a KeptApart, read on first use
     level: str = STORAGE
     hosts: tuple[str, ...] = ()  # a cached checkpoint's writers: the host of each rank
     validation: Validation | None = None  # report(..., validation=...)
     records: RecordsFile | None = None  # where ``files`` are kept, when not in the manifest
-    # Why ``files`` could not be read back from ``records`` (a damaged record file): this
-    # checkpoint cannot be verified, resumed from or exported; the others are unaffected.
-    # Never written: the manifest keeps the reference as it was.
-    damaged: str | None = None
+
+    @property
+    def damaged(self) -> str | None:
+        """Why ``files`` could not be read back from ``records`` (a damaged record file): this
+        checkpoint cannot be verified, resumed from or exported; the others are unaffected.
+        Never written: the manifest keeps the reference as it was."""
+        return self.files.problem if isinstance(self.files, KeptApart) else None
+
+    def file(self, path: str, rank: int | None = None) -> FileRecord | None:
+        """The record of file ``path``, reading as few of its records as it can (``rank``:
+        the one asking, whose node's part of the records is read first)."""
+        if isinstance(self.files, KeptApart):
+            return self.files.find(path, rank)
+        return next((f for f in self.files if f.path == path), None)
 
     @property
     def size(self) -> int:

@@ -5,6 +5,7 @@ Anyone may read; only :class:`hpckit.experiment.Experiment` writes.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from typing import Any
@@ -32,15 +33,18 @@ def read_manifest(experiment: Location) -> Manifest | None:
         return None
     if kind != _FT.File:
         raise StorageError(f"{location.display} is not a file; move it aside and run again.")
-    def read(name: str) -> bytes:  # a record file (format 5): written once, never replaced
-        return files.read_bytes(experiment.join(name))
-
+    read = functools.partial(_read_relative, experiment)  # a value: pickled with the manifest
     for wait in TORN_READ_WAITS:
         try:
             return encoding.from_json(files.read_bytes(location), location.display, read)
         except ManifestError:
             time.sleep(wait)
     return encoding.from_json(files.read_bytes(location), location.display, read)
+
+
+def _read_relative(experiment: Location, name: str) -> bytes:
+    """A record file (format 5) or part (8): written once, never replaced."""
+    return files.read_bytes(experiment.join(name))
 
 
 def require_manifest(experiment: Location) -> Manifest:

@@ -13,17 +13,21 @@ each wrote its node's part into the checkpoint, ``<checkpoint>/.hpckit-records/r
 (N: the leader's rank), and the record file is an index of the parts, each with its checksum
 and count: rank 0 writes one line per node, whatever the ranks. A part lives and goes with its
 checkpoint's directory (a leftover's parts go with the leftover).
+
+Either form is read when first asked for, not with the manifest (:class:`KeptApart`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from functools import cached_property
+from typing import Any, NamedTuple, overload
 
 from hpckit import settings
-from hpckit.errors import ManifestError
+from hpckit.errors import ManifestError, StorageError
 from hpckit.storage.checksum import checksum_of
 from hpckit.storage.checksum import problem as checksum_problem
 
@@ -128,8 +132,7 @@ def read_records(reference: RecordsFile, read: Callable[[str], bytes], where: st
     body = _checked(read, reference.name, reference.checksum, f"manifest {where}")
     if not reference.parts:
         return _entries(body, "files", reference.count, reference.name, where, is_safe)
-    parts = _entries(body, "parts", reference.parts, reference.name, where,
-                     lambda name: is_safe(name) and f"/{PARTS_DIR}/" in name)
+    parts = _index_parts(body, reference, where, is_safe)
     records = tuple(sorted((record for name, checksum, count in parts for record in _entries(
         _checked(read, name, checksum, f"{reference.name}"), "files", count, name, where,
         is_safe)), key=lambda r: r.path))
@@ -137,6 +140,95 @@ def read_records(reference: RecordsFile, read: Callable[[str], bytes], where: st
         raise ManifestError(f"the parts {reference.name} names hold {len(records)} records, "
                             f"not the {reference.count} that manifest {where} records.")
     return records
+
+
+class KeptApart(Sequence[FileRecord]):
+    """The records of a checkpoint that the manifest keeps apart, read on first use.
+
+    Reading a manifest reads none of them: ``hpckit ls``, a launcher or a tracker that never
+    asks for a checkpoint's files pays nothing for them, and a rank that loads one file reads
+    the index and, most often, one part (:meth:`find`). :attr:`problem` says why they cannot
+    be used (a record file damaged, replaced or gone): that checkpoint then has no records,
+    and only it is out of use. A read that fails otherwise (the storage) is raised at the
+    access, and tried again at the next: it may work later.
+    """
+
+    def __init__(self, reference: RecordsFile, read: Callable[[str], bytes], where: str,
+                 is_safe: Callable[[str], bool]) -> None:
+        self.reference, self.where = reference, where
+        self._read, self._is_safe = read, is_safe
+
+    @cached_property
+    def _loaded(self) -> tuple[tuple[FileRecord, ...], str | None]:
+        try:
+            return read_records(self.reference, self._read, self.where, self._is_safe), None
+        except ManifestError as exc:
+            return (), f"its records cannot be used: {exc}"
+        except StorageError as exc:
+            if not isinstance(exc.__cause__, FileNotFoundError):
+                raise
+            return (), f"its records cannot be used: {self.reference.name} is missing"
+
+    @property
+    def problem(self) -> str | None:
+        return self._loaded[1]
+
+    def find(self, path: str, rank: int | None = None) -> FileRecord | None:
+        """The record of ``path``: of an index, read part by part, the part of ``rank``'s
+        node first (a part is named by its node's first rank), until one holds it."""
+        if "_loaded" in self.__dict__ or not self.reference.parts:
+            return next((r for r in self if r.path == path), None)
+        try:
+            index = _checked(self._read, self.reference.name, self.reference.checksum,
+                             f"manifest {self.where}")
+            parts = _index_parts(index, self.reference, self.where, self._is_safe)
+            for name, checksum, count in _nearest_first(parts, rank):
+                body = _checked(self._read, name, checksum, self.reference.name)
+                held: tuple[FileRecord, ...] = _entries(body, "files", count, name, self.where,
+                                                        self._is_safe)
+                if found := next((r for r in held if r.path == path), None):
+                    return found
+        except (ManifestError, StorageError):
+            pass  # read whole, which says what is wrong (``problem``) or raises
+        return next((r for r in self if r.path == path), None)
+
+    def __len__(self) -> int:
+        return len(self._loaded[0])
+
+    @overload
+    def __getitem__(self, i: int) -> FileRecord: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[FileRecord, ...]: ...
+    def __getitem__(self, i: int | slice) -> FileRecord | tuple[FileRecord, ...]:
+        return self._loaded[0][i]
+
+    def __iter__(self) -> Iterator[FileRecord]:
+        return iter(self._loaded[0])
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and tuple(self) == tuple(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"KeptApart({self.reference.name!r})"
+
+
+_LEADER = re.compile(r"rank-(\d+)\.json$")
+
+
+def _nearest_first(parts: Sequence[Part], rank: int | None) -> list[Part]:
+    """``parts`` with the one of ``rank``'s node first: the last whose leader is not after it."""
+    leaders = [int(m.group(1)) if (m := _LEADER.search(p.name)) else -1 for p in parts]
+    mine = max((i for i, leader in enumerate(leaders) if 0 <= leader <= (rank or 0)),
+               key=leaders.__getitem__, default=None)
+    return list(parts) if mine is None else [parts[mine], *parts[:mine], *parts[mine + 1:]]
+
+
+def _index_parts(body: Any, reference: RecordsFile, where: str,
+                 is_safe: Callable[[str], bool]) -> tuple[Part, ...]:
+    return _entries(body, "parts", reference.parts, reference.name, where,
+                    lambda name: is_safe(name) and f"/{PARTS_DIR}/" in name)
 
 
 def _checked(read: Callable[[str], bytes], name: str, checksum: str, by: str) -> Any:

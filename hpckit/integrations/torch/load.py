@@ -6,6 +6,7 @@ import os
 import pickle
 from typing import Any
 
+from hpckit import settings
 from hpckit.checkpoint import Checkpoint
 from hpckit.errors import CheckpointError, HpckitError
 from hpckit.experiment.manifest import FileRecord, is_rank_state, is_safe_relpath
@@ -70,7 +71,8 @@ def _expected(checkpoint: Checkpoint, filename: str) -> FileRecord | None:
     record = next((r for r in manifest.checkpoints if r.directory == location.name), None)
     if record is None:
         return None
-    return next((f for f in record.files if f.path == filename), None)
+    rank = settings.current().launched_rank
+    return record.file(filename, int(rank) if rank.isdigit() else None)
 
 
 def _check(checkpoint: Checkpoint, path: str, expected: FileRecord) -> None:
