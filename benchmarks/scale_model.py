@@ -52,10 +52,10 @@ from hpckit.experiment import encoding  # noqa: E402
 from hpckit.experiment.manifest import CheckpointRecord, FileRecord, Manifest  # noqa: E402
 from hpckit.experiment.records import indexed, records_name, render_records  # noqa: E402
 from hpckit.run.mpi.leaders import of_node, place  # noqa: E402
-from hpckit.run.writing.assignment import HandedFiles, SentFiles  # noqa: E402
-from hpckit.run.writing.noderecords import NodeRecords, checked, node_part  # noqa: E402
-from hpckit.run.writing.plan import REPORT, Announcement, Persisted, Plan  # noqa: E402
+from hpckit.run.writing.assignment import HandedFiles, SentFiles, check_nodes  # noqa: E402
+from hpckit.run.writing.plan import REPORT, Announcement, NodeRecords, Persisted, Plan  # noqa: E402
 from hpckit.run.writing.planning import make_plan  # noqa: E402
+from hpckit.run.writing.writer import node_part  # noqa: E402
 from hpckit.storage.checksum import checksum_of  # noqa: E402
 from hpckit.storage.location import local  # noqa: E402
 
@@ -147,7 +147,7 @@ def rank0_work(ranks: int, checkpoint: bool, folder: str, per_node: int) -> dict
             lambda: node_part(plan, local(folder), tuple(range(per_node)), own_node))
         seconds["unpickle_records"], nodes = timed(
             lambda: [own_part, *(pickle.loads(data)[1][0] for data in contributions)])
-        seconds["merge"], _ = timed(lambda: checked(plan, nodes))  # type: ignore[arg-type]
+        seconds["merge"], _ = timed(lambda: check_nodes(plan, nodes))  # type: ignore[arg-type]
         seconds["manifest"], _ = timed(lambda: write_manifest(ranks, nodes, folder))
     return {"seconds": seconds, "bytes": through, "plan_bytes": len(sent),  # type: ignore[arg-type]
             "leader_s": leader_s, "per_node": per_node}
@@ -157,7 +157,7 @@ def records_by_node(plan: Plan, values: list[bytes], per_node: int, folder: str
                     ) -> tuple[list[Persisted], list[bytes], float]:
     """Rank 0's own node's records, what each other node's leader sends rank 0 (its
     ``NodeRecords``, as ``comm.all_reduce_by_nodes`` gathers it), and one leader's seconds
-    to unpickle its ranks' records and write its node's part (``noderecords.node_part``; the
+    to unpickle its ranks' records and write its node's part (``writer.node_part``; the
     other nodes' parts are rendered and hashed as they would be, but not written)."""
     def members(first: int) -> tuple[int, ...]:
         return tuple(range(first, min(first + per_node, len(values))))

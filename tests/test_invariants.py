@@ -47,7 +47,7 @@ WRITERS = {
     "hpckit/experiment/": "the experiment directory's owner and its helpers",
     "hpckit/run/writing/shares.py": "each rank's files inside a pending checkpoint",
     "hpckit/run/writing/rankstate.py": "each rank's resume state, a file of a pending checkpoint",
-    "hpckit/run/writing/noderecords.py": "a node leader's part of a pending checkpoint's records",
+    "hpckit/run/writing/writer.py": "a node leader's part of a pending checkpoint's records",
     "hpckit/run/levels/levels.py": "a cached checkpoint's files, copied to storage_path "
                                    "before rank 0 records them there",
     "hpckit/checkpoint.py": "Checkpoint.set_metadata and to_directory, the user's own calls",

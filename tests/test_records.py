@@ -139,9 +139,9 @@ def test_a_file_of_an_unknown_writer_is_kept_inline_and_apart_and_needs_format_6
 
 def node_parts(tmp_path, directory: str, nodes: list[list[FileRecord]],
                plan_shared: dict[str, int] | None = None) -> list:
-    """Each node's part written as its leader writes it (``writing.noderecords``), its
+    """Each node's part written as its leader writes it (``writer.node_part``), its
     leader the node's first rank."""
-    from hpckit.run.writing.noderecords import node_part
+    from hpckit.run.writing.writer import node_part
     from hpckit.run.writing.plan import Persisted, Plan
 
     plan = Plan(0, directory=directory, index=int(directory.split("_")[1]),
@@ -248,9 +248,9 @@ def test_an_index_can_name_only_parts_of_records(tmp_path):
 
 def test_names_several_ranks_hand_are_kept_once_and_compared_across_nodes(tmp_path):
     """A name every rank hands is in its writer's part only; rank 0 compares every node's
-    hash of it (``noderecords.checked``), and refuses a checkpoint where they differ."""
+    hash of it (``assignment.check_nodes``), and refuses a checkpoint where they differ."""
     from hpckit.errors import CheckpointError
-    from hpckit.run.writing.noderecords import checked
+    from hpckit.run.writing.assignment import check_nodes
     from hpckit.run.writing.plan import Plan
 
     other = "xxh3-128:" + "1e" * 16
@@ -260,10 +260,10 @@ def test_names_several_ranks_hand_are_kept_once_and_compared_across_nodes(tmp_pa
     assert [p.records for p in parts] == [2, 1]
     assert [p.size for p in parts] == [6, 4]
     plan = Plan(0, directory="checkpoint_000000", index=0, shared={"cfg.json": 0})
-    checked(plan, parts)
+    check_nodes(plan, parts)
     differ = [alike[0], [alike[1][0]._replace(checksum=other), alike[1][1]]]
     with pytest.raises(CheckpointError, match="cfg.json"):
-        checked(plan, node_parts(tmp_path, "checkpoint_000000", differ, {"cfg.json": 0}))
+        check_nodes(plan, node_parts(tmp_path, "checkpoint_000000", differ, {"cfg.json": 0}))
 
 
 def test_a_mirror_copies_the_parts_and_every_file_of_records_written_by_nodes(tmp_path):

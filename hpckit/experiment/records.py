@@ -8,7 +8,7 @@ once, before the commit, by the experiment's owner; the manifest keeps the file'
 checksum and record count. A record file is never changed after it is written, and it is read back only
 when its checksum matches the manifest's.
 
-Format 8: where the node leaders merged their ranks' records (``run.writing.noderecords``),
+Format 8: where the node leaders merged their ranks' records (``run.writing.writer.node_part``),
 each wrote its node's part into the checkpoint, ``<checkpoint>/.hpckit-records/rank-N.json``
 (N: the leader's rank), and the record file is an index of the parts, each with its checksum
 and count: rank 0 writes one line per node, whatever the ranks. A part lives and goes with its

@@ -23,8 +23,7 @@ from hpckit.run.commit.ledger import Ledger
 from hpckit.run.ending import stop
 from hpckit.run.levels.levels import Levels
 from hpckit.run.writing.assignment import HandedFiles, every_part
-from hpckit.run.writing.noderecords import NodeRecords
-from hpckit.run.writing.plan import REPORT, Announcement, Persisted, Placement, Plan
+from hpckit.run.writing.plan import REPORT, Announcement, NodeRecords, Persisted, Placement, Plan
 from hpckit.run.writing.planning import make_plan
 
 
@@ -74,7 +73,7 @@ class Coordinator:
 
     def _by_nodes(self, plan: Plan) -> Plan:
         """A checkpoint whose many records the node leaders merge and write: handed to
-        storage_path synchronously (``writing.noderecords``)."""
+        storage_path synchronously (``writer.node_part``)."""
         many = self.handed.count > settings.current().inline_records
         if (plan.directory is None or plan.asynchronous or plan.level != STORAGE
                 or plan.placement is not Placement.HANDED or not many):

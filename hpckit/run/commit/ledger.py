@@ -32,9 +32,8 @@ from hpckit.logs import human_size, log, metrics_summary
 from hpckit.run.commit.callbacks import Callbacks
 from hpckit.run.commit.committer import Committer
 from hpckit.run.validation.validator import Validator
-from hpckit.run.writing.assignment import attributed, check_copies, merge, unrecorded
-from hpckit.run.writing.noderecords import NodeRecords, checked
-from hpckit.run.writing.plan import Announcement, Persisted, Placement, Plan
+from hpckit.run.writing.assignment import attributed, check_copies, check_nodes, merge, unrecorded
+from hpckit.run.writing.plan import Announcement, NodeRecords, Persisted, Placement, Plan
 from hpckit.run.writing.planning import finished_everywhere, mixed_modes, raise_background_failure
 from hpckit.run.writing.shares import hash_late
 from hpckit.storage.location import Location
@@ -222,7 +221,7 @@ class Ledger:
         hand compared across nodes, and the index of the nodes' parts written with it."""
         directory, index = plan.checkpoint()
         try:
-            checked(plan, nodes)
+            check_nodes(plan, nodes)
         except HpckitError:
             self.experiment.discard(directory)
             raise

@@ -45,11 +45,18 @@ from hpckit.run.mpi.waiting import quiet_everywhere
 from hpckit.run.validation.validator import Validator
 from hpckit.run.writing.assignment import SentFiles, own_part
 from hpckit.run.writing.inflight import InFlight
-from hpckit.run.writing.noderecords import NodeRecords, node_part
-from hpckit.run.writing.plan import DRAIN, REPORT, RETURNED, Announcement, Persisted, Plan
+from hpckit.run.writing.plan import (
+    DRAIN,
+    REPORT,
+    RETURNED,
+    Announcement,
+    NodeRecords,
+    Persisted,
+    Plan,
+)
 from hpckit.run.writing.staging import Handed, Staging, Upload, hand_in, release
 from hpckit.run.writing.uploads import Meeting
-from hpckit.run.writing.writer import ShareWriter
+from hpckit.run.writing.writer import ShareWriter, node_part
 from hpckit.storage.location import Location
 
 

@@ -24,7 +24,7 @@ import xxhash
 
 from hpckit.errors import CheckpointError, ProtocolError
 from hpckit.experiment.manifest import CACHE, FileRecord, is_rank_state, is_safe_relpath
-from hpckit.run.writing.plan import Announcement, Persisted, Plan
+from hpckit.run.writing.plan import Announcement, NodeRecords, Persisted, Plan
 from hpckit.storage.checksum import short
 
 Files = list[tuple[str, int]]  # (name, size) of each file a rank hands
@@ -160,6 +160,13 @@ def merge(plan: Plan, per_rank: list[Persisted]) -> list[FileRecord]:
                 r.path, [first.rank, r.rank],
                 f"({short(first.checksum)} vs {short(r.checksum)})"))
     return sorted(kept.values(), key=lambda r: r.path)
+
+
+def check_nodes(plan: Plan, nodes: list[NodeRecords]) -> None:
+    """On rank 0, where the node leaders wrote the records: every name several ranks hand
+    hashes alike on every node (else :func:`merge`'s CheckpointError)."""
+    if plan.shared:
+        merge(plan, [Persisted(node.shared) for node in nodes])
 
 
 def attributed(plan: Plan, per_rank: list[Persisted], records: list[FileRecord]

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 from hpckit.errors import ProtocolError
 from hpckit.experiment.manifest import STORAGE, FileRecord
+from hpckit.experiment.records import Part, part_name
 from hpckit.run.mpi.comm import RankFailure
 
 # REPORT: a report() call; RETURNED: the training function returned; DRAIN: every rank waited for
@@ -54,6 +55,21 @@ class Finished:
     directory: str
     persisted: Persisted | None = None
     failure: RankFailure | None = None
+
+
+class NodeRecords(NamedTuple):
+    """What a node's leader sends rank 0 of a checkpoint whose records the leaders write
+    (``Plan.by_nodes``, ``writer.node_part``)."""
+
+    leader: int  # the node's first rank, which wrote the part (``records.part_name``)
+    checksum: str  # the part's
+    records: int  # how many it holds
+    size: int  # the bytes of the files they name
+    shared: list[FileRecord]  # the records of names several ranks hand, writers' and others'
+
+    def part(self, directory: str) -> Part:
+        """The part, as the index of checkpoint ``directory`` names it."""
+        return Part(part_name(directory, self.leader), self.checksum, self.records)
 
 
 class Announcement(NamedTuple):
@@ -118,7 +134,7 @@ class Plan:
     node-local caches. A checkpoint's plan answers three questions apart, each in one field
     whose values exclude one another: how its files arrive (``placement``), where they go
     (``level``) and when (``asynchronous``: in the background). ``by_nodes``: its records are
-    many, and merged by the node leaders (``writing.noderecords``)."""
+    many, and merged by the node leaders (``writer.node_part``)."""
 
     step: int
     stop: str | None = None

@@ -12,13 +12,16 @@ from dataclasses import dataclass, replace
 from hpckit import faults
 from hpckit.errors import CheckpointError
 from hpckit.experiment import ownership
+from hpckit.experiment.records import PARTS_DIR, part_name, render_records
 from hpckit.run.mpi.comm import captured
 from hpckit.run.writing.inflight import InFlight, done_now
-from hpckit.run.writing.plan import Persisted, Placement, Plan
+from hpckit.run.writing.plan import NodeRecords, Persisted, Placement, Plan
 from hpckit.run.writing.rankstate import with_state
 from hpckit.run.writing.shares import hash_uploaded, sync_in_place, write_share
 from hpckit.run.writing.staging import Handed, Staging, hand_over, same_filesystem, upload
 from hpckit.run.writing.uploads import Meeting
+from hpckit.storage import files
+from hpckit.storage.checksum import checksum_of
 from hpckit.storage.location import Location
 
 
@@ -148,3 +151,26 @@ def pinned(handed: Handed, staging: Staging) -> Handed:
         return handed
     pin = staging.pin(source, [name for name, _ in handed.files])
     return replace(handed, source=pin, pinned=True)
+
+
+def node_part(plan: Plan, target: Location, members: tuple[int, ...],
+              per_rank: list[Persisted]) -> NodeRecords:
+    """On a node's leader, where the leaders write a checkpoint's records (``Plan.by_nodes``,
+    inside ``comm.all_reduce_by_nodes``): its ranks' records merged and written as the node's
+    part of the records of the checkpoint at ``target``
+    (``<checkpoint>/.hpckit-records/rank-N.json``, ``experiment.records``). Rank 0 gets the
+    part's name (by the leader's rank), checksum and count, the node's bytes, and the records
+    of the names several ranks hand, which it compares across nodes
+    (``assignment.check_nodes``), so that its share of the commit grows with the nodes."""
+    directory = plan.checkpoint()[0]
+    records = [r for persisted in per_rank for r in persisted.records]
+    own = sorted((r for r in records if plan.shared.get(r.path, r.rank) == r.rank),
+                 key=lambda r: r.path)
+    data = render_records(directory, own)
+    name = part_name(directory, members[0])
+    if target.is_local:  # object storage has no directories (a marker object would be one more)
+        files.make_dir(target.join(PARTS_DIR))
+        files.fsync_dir(target.path)  # the folder's entry, made after the ranks synced theirs
+    files.write_atomic(target.join(name.removeprefix(f"{directory}/")), data)
+    return NodeRecords(members[0], checksum_of(data), len(own), sum(r.size for r in own),
+                       [r for r in records if r.path in plan.shared])
