@@ -75,7 +75,7 @@ class Committer:
 
     def newly_committed(self) -> tuple[tuple[str, ...], BaseException | None]:
         """The checkpoints committed since the last call, oldest first, and the first failure
-        (after which nothing more lands)."""
+        (after which nothing more is committed)."""
         committed: list[str] = []
         while self._jobs and self._jobs[0].future.done():
             job = self._jobs.popleft()
