@@ -65,6 +65,21 @@ def test_delete_and_file_types(root, tmp_path):
     assert _storage.list_files(root) == []
 
 
+@pytest.mark.parametrize("names", [["a/x1", "a/x2"], ["a/x", "a/b/x1", "a/b/x2"],
+                                   ["a/b/c/x1", "a/b/c/x2", "a/b/d/x1", "a/b/d/x2"]])
+def test_a_deleted_directory_is_gone_whatever_folders_it_held(root, names):
+    """SeaweedFS kept a folder of two objects or more, deleted with its directory, as an
+    empty folder that no request removed, so the directory stayed listed: a checkpoint
+    evicted with its records' parts (``.hpckit-records/``) stayed as a leftover."""
+    for name in names:
+        if root.is_local:  # object storage has no folders to make (a marker would be one more)
+            _storage.make_dir(root.join(name.rsplit("/", 1)[0]))
+        _storage.write_atomic(root.join(name), b"x")
+    _storage.delete_dir(root.join("a"))
+    assert [i.base_name for i in _storage.list_dir(root)] == []
+    assert _storage.file_type(root.join("a")) == pyarrow.fs.FileType.NotFound
+
+
 def test_errors_name_the_location_without_secrets(root):
     with pytest.raises(StorageError) as info:
         _storage.read_bytes(root.join("missing.json"))

@@ -167,8 +167,25 @@ def delete_dir(location: Location) -> None:
         if location.is_local and os.path.islink(location.path):
             os.unlink(location.path)
             return
-        if file_type(location) != pyarrow.fs.FileType.NotFound:
-            location.filesystem.delete_dir(location.path)
+        if file_type(location) == pyarrow.fs.FileType.NotFound:
+            return
+        if not location.is_local:
+            _delete_folders_inside(location)
+        location.filesystem.delete_dir(location.path)
+
+
+def _delete_folders_inside(location: Location) -> None:
+    """On object storage, the folders inside a directory first, deepest first: a server with
+    folders of its own (SeaweedFS) deleting a directory whole kept a folder of two objects or
+    more as an empty one, which no request could remove, and the directory with it."""
+    found = location.filesystem.get_file_info(pyarrow.fs.FileSelector(location.path,
+                                                                      recursive=True))
+    folders = [i.path for i in found if i.type == pyarrow.fs.FileType.Directory]
+    for folder in sorted(folders, key=lambda path: path.count("/"), reverse=True):
+        try:
+            location.filesystem.delete_dir(folder)
+        except FileNotFoundError:  # it held only folders, deleted before it
+            pass
 
 
 def delete_file(location: Location, missing_ok: bool = False) -> None:
