@@ -229,12 +229,12 @@ def test_background_checkpoints_commit_in_order_and_fail_together():
     ahead = [Announcement("report", 1, finished=(Finished("c0", done), Finished("c1", done))),
              Announcement("report", 1, finished=(Finished("c0", done),))]
     ready, failures = finished_everywhere(ahead, ["c0", "c1"])
-    assert [d for d, _ in ready] == ["c0"] and failures == []
+    assert [d for d, _, _ in ready] == ["c0"] and failures == []
     failure = RankFailure(1, "OSError: disk full", "", None)
     failed = [ahead[0], Announcement("report", 1, finished=(Finished("c0", done),
                                                             Finished("c1", None, failure)))]
     ready, failures = finished_everywhere(failed, ["c0", "c1"])
-    assert [d for d, _ in ready] == ["c0"] and failures == [failure]
+    assert [d for d, _, _ in ready] == ["c0"] and failures == [failure]
     with pytest.raises(CommitError, match="persisting c1 in the background failed on rank 1"):
         raise_background_failure("c1", failures)
 

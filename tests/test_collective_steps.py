@@ -5,6 +5,7 @@ Iallreduce when no rank has more to say; one with a checkpoint adds the two gath
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
@@ -107,3 +108,81 @@ def test_a_gather_through_node_leaders_keeps_world_rank_order(tmp_path, ranks, p
               timeout=60)
     expected = nodes if values == "alike" else list(enumerate(nodes))
     assert f"GATHERED {expected}" in out.output, out.output
+
+
+BACKGROUND = """
+import json, os, sys, tempfile
+import hpckit
+from hpckit import Checkpoint, CheckpointUploadMode, DataParallelTrainer, RunConfig, ScalingConfig
+from hpckit.run.mpi.waiting import traffic
+
+def loop(config):
+    rank = hpckit.get_context().get_world_rank()
+    for epoch in range(3):
+        with tempfile.TemporaryDirectory() as d:
+            for i in range(40):
+                with open(os.path.join(d, f"rank{rank}-file{i:02d}.bin"), "wb") as f:
+                    f.write(bytes([epoch, rank, i]))
+            hpckit.report({"epoch": epoch}, checkpoint=Checkpoint.from_directory(d),
+                          checkpoint_upload_mode=CheckpointUploadMode.ASYNC)
+    print(f"SENT {rank} {traffic().sent}", flush=True)
+
+DataParallelTrainer(loop, scaling_config=ScalingConfig(num_workers=5),
+                    run_config=RunConfig(name="background", storage_path=sys.argv[1])).fit()
+"""
+
+
+def _background(tmp_path, inline: str) -> tuple[dict[int, int], dict]:
+    script = tmp_path / "background.py"
+    script.write_text(BACKGROUND)
+    out = run([MPIEXEC, "-n", "5", sys.executable, str(script), str(tmp_path / inline)],
+              env={"HPCKIT_RANKS_PER_NODE": "2", "HPCKIT_INLINE_RECORDS": inline}, timeout=120)
+    sent = {int(rank): int(count) for rank, count in re.findall(r"SENT (\d+) (\d+)", out.output)}
+    assert sorted(sent) == list(range(5)), out.output
+    return sent, json.loads((tmp_path / inline / "background" / "manifest.json").read_text())
+
+
+def test_background_checkpoints_records_reach_rank_0_from_the_node_leaders_not_the_ranks(tmp_path):
+    """Five ranks in nodes of two hand 40 files each at three background (ASYNC) reports.
+    Past HPCKIT_INLINE_RECORDS each node's leader writes its node's part of the records and
+    sends rank 0 one summary, where every rank's records otherwise cross to rank 0 in the
+    announcements that say it finished: the leaders (ranks 2 and 4) send rank 0 none of
+    them, at least the bytes of their checksums fewer (41 characters, random hex), and the
+    manifest's records, read back, are every rank's files, a part per node."""
+    from hpckit.experiment.reading import read_manifest
+    from hpckit.storage.location import resolve
+
+    by_ranks, inline = _background(tmp_path, "100000")
+    by_nodes, apart = _background(tmp_path, "0")
+    assert all("records" not in c for c in inline["checkpoints"]), inline
+    assert [c["records"]["parts"] for c in apart["checkpoints"]] == [3, 3, 3], apart
+    for leader, ranks in ((2, 2), (4, 1)):
+        checksums = ranks * 3 * 40 * len("xxh3-128:") + ranks * 3 * 40 * 32
+        assert by_ranks[leader] - by_nodes[leader] >= checksums, (leader, by_nodes, by_ranks)
+    read = read_manifest(resolve(str(tmp_path / "0" / "background")))
+    for epoch, record in enumerate(read.checkpoints):
+        assert sorted((f.path, f.rank) for f in record.files) == sorted(
+            (f"rank{r}-file{i:02d}.bin", r) for r in range(5) for i in range(40)), epoch
+    assert [f["path"] for f in inline["checkpoints"][2]["files"]] == \
+        [f.path for f in read.checkpoints[2].files]
+
+
+def test_rank_0_reads_a_gather_with_the_collector_paused_and_restored():
+    """Rank 0 places each node's values by rank with the cyclic collector paused, and leaves
+    it as it found it: on, or off where the program had turned it off."""
+    import gc
+    import pickle
+
+    from hpckit.run.mpi.leaders import of_node, placed
+    from hpckit.run.mpi.waiting import collection_paused
+
+    other = pickle.dumps(of_node((2, 3, 4), [pickle.dumps(v) for v in ("x", "y", "x")]))
+    for was in (True, False):
+        (gc.enable if was else gc.disable)()
+        try:
+            with collection_paused():
+                assert not gc.isenabled()
+                got = placed(5, of_node((0, 1), [pickle.dumps("a")] * 2), [other])
+            assert gc.isenabled() is was and got == ["a", "a", "x", "y", "x"]
+        finally:
+            gc.enable()

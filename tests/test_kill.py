@@ -320,15 +320,22 @@ def test_sigkill_at_every_phase_on_s3_loses_nothing(s3, tmp_path, reference, mon
 
 
 @pytest.mark.parametrize("phase", ASYNC)
-def test_sigkill_in_asynchronous_checkpoints_on_s3_loses_nothing(phase, s3, tmp_path, reference):
-    """Kills at each phase of an asynchronous checkpoint, with the experiment on S3."""
+def test_sigkill_in_asynchronous_checkpoints_on_s3_loses_nothing(phase, s3, tmp_path, reference,
+                                                                 monkeypatch):
+    """Kills at each phase of an asynchronous checkpoint, with the experiment on S3, the
+    ranks in nodes of two (2 and 1) and every checkpoint's records apart: those handed are
+    written by the node leaders, a part per node, once the node's ranks have finished."""
+    monkeypatch.setenv("HPCKIT_INLINE_RECORDS", "0")
+    monkeypatch.setenv("HPCKIT_RANKS_PER_NODE", "2")
     storage = s3.uri(f"kill-{phase}-{tmp_path.name}")
     experiment = storage.replace("?", "/exp?", 1)
     state = reliability.State(None, [])
     for kill in kills(phase, S3_ASYNC_TRIALS)[:S3_ASYNC_TRIALS]:
         state = kill_trial(storage, experiment, phase, kill, state,
                            "SIGKILL at a hook, asynchronous, on S3")
-    finish_chain(storage, experiment, state, reference, "in-place-async")
+    finish_chain(storage, experiment, state, reference, "async")
+    kept = read_manifest(resolve(experiment)).checkpoints
+    assert kept and all(r.records is not None and r.records.parts == 2 for r in kept), kept
 
 
 def test_sigkill_in_uploaded_checkpoints_loses_nothing(tmp_path, reference):

@@ -301,3 +301,52 @@ def test_a_checkpoint_handed_again_leaves_its_parts_behind(tmp_path):
     (source / ".hpckit-resume" / "rank-00000").write_text("state")
     (source / "model.pt").write_bytes(b"weights")
     assert list_source(str(source), 0) == [("model.pt", 7)]
+
+
+def test_a_leader_sends_its_nodes_background_records_once_every_rank_of_it_finished(tmp_path):
+    """In the background (``writer.finished_by_node``): while a rank of the node has not
+    finished, no rank's records go on to rank 0 and no part is written; once all have, the
+    leader writes the part once and sends its summary in its own ``Finished``; a part it
+    cannot write is the leader's failure of that checkpoint; a rank's failure goes on."""
+    from hpckit.run.mpi.comm import RankFailure
+    from hpckit.run.writing.inflight import InFlight
+    from hpckit.run.writing.plan import REPORT, Announcement, Finished, Persisted, Plan
+    from hpckit.run.writing.writer import finished_by_node
+
+    directory = "checkpoint_000000"
+    plan = Plan(0, directory=directory, index=0, asynchronous=True, by_nodes=True)
+    mine, theirs = (FileRecord(f"shard-{r}.bin", 4, r, CHECKSUM) for r in (4, 5))
+
+    def leader(target) -> InFlight:
+        flights = InFlight(4)
+        flights.start(directory, resolve(str(target)), lambda: Persisted([mine]), plan)
+        flights.wait()
+        return flights
+
+    def pairs(flights: InFlight, other: tuple) -> list:
+        return [(Announcement(REPORT, 1, finished=flights.finished()), None),
+                (Announcement(REPORT, 1, finished=other), None)]
+
+    (tmp_path / directory).mkdir()
+    flights = leader(tmp_path / directory)
+    waiting = finished_by_node(flights, (4, 5), pairs(flights, ()))
+    assert waiting[0][0].finished == (Finished(directory),) and flights.parts == {}
+    assert not (tmp_path / directory / ".hpckit-records").exists()
+    done = pairs(flights, (Finished(directory, Persisted([theirs])),))
+    first, second = finished_by_node(flights, (4, 5), done), finished_by_node(flights, (4, 5), done)
+    node = first[0][0].finished[0].node
+    assert node is not None and node.leader == 4 and node.records == 2 and node.size == 8
+    assert second[0][0].finished[0].node is node and first[1][0].finished == (Finished(directory),)
+    assert (tmp_path / directory / ".hpckit-records" / "rank-000004.json").is_file()
+    flights.drop_committed((directory,))
+    assert flights.parts == {}
+    flights.close()
+
+    (tmp_path / "a-file").write_text("not a directory")
+    flights = leader(tmp_path / "a-file")
+    failed = finished_by_node(flights, (4, 5), pairs(flights, (Finished(directory, Persisted([theirs])),)))
+    assert failed[0][0].finished[0].failure.rank == 4 and failed[1][0].finished == (Finished(directory),)
+    broken = RankFailure.capture(5, OSError("disk full"))
+    kept = finished_by_node(flights, (4, 5), pairs(flights, (Finished(directory, failure=broken),)))
+    assert kept[1][0].finished == (Finished(directory, failure=broken),) and flights.parts == {}
+    flights.close()

@@ -73,9 +73,10 @@ class Coordinator:
 
     def _by_nodes(self, plan: Plan) -> Plan:
         """A checkpoint whose many records the node leaders merge and write: handed to
-        storage_path synchronously (``writer.node_part``)."""
+        storage_path, now (``writer.node_part``) or in the background
+        (``writer.finished_by_node``)."""
         many = self.handed.count > settings.current().inline_records
-        if (plan.directory is None or plan.asynchronous or plan.level != STORAGE
+        if (plan.directory is None or plan.level != STORAGE
                 or plan.placement is not Placement.HANDED or not many):
             return plan
         return replace(plan, by_nodes=True)

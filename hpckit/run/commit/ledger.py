@@ -138,7 +138,8 @@ class Ledger:
             raise failure
         waiting = list(self._waiting)
         finished, failures = finished_everywhere(announcements, waiting)
-        done = self._commit_ready(dict(finished), off_collective)
+        done = self._commit_ready({d: (per_rank, nodes) for d, per_rank, nodes in finished},
+                                  off_collective)
         if failures:
             # Those before the failed one are committed; it and the later ones are dropped.
             for directory in waiting[len(finished):]:
@@ -146,8 +147,8 @@ class Ledger:
             raise_background_failure(waiting[len(finished)], failures)
         return written + done
 
-    def _commit_ready(self, ready: dict[str, list[Persisted]], off_collective: bool
-                      ) -> tuple[str, ...]:
+    def _commit_ready(self, ready: dict[str, tuple[list[Persisted], list[NodeRecords]]],
+                      off_collective: bool) -> tuple[str, ...]:
         """Commit (or hand to the committer) the queue's head up to the first checkpoint not
         ``ready``; the checkpoints committed now."""
         committed = []
@@ -156,8 +157,10 @@ class Ledger:
             if entry.plan is None:
                 write, directory = partial(self._log_report, entry.step, entry.metrics), None
             elif (directory := entry.plan.directory) in ready:
-                write = partial(self.commit, entry.plan, ready[directory], entry.metrics,
-                                entry.started)
+                per_rank, nodes = ready[directory]
+                write = (partial(self.commit_nodes, entry.plan, nodes, entry.metrics, entry.started)
+                         if entry.plan.by_nodes else
+                         partial(self.commit, entry.plan, per_rank, entry.metrics, entry.started))
             else:
                 break
             if off_collective:

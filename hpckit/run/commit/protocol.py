@@ -56,7 +56,7 @@ from hpckit.run.writing.plan import (
 )
 from hpckit.run.writing.staging import Handed, Staging, Upload, hand_in, release
 from hpckit.run.writing.uploads import Meeting
-from hpckit.run.writing.writer import ShareWriter, node_part
+from hpckit.run.writing.writer import ShareWriter, finished_by_node, node_part
 from hpckit.storage.location import Location
 
 
@@ -190,8 +190,10 @@ class CommitProtocol:
         if self._broken is not None:
             raise self._broken
         try:
+            by_nodes = partial(finished_by_node, self.in_flight) if self.in_flight.by_nodes() else None
             plan = self._quiet_plan(announcement) or all_reduce(
-                self.group, "report()", lambda: announcement, self._coordinated, CommitError)
+                self.group, "report()", lambda: announcement, self._coordinated, CommitError,
+                prepare=by_nodes)
         except HpckitError as exc:
             if len(self.in_flight):
                 # InFlight checkpoints may have been committed or dropped without every

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, TypeAlias, TypeVar, cast
 from hpckit import logs
 from hpckit.errors import HpckitError
 from hpckit.run.mpi.group import Group
-from hpckit.run.mpi.leaders import condensed_by_nodes, gather_by_nodes
+from hpckit.run.mpi.leaders import Prepare, condensed_by_nodes, gather_by_nodes
 from hpckit.run.mpi.waiting import from_root, gather_to_root, root_work, share
 
 if TYPE_CHECKING:
@@ -156,8 +156,8 @@ def on_root(comm: Comm, fn: Callable[[], tuple[K, T]], what: str,
 
 
 def all_reduce(ranks: Ranks, what: str, local: Callable[[], T], reduce: Callable[[list[T]], R],
-               kind: type[HpckitError] = HpckitError,
-               undo: Callable[[], None] | None = None) -> R:
+               kind: type[HpckitError] = HpckitError, undo: Callable[[], None] | None = None,
+               prepare: Prepare | None = None) -> R:
     """One collective step, as torch DCP's ``_DistWrapper.all_reduce``: every rank runs
     ``local``; rank 0 runs ``reduce`` over every rank's value; every rank receives its result.
     A failure anywhere is raised on every rank as one error naming the failed ranks.
@@ -167,15 +167,15 @@ def all_reduce(ranks: Ranks, what: str, local: Callable[[], T], reduce: Callable
     hash). ``undo`` runs on rank 0 when a rank's ``local`` failed, and the error is then
     always a ``kind`` naming the failed ranks (``reduce`` raises and undoes its own failures).
     Given a :class:`~hpckit.run.mpi.group.Group`, the values reach rank 0 through the node
-    leaders.
+    leaders, each of which may ``prepare`` its node's (value, failure) pairs first.
     """
     comm = ranks.world if isinstance(ranks, Group) else ranks
     own = captured(comm.rank, local)
     outcome = None
     if comm.rank == 0:
-        outcome = root_work(comm, lambda: _reduce_gathered(ranks, own, reduce, undo))
+        outcome = root_work(comm, lambda: _reduce_gathered(ranks, own, reduce, undo, prepare))
     else:
-        _gathered(ranks, own)
+        _gathered(ranks, own, prepare)
     result, failures, wrap = from_root(comm, outcome)
     raise_failures(failures, what, kind, wrap)
     return cast(R, result)
@@ -222,14 +222,16 @@ def _reduce_nodes(gathered: list[tuple[C | None, list[RankFailure]]],
     return _reduced(lambda: reduce([cast(C, v) for v, _ in gathered]))
 
 
-def _gathered(ranks: Ranks, value: T) -> list[T] | None:
-    return gather_by_nodes(ranks, value) if isinstance(ranks, Group) else gather_to_root(ranks, value)
+def _gathered(ranks: Ranks, value: T, prepare: Prepare | None = None) -> list[T] | None:
+    if isinstance(ranks, Group):
+        return gather_by_nodes(ranks, value, prepare)
+    return gather_to_root(ranks, value)
 
 
 def _reduce_gathered(ranks: Ranks, own: tuple[T | None, RankFailure | None],
-                     reduce: Callable[[list[T]], R], undo: Callable[[], None] | None
-                     ) -> tuple[R | None, list[RankFailure], bool]:
-    gathered = _gathered(ranks, own) or []
+                     reduce: Callable[[list[T]], R], undo: Callable[[], None] | None,
+                     prepare: Prepare | None) -> tuple[R | None, list[RankFailure], bool]:
+    gathered = _gathered(ranks, own, prepare) or []
     failures = [f for _, f in gathered if f]
     if failures:
         return _undone(failures, undo)

@@ -24,21 +24,27 @@ from typing import Any, TypeVar
 
 from hpckit.errors import ProtocolError
 from hpckit.run.mpi.group import Group
-from hpckit.run.mpi.waiting import gather_bytes, gather_to_root, root_work
+from hpckit.run.mpi.waiting import collection_paused, gather_bytes, gather_to_root, root_work
 
 T = TypeVar("T")
 C = TypeVar("C")
 # A node's values: its ranks, each distinct value once, and which of them each rank sent
 # (None: they all sent the first).
 Contribution = tuple[tuple[int, ...], list[Any], list[int] | None]
+# What a leader may do to its node's values before it sends them (``members``, ``values``):
+# the same number of values back, in the same order. It must not raise.
+Prepare = Callable[[tuple[int, ...], list[Any]], list[Any]]
 
 
-def gather_by_nodes(group: Group, value: T) -> list[T] | None:
+def gather_by_nodes(group: Group, value: T, prepare: Prepare | None = None) -> list[T] | None:
     """Every rank's ``value`` to rank 0, in world rank order (None on the other ranks): to
-    its node's leader, then one contribution per node to rank 0."""
+    its node's leader, then one contribution per node to rank 0. ``prepare``: what each
+    leader does to its node's values first."""
     if group.topology.num_nodes == 1:
-        return gather_to_root(group.world, value)
-    return _through_leaders(group, value, None)
+        values = gather_to_root(group.world, value)
+        return values if values is None or prepare is None else prepare(
+            tuple(range(group.size)), values)
+    return _through_leaders(group, value, None, prepare)
 
 
 def condensed_by_nodes(group: Group, value: T, condense: Callable[[tuple[int, ...], list[T]], C]
@@ -52,13 +58,14 @@ def condensed_by_nodes(group: Group, value: T, condense: Callable[[tuple[int, ..
     return _through_leaders(group, value, condense)
 
 
-def _through_leaders(group: Group, value: Any, condense: Callable[..., Any] | None
-                     ) -> list[Any] | None:
+def _through_leaders(group: Group, value: Any, condense: Callable[..., Any] | None,
+                     prepare: Prepare | None = None) -> list[Any] | None:
     data = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
     if group.rank != 0:
         node = gather_bytes(group.node, data, alarms=group.world)
         if group.leaders is not None:
-            contribution = _contribution(group.members, node or [], condense)
+            contribution = _contribution(group.members, _prepared(group.members, node or [],
+                                                                  prepare), condense)
             gather_bytes(group.leaders, pickle.dumps(contribution, pickle.HIGHEST_PROTOCOL),
                          alarms=group.world)
         return None
@@ -68,14 +75,22 @@ def _through_leaders(group: Group, value: Any, condense: Callable[..., Any] | No
     own, contributions = root_work(group.world, lambda: (
         gather_bytes(group.node, data, alarms=group.world) or [],
         gather_bytes(leaders, b"", alarms=group.world) or []))
-    if condense is not None:
-        return [_contribution(group.members, own, condense),
-                *(pickle.loads(item) for item in contributions[1:])]
-    placed: list[Any] = [None] * group.size
-    place(placed, of_node(group.members, own))
-    for item in contributions[1:]:
-        place(placed, pickle.loads(item))
-    return placed  # every rank is some node's
+    with collection_paused():
+        if condense is not None:
+            return [_contribution(group.members, own, condense),
+                    *(pickle.loads(item) for item in contributions[1:])]
+        return placed(group.size, of_node(group.members, _prepared(group.members, own, prepare)),
+                      contributions[1:])
+
+
+def placed(size: int, own: Contribution, others: Sequence[bytes | memoryview]) -> list[Any]:
+    """Rank 0: every rank's value by world rank, from its own node's contribution and each
+    other node's, pickled (call it with the collector paused: ``collection_paused``)."""
+    values: list[Any] = [None] * size
+    place(values, own)
+    for item in others:
+        place(values, pickle.loads(item))
+    return values  # every rank is some node's
 
 
 def _contribution(members: tuple[int, ...], items: Sequence[bytes | memoryview],
@@ -83,6 +98,14 @@ def _contribution(members: tuple[int, ...], items: Sequence[bytes | memoryview],
     if condense is None:
         return of_node(members, items)
     return condense(members, [pickle.loads(item) for item in items])
+
+
+def _prepared(members: tuple[int, ...], items: Sequence[bytes | memoryview],
+              prepare: Prepare | None) -> Sequence[bytes | memoryview]:
+    if prepare is None:
+        return items
+    values = prepare(members, [pickle.loads(item) for item in items])
+    return [pickle.dumps(value, pickle.HIGHEST_PROTOCOL) for value in values]
 
 
 def of_node(members: tuple[int, ...], items: Sequence[bytes | memoryview]) -> Contribution:

@@ -165,6 +165,9 @@ def merge(plan: Plan, per_rank: list[Persisted]) -> list[FileRecord]:
 def check_nodes(plan: Plan, nodes: list[NodeRecords]) -> None:
     """On rank 0, where the node leaders wrote the records: every name several ranks hand
     hashes alike on every node (else :func:`merge`'s CheckpointError)."""
+    if not nodes:
+        raise ProtocolError(f"no node leader sent its records of {plan.directory} (a bug in "
+                            "hpckit: please report it)")
     if plan.shared:
         merge(plan, [Persisted(node.shared) for node in nodes])
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from hpckit.background import IDLE, Worker
 from hpckit.errors import ProtocolError
 from hpckit.run.mpi.comm import RankFailure
-from hpckit.run.writing.plan import Finished, Persisted
+from hpckit.run.writing.plan import Finished, NodeRecords, Persisted, Plan
 from hpckit.storage.location import Location
 
 
@@ -28,6 +28,7 @@ class Flight:
     directory: str
     committed_at: Location
     future: Future[Persisted]
+    plan: Plan | None = None  # where the node leaders write its records (``Plan.by_nodes``)
 
 
 class InFlight:
@@ -37,13 +38,21 @@ class InFlight:
         self.rank = rank
         self._worker = Worker(f"hpckit-persist-{rank}", IDLE)
         self._flights: deque[Flight] = deque()
+        # As a node's leader: the parts of records it wrote of its flights, by directory.
+        self.parts: dict[str, NodeRecords] = {}
 
     def __len__(self) -> int:
         return len(self._flights)
 
-    def start(self, directory: str, committed_at: Location,
-              work: Callable[[], Persisted]) -> None:
-        self._flights.append(Flight(directory, committed_at, self._worker.submit(work)))
+    def start(self, directory: str, committed_at: Location, work: Callable[[], Persisted],
+              plan: Plan | None = None) -> None:
+        """``plan``: the checkpoint's, where the node leaders write its records."""
+        by_nodes = plan if plan is not None and plan.by_nodes else None
+        self._flights.append(Flight(directory, committed_at, self._worker.submit(work), by_nodes))
+
+    def by_nodes(self) -> list[tuple[Flight, Plan]]:
+        """The checkpoints in flight whose records the node leaders write, with their plans."""
+        return [(f, f.plan) for f in self._flights if f.plan is not None]
 
     def finished(self) -> tuple[Finished, ...]:
         """The checkpoints whose work has ended, oldest first, up to the first that is still
@@ -73,6 +82,7 @@ class InFlight:
                     f"rank {self.rank}: rank 0 committed {directory} while this rank's oldest "
                     f"checkpoint in flight is {oldest.directory if oldest else 'none'}")
             newest = oldest.committed_at
+            self.parts.pop(directory, None)
         return newest
 
     def close(self, wait: bool = True) -> None:
@@ -81,6 +91,7 @@ class InFlight:
         for flight in self._flights:
             flight.future.cancel()
         self._flights.clear()
+        self.parts.clear()
         self._worker.stop(wait=wait, cancel=True)
 
 

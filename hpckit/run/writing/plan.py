@@ -48,15 +48,6 @@ def _persisted(records: bytes, listed: tuple[str, ...], copies: tuple[tuple[str,
                                      listed, copies))
 
 
-@dataclass(frozen=True)
-class Finished:
-    """One background checkpoint that this rank has finished persisting, or failed to."""
-
-    directory: str
-    persisted: Persisted | None = None
-    failure: RankFailure | None = None
-
-
 class NodeRecords(NamedTuple):
     """What a node's leader sends rank 0 of a checkpoint whose records the leaders write
     (``Plan.by_nodes``, ``writer.node_part``)."""
@@ -70,6 +61,32 @@ class NodeRecords(NamedTuple):
     def part(self, directory: str) -> Part:
         """The part, as the index of checkpoint ``directory`` names it."""
         return Part(part_name(directory, self.leader), self.checksum, self.records)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _node_records, (tuple(self),)
+
+
+def _node_records(values: tuple[Any, ...]) -> NodeRecords:
+    return tuple.__new__(NodeRecords, values)
+
+
+class Finished(NamedTuple):
+    """One background checkpoint that this rank has finished persisting, or failed to. Where
+    the node leaders write its records (``Plan.by_nodes``), the leader sends rank 0 its
+    node's ``node`` records, once its node's ranks have all finished, and no rank's own
+    (``writer.finished_by_node``)."""
+
+    directory: str
+    persisted: Persisted | None = None
+    failure: RankFailure | None = None
+    node: NodeRecords | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _finished, (tuple(self),)
+
+
+def _finished(values: tuple[Any, ...]) -> Finished:
+    return tuple.__new__(Finished, values)
 
 
 class Announcement(NamedTuple):

@@ -13,6 +13,8 @@ from hpckit.run.writing.assignment import HandedFiles
 from hpckit.run.writing.plan import (
     REPORT,
     Announcement,
+    Finished,
+    NodeRecords,
     Persisted,
     Placement,
     Plan,
@@ -101,21 +103,32 @@ def _directory_name(announcements: list[Announcement], in_place: bool) -> str | 
     return name
 
 
+Ready = tuple[str, list[Persisted], list[NodeRecords]]
+
+
 def finished_everywhere(announcements: list[Announcement], pending: list[str]
-                        ) -> tuple[list[tuple[str, list[Persisted]]], list[RankFailure]]:
+                        ) -> tuple[list[Ready], list[RankFailure]]:
     """The oldest of the ``pending`` checkpoints that every rank has finished, in order, with
-    what each rank persisted; and the failures of the next one, when a rank's failed."""
-    done = [{f.directory: f for f in a.finished} for a in announcements]
-    ready: list[tuple[str, list[Persisted]]] = []
+    what each rank persisted (or, where the node leaders wrote its records, what each node's
+    leader sends of them); and the failures of the next one, when a rank's failed."""
+    # A node's alike announcements are one object (``leaders.place``): each is read once.
+    done = {id(a): {f.directory: f for f in a.finished} for a in announcements}
+    ready: list[Ready] = []
     for directory in pending:
-        outcomes = [d.get(directory) for d in done]
-        failures = [o.failure for o in outcomes if o is not None and o.failure is not None]
+        outcomes = {key: by_directory.get(directory) for key, by_directory in done.items()}
+        failures = [o.failure for o in outcomes.values() if o and o.failure is not None]
         if failures:
             return ready, failures
-        if any(o is None for o in outcomes):
+        if any(o is None for o in outcomes.values()):
             break
-        ready.append((directory, [o.persisted or Persisted([]) for o in outcomes if o]))
+        nodes = [o.node for o in outcomes.values() if o and o.node is not None]
+        per_rank = [] if nodes else [_persisted(outcomes[id(a)]) for a in announcements]
+        ready.append((directory, per_rank, nodes))
     return ready, []
+
+
+def _persisted(finished: Finished | None) -> Persisted:
+    return finished.persisted if finished and finished.persisted else Persisted([])
 
 
 def raise_background_failure(directory: str, failures: list[RankFailure]) -> None:

@@ -13,9 +13,9 @@ from hpckit import faults
 from hpckit.errors import CheckpointError
 from hpckit.experiment import ownership
 from hpckit.experiment.records import PARTS_DIR, part_name, render_records
-from hpckit.run.mpi.comm import captured
+from hpckit.run.mpi.comm import RankFailure, captured
 from hpckit.run.writing.inflight import InFlight, done_now
-from hpckit.run.writing.plan import NodeRecords, Persisted, Placement, Plan
+from hpckit.run.writing.plan import Announcement, Finished, NodeRecords, Persisted, Placement, Plan
 from hpckit.run.writing.rankstate import with_state
 from hpckit.run.writing.shares import hash_uploaded, sync_in_place, write_share
 from hpckit.run.writing.staging import Handed, Staging, hand_over, same_filesystem, upload
@@ -84,7 +84,8 @@ class ShareWriter:
             faults.reached("persisted", self.rank)
             return Persisted(records)
 
-        self.in_flight.start(directory, target, with_state(staged_files, target, self.rank, state))
+        self.in_flight.start(directory, target, with_state(staged_files, target, self.rank, state),
+                             plan)
 
     def _in_place(self, plan: Plan, handed: Handed, target: Location) -> Persisted:
         if handed.checkpoint is not None:
@@ -174,3 +175,48 @@ def node_part(plan: Plan, target: Location, members: tuple[int, ...],
     files.write_atomic(target.join(name.removeprefix(f"{directory}/")), data)
     return NodeRecords(members[0], checksum_of(data), len(own), sum(r.size for r in own),
                        [r for r in records if r.path in plan.shared])
+
+
+Pair = tuple[Announcement | None, RankFailure | None]  # what a rank sends at a step
+
+
+def finished_by_node(in_flight: InFlight, members: tuple[int, ...], pairs: list[Pair]
+                     ) -> list[Pair]:
+    """On a node's leader, as its node's announcements pass on to rank 0 while checkpoints
+    whose records the leaders write are in flight (``Plan.by_nodes``, in the background): no
+    rank's own records of them go on, and once every rank of the node has finished one, the
+    leader writes the node's part (once) and sends its :class:`NodeRecords` in its own
+    ``Finished``. A failure to write the part is the leader's failure of that checkpoint."""
+    announced = [a for a, _ in pairs]
+    for flight, plan in in_flight.by_nodes():
+        announced = _by_node(in_flight, flight.directory, plan, flight.committed_at, members,
+                             announced)
+    return [(a, failure) for a, (_, failure) in zip(announced, pairs, strict=True)]
+
+
+def _by_node(in_flight: InFlight, directory: str, plan: Plan, target: Location,
+             members: tuple[int, ...], announced: list[Announcement | None]
+             ) -> list[Announcement | None]:
+    done = [_finished(a, directory) for a in announced]
+    node, failure = in_flight.parts.get(directory), None
+    if node is None and all(f is not None and f.failure is None for f in done):
+        node, failure = captured(members[0], lambda: node_part(
+            plan, target, members, [f.persisted or Persisted([]) for f in done if f]))
+        if node is not None:
+            in_flight.parts[directory] = node
+
+    def condensed(leader: bool, finished: Finished) -> Finished:
+        if finished.failure is not None or finished.directory != directory:
+            return finished
+        if leader and failure is not None:
+            return Finished(directory, failure=failure)
+        return Finished(directory, node=node if leader and node is not None else None)
+
+    return [a._replace(finished=tuple(condensed(i == 0, f) for f in a.finished))
+            if a is not None else None for i, a in enumerate(announced)]
+
+
+def _finished(announcement: Announcement | None, directory: str) -> Finished | None:
+    if announcement is None:
+        return None
+    return next((f for f in announcement.finished if f.directory == directory), None)
