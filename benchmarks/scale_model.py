@@ -51,10 +51,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hpckit.experiment import encoding  # noqa: E402
 from hpckit.experiment.manifest import CheckpointRecord, FileRecord, Manifest  # noqa: E402
 from hpckit.experiment.records import indexed, records_name, render_records  # noqa: E402
-from hpckit.run.mpi.leaders import of_node, place  # noqa: E402
+from hpckit.run.mpi.leaders import of_node, placed  # noqa: E402
+from hpckit.run.mpi.waiting import collection_paused  # noqa: E402
 from hpckit.run.writing.assignment import HandedFiles, SentFiles, check_nodes  # noqa: E402
-from hpckit.run.writing.plan import REPORT, Announcement, NodeRecords, Persisted, Plan  # noqa: E402
-from hpckit.run.writing.planning import make_plan  # noqa: E402
+from hpckit.run.writing.plan import (  # noqa: E402
+    REPORT,
+    Announcement,
+    Finished,
+    NodeRecords,
+    Persisted,
+    Plan,
+)
+from hpckit.run.writing.planning import finished_everywhere, make_plan  # noqa: E402
 from hpckit.run.writing.writer import node_part  # noqa: E402
 from hpckit.storage.checksum import checksum_of  # noqa: E402
 from hpckit.storage.location import local  # noqa: E402
@@ -67,22 +75,30 @@ ROUNDS = 3  # the whole model, each round measured afresh; the goal must hold in
 # commit), and #54's for rank 0's share of a commit: in proportion to nodes, not ranks.
 GOALS = {("metrics", 10240): {"rank0_ms": 1.0},
          ("checkpoint", 10240): {"rank0_ms": 30.0, "rank0_mb": 10.0},
-         ("checkpoint", 102400): {"rank0_ms": 200.0, "rank0_mb": 5.0}}
+         ("checkpoint", 102400): {"rank0_ms": 200.0, "rank0_mb": 5.0},
+         ("async", 10240): {"rank0_ms": 30.0, "rank0_mb": 10.0},
+         ("async", 102400): {"rank0_ms": 200.0, "rank0_mb": 5.0}}
+KINDS = ("metrics", "checkpoint", "async")
 
 
-def announcements(ranks: int, checkpoint: bool, memory: HandedFiles) -> list[bytes]:
+def announcements(ranks: int, checkpoint: bool, memory: HandedFiles,
+                  finished: dict[int, Finished] | None = None) -> list[bytes]:
     """Each rank's pickled announcement, as its Igatherv carries it. A checkpoint's ranks hand
     the same names and sizes as at the last one (the steady state), so each sends the number
     of the report that sent them; the lists of that report, sent in full, are what ``memory``
-    (rank 0's) holds, untimed."""
+    (rank 0's) holds, untimed. ``finished``: a background checkpoint each rank finished, as
+    its node's leader passes it on (``writer.finished_by_node``), by rank."""
     files = [[(f"model-rank{r}.bin", FILE_BYTES), (f"optimizer-rank{r}.bin", FILE_BYTES)]
              if checkpoint else None for r in range(ranks)]
     sent = [SentFiles() for _ in range(ranks)]
     first = [s.compact(f, 6) for s, f in zip(sent, files, strict=True)]
     make_plan([Announcement(REPORT, 6, listed) for listed, _ in first], 6, 2, memory)
     steady = [s.compact(f, 7) for s, f in zip(sent, files, strict=True)]
-    return [pickle.dumps(Announcement(REPORT, 7, listed, same_files_as=same),
-                         pickle.HIGHEST_PROTOCOL) for listed, same in steady]
+    done = finished or {}
+    return [pickle.dumps(Announcement(REPORT, 7, listed, same_files_as=same,
+                                      finished=(done[r],) if r in done else (),
+                                      asynchronous=r in done), pickle.HIGHEST_PROTOCOL)
+            for r, (listed, same) in enumerate(steady)]
 
 
 def persisted(ranks: int) -> list[bytes]:
@@ -120,16 +136,22 @@ def by_node(values: list[bytes], per_node: int) -> tuple[list[bytes], list[bytes
 def unpickled(own: list[bytes], contributions: list[bytes], ranks: int) -> list[object]:
     """Rank 0's side of ``run.mpi.leaders.gather_by_nodes``: its own node's values, then each
     other node's, placed by rank."""
-    placed: list[object] = [None] * ranks
-    place(placed, of_node(tuple(range(len(own))), own))
-    for data in contributions:
-        place(placed, pickle.loads(data))
-    return placed
+    with collection_paused():
+        return placed(ranks, of_node(tuple(range(len(own))), own), contributions)
 
 
-def rank0_work(ranks: int, checkpoint: bool, folder: str, per_node: int) -> dict:
+def paused(fn: object) -> object:
+    """``fn()`` as rank 0 reads a gather: with the collector paused."""
+    with collection_paused():
+        return fn()  # type: ignore[operator]
+
+
+def rank0_work(ranks: int, kind: str, folder: str, per_node: int) -> dict:
     """Rank 0's seconds per report, part by part, the bytes through it, and a node leader's
     seconds."""
+    if kind == "async":
+        return rank0_async(ranks, folder, per_node)
+    checkpoint = kind == "checkpoint"
     memory = HandedFiles()
     own, contributions, leader_s = by_node(announcements(ranks, checkpoint, memory), per_node)
     seconds: dict[str, float] = {}
@@ -145,12 +167,41 @@ def rank0_work(ranks: int, checkpoint: bool, folder: str, per_node: int) -> dict
         through += sum(map(len, contributions))
         seconds["own_node_part"], own_part = timed(  # rank 0 leads its own node
             lambda: node_part(plan, local(folder), tuple(range(per_node)), own_node))
-        seconds["unpickle_records"], nodes = timed(
-            lambda: [own_part, *(pickle.loads(data)[1][0] for data in contributions)])
+        seconds["unpickle_records"], nodes = timed(lambda: paused(
+            lambda: [own_part, *(pickle.loads(data)[1][0] for data in contributions)]))
         seconds["merge"], _ = timed(lambda: check_nodes(plan, nodes))  # type: ignore[arg-type]
         seconds["manifest"], _ = timed(lambda: write_manifest(ranks, nodes, folder))
     return {"seconds": seconds, "bytes": through, "plan_bytes": len(sent),  # type: ignore[arg-type]
             "leader_s": leader_s, "per_node": per_node}
+
+
+def rank0_async(ranks: int, folder: str, per_node: int) -> dict:
+    """The report at which every rank has finished a background checkpoint (and hands the
+    next): each rank's announcement says so without its records, each node's leader adds its
+    node's ``NodeRecords`` (its part written, timed as the leader's); rank 0 finds the
+    checkpoint finished everywhere and commits it from one entry per node, as its committer
+    thread does off the collective (timed here all the same: it is rank 0's work)."""
+    plan = Plan(6, directory="checkpoint_000003", index=3, asynchronous=True, by_nodes=True)
+    _, parts, leader_s = records_by_node(plan, persisted(ranks), per_node, folder)
+    nodes = [pickle.loads(data)[1][0] for data in parts]
+    own_records = [pickle.loads(data)[0] for data in persisted(per_node)]
+    own_part_s, own_part = timed(lambda: node_part(plan, local(folder), tuple(range(per_node)),
+                                                   own_records))
+    by_rank = {r: Finished(plan.directory, node=nodes[r // per_node - 1] if r else own_part)  # type: ignore[arg-type]
+               if r % per_node == 0 else Finished(plan.directory) for r in range(ranks)}
+    memory = HandedFiles()
+    own, contributions, announce_s = by_node(announcements(ranks, True, memory, by_rank), per_node)
+    seconds: dict[str, float] = {"own_node_part": own_part_s}  # rank 0 leads its own node
+    seconds["unpickle_announcements"], heard = timed(lambda: unpickled(own, contributions, ranks))
+    seconds["plan"], made = timed(lambda: make_plan(heard, 7, 4, memory))  # type: ignore[arg-type]
+    seconds["pickle_plan"], sent = timed(lambda: pickle.dumps(made, pickle.HIGHEST_PROTOCOL))
+    seconds["finished"], ready = timed(lambda: finished_everywhere(
+        heard, [plan.directory]))  # type: ignore[arg-type, list-item]
+    found = ready[0][0][2]  # type: ignore[index]
+    seconds["merge"], _ = timed(lambda: check_nodes(plan, found))
+    seconds["manifest"], _ = timed(lambda: write_manifest(ranks, found, folder))
+    return {"seconds": seconds, "bytes": sum(map(len, own + contributions)) + len(sent),
+            "plan_bytes": len(sent), "leader_s": leader_s + announce_s, "per_node": per_node}
 
 
 def records_by_node(plan: Plan, values: list[bytes], per_node: int, folder: str
@@ -202,7 +253,7 @@ def durable(path: str, data: bytes) -> None:
 
 
 def modelled(ranks: int, kind: str, work: dict, alpha_s: float, beta_bps: float) -> dict:
-    steps = 2 if kind == "checkpoint" else 1
+    steps = 2 if kind == "checkpoint" else 1  # a background checkpoint commits in one step
     collectives = 1 + steps * COLLECTIVES_PER_STEP  # the quiet check first
     cpu_s = sum(work["seconds"].values())
     network_s = collectives * math.ceil(math.log2(ranks)) * alpha_s + work["bytes"] / beta_bps
@@ -237,9 +288,9 @@ def main() -> None:
     alpha_s, beta_bps = args.alpha_us / 1e6, args.beta_gbs * 1e9
     with tempfile.TemporaryDirectory(prefix="hpckit-scale-model-") as folder:
         for ranks in args.ranks:
-            for kind in ("metrics", "checkpoint"):
-                rounds = sorted((modelled(ranks, kind, rank0_work(ranks, kind == "checkpoint",
-                                                                  folder, args.ranks_per_node),
+            for kind in KINDS:
+                rounds = sorted((modelled(ranks, kind, rank0_work(ranks, kind, folder,
+                                                                  args.ranks_per_node),
                                           alpha_s, beta_bps)
                                  for _ in range(ROUNDS)), key=lambda line: line["rank0_ms"])
                 line = rounds[len(rounds) // 2]  # the median round, its parts beside it
