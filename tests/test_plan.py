@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from hpckit.errors import CheckpointError, ReportMismatchError
+from hpckit.errors import CheckpointError, ProtocolError, ReportMismatchError
 from hpckit.experiment.manifest import FileRecord
 from hpckit.run.ending.retry import RetryPolicy
 from hpckit.run.mpi.comm import RankFailure
@@ -153,6 +153,25 @@ def test_a_report_number_rank_0_does_not_know_is_a_protocol_error():
     with pytest.raises(ProtocolError, match="rank 1 handed the files it handed last time"):
         make_plan([Announcement(REPORT, 1, [("a", 1)]), Announcement(REPORT, 1, same_files_as=7)],
                   0, 0, HandedFiles())
+
+
+def test_rank_0_walks_runs_of_alike_announcements_and_plans_as_rank_by_rank():
+    """A node's alike announcements arrive as one object: rank 0 reads each run once, with
+    its ranks, and the plan is the one every rank's own announcement would give."""
+    from hpckit.run.writing.plan import runs
+
+    steady = Announcement(REPORT, 2, same_files_as=1, later=("late.pt",))
+    other = Announcement(REPORT, 2, same_files_as=1)
+    assert runs([steady, steady, other, steady]) == [
+        (steady, range(0, 2)), (other, range(2, 3)), (steady, range(3, 4))]
+    lists = [[(f"m{r}.pt", 1), ("cfg.json", 2)] for r in range(4)]
+    memory = HandedFiles()
+    make_plan([Announcement(REPORT, 1, files) for files in lists], 0, 0, memory)
+    plan = make_plan([steady, steady, other, steady], 1, 1, memory)
+    assert memory.now == dict(enumerate(lists)) and plan.shared == {"cfg.json": 0}
+    assert plan.later == {0: ("late.pt",), 1: ("late.pt",), 3: ("late.pt",)}
+    with pytest.raises(ProtocolError, match="rank 2 handed the files it handed last time"):
+        make_plan([steady, steady, steady._replace(same_files_as=0), steady], 2, 2, memory)
 
 
 def test_a_plan_crosses_with_only_the_fields_that_differ_from_their_defaults():

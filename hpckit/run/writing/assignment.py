@@ -24,7 +24,7 @@ import xxhash
 
 from hpckit.errors import CheckpointError, ProtocolError
 from hpckit.experiment.manifest import CACHE, FileRecord, is_rank_state, is_safe_relpath
-from hpckit.run.writing.plan import Announcement, NodeRecords, Persisted, Plan
+from hpckit.run.writing.plan import NodeRecords, Persisted, Plan, Runs
 from hpckit.storage.checksum import short
 
 Files = list[tuple[str, int]]  # (name, size) of each file a rank hands
@@ -107,21 +107,23 @@ class HandedFiles:
         self._assigned: tuple[frozenset[int], dict[str, int]] | None = None
         self._changed = True
 
-    def of(self, announcements: list[Announcement]) -> dict[int, Files]:
+    def of(self, heard: Runs) -> dict[int, Files]:
         """Every handing rank's files at this report, lists sent or remembered (recorded
         even where the report then fails: the ranks remember what they sent)."""
         handed: dict[int, Files] = {}
-        for rank, a in enumerate(announcements):
+        for a, ranks in heard:
             if a.files is not None:
-                self.files[rank], self.sent_at[rank] = a.files, a.number
+                self.files.update(dict.fromkeys(ranks, a.files))
+                self.sent_at.update(dict.fromkeys(ranks, a.number))
                 self._changed = True
-                handed[rank] = a.files
+                handed.update(dict.fromkeys(ranks, a.files))
             elif a.same_files_as is not None:
-                if self.sent_at.get(rank) != a.same_files_as:
-                    raise ProtocolError(f"rank {rank} handed the files it handed last time, "
-                                        "which rank 0 does not know (a bug in hpckit: please "
-                                        "report it)")
-                handed[rank] = self.files[rank]
+                unknown = [r for r in ranks if self.sent_at.get(r) != a.same_files_as]
+                if unknown:
+                    raise ProtocolError(f"rank {unknown[0]} handed the files it handed last "
+                                        "time, which rank 0 does not know (a bug in hpckit: "
+                                        "please report it)")
+                handed.update(zip(ranks, map(self.files.__getitem__, ranks), strict=True))
         self.now = handed
         return handed
 

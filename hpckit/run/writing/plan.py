@@ -5,10 +5,11 @@ persisted, and the plan rank 0 sends every rank (rank 0 makes it in
 from __future__ import annotations
 
 import marshal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import MISSING, Field, dataclass, field, fields
 from enum import Enum
-from typing import Any, NamedTuple
+from itertools import groupby
+from typing import Any, NamedTuple, TypeVar
 
 from hpckit.errors import ProtocolError
 from hpckit.experiment.manifest import STORAGE, FileRecord
@@ -199,6 +200,23 @@ def _default_of(f: Field[Any]) -> Callable[[], Any]:
 
 
 _DEFAULTS = {f.name: _default_of(f) for f in fields(Plan) if f.name != "step"}
+
+
+T = TypeVar("T")
+Runs = list[tuple[Announcement, range]]
+
+
+def runs(values: Sequence[T]) -> list[tuple[T, range]]:
+    """``values`` as runs of equal neighbours, each with its ranks. Rank 0 places a node's
+    alike announcements as one object (``leaders.place``), so its checks walk one run a node,
+    in rank order, where they would walk every rank."""
+    found: list[tuple[T, range]] = []
+    start = 0
+    for value, alike in groupby(values):
+        end = start + len(list(alike))
+        found.append((value, range(start, end)))
+        start = end
+    return found
 
 
 def in_background(stop: str | None, asked: bool) -> bool:

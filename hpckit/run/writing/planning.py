@@ -18,7 +18,9 @@ from hpckit.run.writing.plan import (
     Persisted,
     Placement,
     Plan,
+    Runs,
     in_background,
+    runs,
 )
 
 
@@ -28,27 +30,28 @@ def make_plan(announcements: list[Announcement], step: int, next_index: int,
     files, else a metrics-only report. Raises when ranks disagree or one failed to prepare.
     ``handed_before``: rank 0's memory of the files each rank handed last."""
     memory = handed_before or HandedFiles()
-    handed = memory.of(announcements)
-    check_counts(announcements)
-    failures = [a.failure for a in announcements if a.failure]
+    heard = runs(announcements)
+    handed = memory.of(heard)
+    check_counts(announcements, heard)
+    failures = [a.failure for a, _ in heard if a.failure]
     if failures:
         raise_failures(failures, "report()", CommitError)
-    stop = next((a.stop for a in announcements if a.stop), None)
-    in_place = [rank for rank, a in enumerate(announcements) if a.in_place]
+    stop = next((a.stop for a, _ in heard if a.stop), None)
+    in_place = [rank for a, ranks in heard if a.in_place for rank in ranks]
     if announcements[0].kind != REPORT or not (handed or in_place):
         return Plan(step, stop)
-    uploaded = _uploaded(announcements)
+    uploaded = _uploaded(heard)
     if in_place and handed:
         raise CheckpointError(
             f"rank {in_place[0]} wrote its checkpoint in place (get_checkpoint_dir()) while rank "
             f"{min(handed)} handed a directory of its own; in one report every rank either writes "
             "into get_checkpoint_dir() or hands its own directory. Write the extra files into "
             "get_checkpoint_dir() too.")
-    asked = [a.asynchronous for a in announcements if a.hands or a.in_place]
+    asked = [a.asynchronous for a, _ in heard if a.hands or a.in_place]
     asynchronous = in_background(stop, all(asked))
-    named = _directory_name(announcements, bool(in_place) and not uploaded)
+    named = _directory_name(heard, bool(in_place) and not uploaded)
     directory = named or checkpoint_dirname(next_index)
-    later = {rank: a.later for rank, a in enumerate(announcements) if a.later}
+    later = {rank: a.later for a, ranks in heard if a.later for rank in ranks}
     placement = (Placement.UPLOADED if uploaded else Placement.IN_PLACE if in_place
                  else Placement.HANDED)
     return Plan(step, stop, directory, shared=memory.writers(handed), placement=placement,
@@ -56,11 +59,11 @@ def make_plan(announcements: list[Announcement], step: int, next_index: int,
                 placed_by=in_place[0] if len(in_place) == 1 else None)
 
 
-def _uploaded(announcements: list[Announcement]) -> bool:
+def _uploaded(heard: Runs) -> bool:
     """Whether checkpoint_upload_fn uploads this checkpoint: then on every rank handing one."""
-    uploading = [rank for rank, a in enumerate(announcements) if a.uploading]
-    other = [rank for rank, a in enumerate(announcements)
-             if (a.hands or a.in_place) and not a.uploading]
+    uploading = [rank for a, ranks in heard if a.uploading for rank in ranks]
+    other = [rank for a, ranks in heard if (a.hands or a.in_place) and not a.uploading
+             for rank in ranks]
     if uploading and other:
         raise CheckpointError(
             f"rank(s) {_ranks(uploading)} passed checkpoint_upload_fn and rank(s) {_ranks(other)} "
@@ -72,8 +75,8 @@ def _uploaded(announcements: list[Announcement]) -> bool:
 def mixed_modes(announcements: list[Announcement]) -> str | None:
     """Which ranks that hand a checkpoint asked ASYNC and which did not, when they disagree (a
     rank that hands none has nothing to upload, and no say, as in Ray)."""
-    handing = [(rank, a.asynchronous) for rank, a in enumerate(announcements)
-               if a.hands or a.in_place]
+    handing = [(rank, a.asynchronous) for a, ranks in runs(announcements)
+               if a.hands or a.in_place for rank in ranks]
     chose = {mode for _, mode in handing}
     if len(chose) < 2:
         return None
@@ -82,9 +85,9 @@ def mixed_modes(announcements: list[Announcement]) -> str | None:
     return f"rank(s) {asynchronous} asked for ASYNC, rank(s) {other} for SYNC or NO_UPLOAD"
 
 
-def _directory_name(announcements: list[Announcement], in_place: bool) -> str | None:
+def _directory_name(heard: Runs, in_place: bool) -> str | None:
     """The ``checkpoint_dir_name`` every rank that gave one agrees on, checked."""
-    names = {a.dir_name for a in announcements if a.dir_name is not None}
+    names = {a.dir_name for a, _ in heard if a.dir_name is not None}
     if not names:
         return None
     name = names.pop()
@@ -135,10 +138,13 @@ def raise_background_failure(directory: str, failures: list[RankFailure]) -> Non
     raise_failures(failures, f"persisting {directory} in the background", CommitError, wrap=True)
 
 
-def check_agreed(heard: list[Any], kind: type, call: str) -> None:
+def check_agreed(heard: list[Any], kind: type, call: str,
+                 alike: list[tuple[Any, range]] | None = None) -> None:
     """Every rank made the same collective call: a rank in ``report()`` while another asks
-    ``should_checkpoint()`` (say, on rank 0 alone) pairs two different calls."""
-    other = [rank for rank, value in enumerate(heard) if not isinstance(value, kind)]
+    ``should_checkpoint()`` (say, on rank 0 alone) pairs two different calls. ``alike``:
+    ``heard`` as runs, where the caller has them."""
+    other = [rank for value, ranks in (alike if alike is not None else runs(heard))
+             if not isinstance(value, kind) for rank in ranks]
     if other:
         raise ReportMismatchError(
             f"rank(s) {_ranks(other)} made another collective call where the others called "
@@ -150,9 +156,9 @@ def _ranks(ranks: list[int]) -> str:
     return ", ".join(map(str, ranks))
 
 
-def check_counts(announcements: list[Announcement]) -> None:
-    check_agreed(announcements, Announcement, "report()")
-    kinds = {(a.kind, a.number) for a in announcements}
+def check_counts(announcements: list[Announcement], heard: Runs) -> None:
+    check_agreed(announcements, Announcement, "report()", heard)
+    kinds = {(a.kind, a.number) for a, _ in heard}
     if len(kinds) == 1:
         return
     lines = [f"rank {r}: called report() for the {_ordinal(a.number)} time" if a.kind == REPORT
