@@ -169,7 +169,7 @@ def rank0_work(ranks: int, kind: str, folder: str, per_node: int) -> dict:
             lambda: node_part(plan, local(folder), tuple(range(per_node)), own_node))
         seconds["unpickle_records"], nodes = timed(lambda: paused(
             lambda: [own_part, *(pickle.loads(data)[1][0] for data in contributions)]))
-        seconds["merge"], _ = timed(lambda: check_nodes(plan, nodes))  # type: ignore[arg-type]
+        seconds["merge"], _ = timed(lambda: check_nodes(plan, nodes, ranks))  # type: ignore[arg-type]
         seconds["manifest"], _ = timed(lambda: write_manifest(ranks, nodes, folder))
     return {"seconds": seconds, "bytes": through, "plan_bytes": len(sent),  # type: ignore[arg-type]
             "leader_s": leader_s, "per_node": per_node}
@@ -198,7 +198,7 @@ def rank0_async(ranks: int, folder: str, per_node: int) -> dict:
     seconds["finished"], ready = timed(lambda: finished_everywhere(
         heard, [plan.directory]))  # type: ignore[arg-type, list-item]
     found = ready[0][0][2]  # type: ignore[index]
-    seconds["merge"], _ = timed(lambda: check_nodes(plan, found))
+    seconds["merge"], _ = timed(lambda: check_nodes(plan, found, ranks))
     seconds["manifest"], _ = timed(lambda: write_manifest(ranks, found, folder))
     return {"seconds": seconds, "bytes": sum(map(len, own + contributions)) + len(sent),
             "plan_bytes": len(sent), "leader_s": leader_s + announce_s, "per_node": per_node}
@@ -219,7 +219,8 @@ def records_by_node(plan: Plan, values: list[bytes], per_node: int, folder: str
     def written(node: tuple[int, ...]) -> NodeRecords:
         own = sorted((r for p in records(node) for r in p.records), key=lambda r: r.path)
         data = render_records(plan.checkpoint()[0], own)
-        return NodeRecords(node[0], checksum_of(data), len(own), sum(r.size for r in own), [])
+        return NodeRecords(node[0], len(node), checksum_of(data), len(own),
+                           sum(r.size for r in own), [])
 
     leader_s, _ = timed(lambda: node_part(plan, local(folder), members(per_node),
                                           records(members(per_node))))

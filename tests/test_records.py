@@ -13,7 +13,7 @@ import pytest
 
 from hpckit import settings
 from hpckit.config import CheckpointConfig
-from hpckit.errors import ManifestError
+from hpckit.errors import ManifestError, ProtocolError
 from hpckit.experiment.experiment import Experiment
 from hpckit.experiment.leftovers import remove_leftovers
 from hpckit.experiment.manifest import CheckpointRecord, FileRecord, Manifest
@@ -220,15 +220,20 @@ def test_a_manifest_read_reads_no_records_and_one_file_reads_its_nodes_part_firs
     assert manifest().checkpoints[1].file("shard-4.bin", rank=1) == nodes[2][0]
     assert reads == ["records/000001.json", part(0), part(2), part(4)]
     assert manifest().checkpoints[1].file("absent.bin", rank=4) is None
-    assert reads == ["records/000001.json", part(4), part(0), part(2), "records/000001.json",
-                     part(0), part(2), part(4)]  # not found: read whole, as files are
+    assert reads == ["records/000001.json", part(4), part(0), part(2)]  # every part, once
     read_back = manifest().checkpoints[1]
     assert [f.path for f in read_back.files] == [f"shard-{r}.bin" for r in range(5)]
     assert reads == ["records/000001.json", part(0), part(2), part(4)]
     reads.clear()
     assert read_back.file("shard-2.bin", rank=0) == nodes[1][0] and reads == []
-    unread = read_manifest(resolve(str(tmp_path / "exp")))
-    assert pickle.loads(pickle.dumps(unread)) == unread  # what it reads with is a value
+    sent = pickle.dumps(manifest())  # read as it is pickled: a rank that receives it reads nothing
+    assert sorted(reads) == sorted(
+        [f"records/00000{i}.json" for i in (0, 1)] + [f"checkpoint_00000{i}/.hpckit-records/"
+                                                      f"rank-{n:06d}.json" for i in (0, 1)
+                                                      for n in (0, 2, 4)])
+    reads.clear()
+    received = pickle.loads(sent)
+    assert [len(r.files) for r in received.checkpoints] == [5, 5] and reads == []
     (tmp_path / "exp" / part(2)).write_text("{}")
     damaged = manifest().checkpoints[1]
     assert damaged.file("shard-2.bin", rank=2) is None
@@ -260,10 +265,12 @@ def test_names_several_ranks_hand_are_kept_once_and_compared_across_nodes(tmp_pa
     assert [p.records for p in parts] == [2, 1]
     assert [p.size for p in parts] == [6, 4]
     plan = Plan(0, directory="checkpoint_000000", index=0, shared={"cfg.json": 0})
-    check_nodes(plan, parts)
+    check_nodes(plan, parts, 2)
+    with pytest.raises(ProtocolError, match="cover 1 of 2 ranks"):
+        check_nodes(plan, parts[:1], 2)
     differ = [alike[0], [alike[1][0]._replace(checksum=other), alike[1][1]]]
     with pytest.raises(CheckpointError, match="cfg.json"):
-        check_nodes(plan, node_parts(tmp_path, "checkpoint_000000", differ, {"cfg.json": 0}))
+        check_nodes(plan, node_parts(tmp_path, "checkpoint_000000", differ, {"cfg.json": 0}), 2)
 
 
 def test_a_mirror_copies_the_parts_and_every_file_of_records_written_by_nodes(tmp_path):
@@ -335,7 +342,7 @@ def test_a_leader_sends_its_nodes_background_records_once_every_rank_of_it_finis
     done = pairs(flights, (Finished(directory, Persisted([theirs])),))
     first, second = finished_by_node(flights, (4, 5), done), finished_by_node(flights, (4, 5), done)
     node = first[0][0].finished[0].node
-    assert node is not None and node.leader == 4 and node.records == 2 and node.size == 8
+    assert node is not None and (node.leader, node.ranks, node.records, node.size) == (4, 2, 2, 8)
     assert second[0][0].finished[0].node is node and first[1][0].finished == (Finished(directory),)
     assert (tmp_path / directory / ".hpckit-records" / "rank-000004.json").is_file()
     flights.drop_committed((directory,))

@@ -98,6 +98,12 @@ class CheckpointRecord:
         Never written: the manifest keeps the reference as it was."""
         return self.files.problem if isinstance(self.files, KeptApart) else None
 
+    def read(self) -> CheckpointRecord:
+        """This record with its files read now, where they are kept apart (else on first
+        use): before it is sent to the other ranks, which would each read them again."""
+        len(self.files)
+        return self
+
     def file(self, path: str, rank: int | None = None) -> FileRecord | None:
         """The record of file ``path``, reading as few of its records as it can (``rank``:
         the one asking, whose node's part of the records is read first)."""

@@ -40,7 +40,9 @@ def evict(experiment: Location, records: list[CheckpointRecord],
             if fence is not None:
                 fence()
             cached = not record.on_storage  # nothing of it on storage_path, but a cut drain's
-            for f in [] if cached or files.escapes(target, experiment) else record.files:
+            # Records in parts (format 8), one per node: the directory goes whole, unread.
+            whole = cached or bool(record.records and record.records.parts)
+            for f in [] if whole or files.escapes(target, experiment) else record.files:
                 files.delete_file(target.join(f.path), missing_ok=True)
                 faults.reached("evicting", 0)
             files.delete_dir(target)

@@ -14,7 +14,8 @@ import pyarrow.fs
 
 from hpckit.errors import ManifestError, StorageError
 from hpckit.experiment import encoding
-from hpckit.experiment.manifest import MANIFEST_NAME, Manifest
+from hpckit.experiment.manifest import MANIFEST_NAME, Manifest, is_safe_relpath
+from hpckit.experiment.records import KeptApart, RecordsFile
 from hpckit.experiment.segments import read_log, segments
 from hpckit.storage import files
 from hpckit.storage.location import Location
@@ -40,6 +41,13 @@ def read_manifest(experiment: Location) -> Manifest | None:
         except ManifestError:
             time.sleep(wait)
     return encoding.from_json(files.read_bytes(location), location.display, read)
+
+
+def records_of(experiment: Location, reference: RecordsFile) -> KeptApart:
+    """A checkpoint's records kept apart in ``experiment`` (``reference``: as its manifest
+    names them), read on first use."""
+    return KeptApart(reference, functools.partial(_read_relative, experiment),
+                     experiment.display, is_safe_relpath)
 
 
 def _read_relative(experiment: Location, name: str) -> bytes:

@@ -188,6 +188,7 @@ class KeptApart(Sequence[FileRecord]):
                                                         self._is_safe)
                 if found := next((r for r in held if r.path == path), None):
                     return found
+            return None  # every part read, none holds it
         except (ManifestError, StorageError):
             pass  # read whole, which says what is wrong (``problem``) or raises
         return next((r for r in self if r.path == path), None)
@@ -206,12 +207,31 @@ class KeptApart(Sequence[FileRecord]):
         return iter(self._loaded[0])
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Sequence) and tuple(self) == tuple(other)
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return tuple(self) == tuple(other)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled read, without what it reads with: a rank that receives it (a cached
+        checkpoint sent to every rank) reads nothing again."""
+        return _kept_read, (self.reference, self.where, *self._loaded)
 
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return f"KeptApart({self.reference.name!r})"
+
+
+def _kept_read(reference: RecordsFile, where: str, records: tuple[FileRecord, ...],
+               problem: str | None) -> KeptApart:
+    kept = KeptApart(reference, _read_nothing, where, lambda _: False)
+    kept.__dict__["_loaded"] = (records, problem)
+    return kept
+
+
+def _read_nothing(name: str) -> bytes:
+    raise ManifestError(f"{name} was read before these records were sent (a bug in hpckit: "
+                        "please report it)")
 
 
 _LEADER = re.compile(r"rank-(\d+)\.json$")

@@ -61,18 +61,16 @@ def load_state(checkpoint: Checkpoint, filename: str = "state.pt", *, map_locati
 def _expected(checkpoint: Checkpoint, filename: str) -> FileRecord | None:
     """The manifest's record of the file, if the checkpoint is one of an experiment's."""
     location = checkpoint._location
+    rank = settings.current().launched_rank
     try:
         manifest = read_manifest(location.parent)
+        record = next((r for r in manifest.checkpoints if r.directory == location.name),
+                      None) if manifest is not None else None
+        return record.file(filename, int(rank) if rank.isdigit() else None) if record else None
     except HpckitError as exc:
-        log.debug("not verifying %s: no readable manifest beside it (%s)", checkpoint.uri, exc)
+        log.debug("not verifying %s: its manifest or records could not be read (%s)",
+                  checkpoint.uri, exc)
         return None
-    if manifest is None:
-        return None
-    record = next((r for r in manifest.checkpoints if r.directory == location.name), None)
-    if record is None:
-        return None
-    rank = settings.current().launched_rank
-    return record.file(filename, int(rank) if rank.isdigit() else None)
 
 
 def _check(checkpoint: Checkpoint, path: str, expected: FileRecord) -> None:

@@ -25,6 +25,7 @@ from hpckit.experiment.manifest import (
     checkpoint_dirname,
 )
 from hpckit.experiment.nested import flatten
+from hpckit.experiment.reading import records_of
 from hpckit.experiment.records import indexed
 from hpckit.experiment.retention import score_of
 from hpckit.experiment.validation import Validation
@@ -224,13 +225,14 @@ class Ledger:
         hand compared across nodes, and the index of the nodes' parts written with it."""
         directory, index = plan.checkpoint()
         try:
-            check_nodes(plan, nodes)
+            check_nodes(plan, nodes, self.experiment.manifest.world_size)
         except HpckitError:
             self.experiment.discard(directory)
             raise
         reference, data = indexed(directory, index, [node.part(directory) for node in nodes])
-        self._commit(plan, CheckpointRecord(index, directory, plan.step, time.time(), metrics,
-                                            (), plan.level, records=reference), data,
+        self._commit(plan, CheckpointRecord(
+            index, directory, plan.step, time.time(), metrics,
+            records_of(self.experiment.location, reference), plan.level, records=reference), data,
                      sum(node.size for node in nodes), metrics, started)
 
     def _commit(self, plan: Plan, record: CheckpointRecord, index: bytes | None, size: int,

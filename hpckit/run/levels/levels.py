@@ -212,7 +212,7 @@ def _rank0(experiment: Experiment | None) -> Experiment:
 def _cached_latest(experiment: Experiment | None) -> tuple[CheckpointRecord | None, list[str]]:
     """The newest checkpoint if it is cached only, and every checkpoint the manifest names."""
     latest = _rank0(experiment).manifest.latest
-    return (latest if latest is not None and not latest.on_storage else None,
+    return (latest.read() if latest is not None and not latest.on_storage else None,
             [r.directory for r in _rank0(experiment).manifest.checkpoints])
 
 

@@ -87,7 +87,7 @@ def _candidates(location: Location) -> tuple[list[CheckpointRecord], list[str]]:
     if manifest is None:
         return [], []
     stored = max((r.index for r in manifest.checkpoints if r.on_storage), default=-1)
-    cached = [r for r in manifest.checkpoints if not r.on_storage and r.index > stored]
+    cached = [r.read() for r in manifest.checkpoints if not r.on_storage and r.index > stored]
     return (sorted(cached, key=lambda r: r.index, reverse=True),
             [r.directory for r in manifest.checkpoints])
 

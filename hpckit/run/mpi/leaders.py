@@ -75,12 +75,13 @@ def _through_leaders(group: Group, value: Any, condense: Callable[..., Any] | No
     own, contributions = root_work(group.world, lambda: (
         gather_bytes(group.node, data, alarms=group.world) or [],
         gather_bytes(leaders, b"", alarms=group.world) or []))
+    if condense is not None:
+        mine = _contribution(group.members, own, condense)  # the leader's work, collector on
+        with collection_paused():
+            return [mine, *(pickle.loads(item) for item in contributions[1:])]
+    prepared = _prepared(group.members, own, prepare)
     with collection_paused():
-        if condense is not None:
-            return [_contribution(group.members, own, condense),
-                    *(pickle.loads(item) for item in contributions[1:])]
-        return placed(group.size, of_node(group.members, _prepared(group.members, own, prepare)),
-                      contributions[1:])
+        return placed(group.size, of_node(group.members, prepared), contributions[1:])
 
 
 def placed(size: int, own: Contribution, others: Sequence[bytes | memoryview]) -> list[Any]:

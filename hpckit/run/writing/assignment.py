@@ -164,12 +164,14 @@ def merge(plan: Plan, per_rank: list[Persisted]) -> list[FileRecord]:
     return sorted(kept.values(), key=lambda r: r.path)
 
 
-def check_nodes(plan: Plan, nodes: list[NodeRecords]) -> None:
-    """On rank 0, where the node leaders wrote the records: every name several ranks hand
-    hashes alike on every node (else :func:`merge`'s CheckpointError)."""
-    if not nodes:
-        raise ProtocolError(f"no node leader sent its records of {plan.directory} (a bug in "
-                            "hpckit: please report it)")
+def check_nodes(plan: Plan, nodes: list[NodeRecords], world_size: int) -> None:
+    """On rank 0, where the node leaders wrote the records: the leaders' parts hold every
+    rank's, and every name several ranks hand hashes alike on every node (else
+    :func:`merge`'s CheckpointError)."""
+    covered = sum(node.ranks for node in nodes)
+    if covered != world_size:
+        raise ProtocolError(f"the node leaders' records of {plan.directory} cover {covered} "
+                            f"of {world_size} ranks (a bug in hpckit: please report it)")
     if plan.shared:
         merge(plan, [Persisted(node.shared) for node in nodes])
 

@@ -54,6 +54,7 @@ class NodeRecords(NamedTuple):
     (``Plan.by_nodes``, ``writer.node_part``)."""
 
     leader: int  # the node's first rank, which wrote the part (``records.part_name``)
+    ranks: int  # the node's, whose records the part holds
     checksum: str  # the part's
     records: int  # how many it holds
     size: int  # the bytes of the files they name

@@ -173,7 +173,8 @@ def node_part(plan: Plan, target: Location, members: tuple[int, ...],
         files.make_dir(target.join(PARTS_DIR))
         files.fsync_dir(target.path)  # the folder's entry, made after the ranks synced theirs
     files.write_atomic(target.join(name.removeprefix(f"{directory}/")), data)
-    return NodeRecords(members[0], checksum_of(data), len(own), sum(r.size for r in own),
+    return NodeRecords(members[0], len(members), checksum_of(data), len(own),
+                       sum(r.size for r in own),
                        [r for r in records if r.path in plan.shared])
 
 
