@@ -41,9 +41,11 @@ def evict(experiment: Location, records: list[CheckpointRecord],
                 fence()
             cached = not record.on_storage  # nothing of it on storage_path, but a cut drain's
             # Records in parts (format 8), one per node: the directory goes whole, unread.
-            whole = cached or bool(record.records and record.records.parts)
-            for f in [] if whole or files.escapes(target, experiment) else record.files:
+            in_parts = bool(record.records and record.records.parts)
+            for f in [] if cached or in_parts or files.escapes(target, experiment) else record.files:
                 files.delete_file(target.join(f.path), missing_ok=True)
+                faults.reached("evicting", 0)
+            if in_parts:
                 faults.reached("evicting", 0)
             files.delete_dir(target)
             if record.records is not None:
