@@ -19,6 +19,7 @@ its ranks (``run.mpi.leaders``).
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import chain, repeat
 
 import xxhash
 
@@ -111,6 +112,8 @@ class HandedFiles:
         """Every handing rank's files at this report, lists sent or remembered (recorded
         even where the report then fails: the ranks remember what they sent)."""
         handed: dict[int, Files] = {}
+        remembered: list[range] = []  # ranks that sent the number of an earlier report
+        numbers: list[int] = []
         for a, ranks in heard:
             if a.files is not None:
                 self.files.update(dict.fromkeys(ranks, a.files))
@@ -118,14 +121,22 @@ class HandedFiles:
                 self._changed = True
                 handed.update(dict.fromkeys(ranks, a.files))
             elif a.same_files_as is not None:
-                unknown = [r for r in ranks if self.sent_at.get(r) != a.same_files_as]
-                if unknown:
-                    raise ProtocolError(f"rank {unknown[0]} handed the files it handed last "
-                                        "time, which rank 0 does not know (a bug in hpckit: "
-                                        "please report it)")
-                handed.update(zip(ranks, map(self.files.__getitem__, ranks), strict=True))
+                remembered.append(ranks)
+                numbers.append(a.same_files_as)
+        handed.update(self._remembered(list(chain.from_iterable(remembered)),
+                                       list(chain.from_iterable(map(repeat, numbers,
+                                                                    map(len, remembered))))))
         self.now = handed
         return handed
+
+    def _remembered(self, ranks: list[int], numbers: list[int]) -> dict[int, Files]:
+        """The lists these ranks sent at the reports they name, each rank with its own."""
+        if list(map(self.sent_at.get, ranks)) != numbers:
+            unknown = next(r for r, n in zip(ranks, numbers, strict=True)
+                           if self.sent_at.get(r) != n)
+            raise ProtocolError(f"rank {unknown} handed the files it handed last time, which "
+                                "rank 0 does not know (a bug in hpckit: please report it)")
+        return dict(zip(ranks, map(self.files.__getitem__, ranks), strict=True))
 
     def writers(self, handed: dict[int, Files]) -> dict[str, int]:
         """The assignment, made again only where a rank's list or the handing ranks changed."""

@@ -209,8 +209,9 @@ Runs = list[tuple[Announcement, range]]
 
 def runs(values: Sequence[T]) -> list[tuple[T, range]]:
     """``values`` as runs of equal neighbours, each with its ranks. Rank 0 places a node's
-    alike announcements as one object (``leaders.place``), so its checks walk one run a node,
-    in rank order, where they would walk every rank."""
+    alike announcements as one object (``leaders.place``), and in the steady state the nodes'
+    are alike too, so its checks walk a run or two a node at most, in rank order, where they
+    would walk every rank."""
     found: list[tuple[T, range]] = []
     start = 0
     for value, alike in groupby(values):
