@@ -16,6 +16,7 @@ from typing import Any
 
 from hpckit.errors import ManifestError
 from hpckit.experiment.attempts import Attempt
+from hpckit.experiment.kept import KeptApart
 from hpckit.experiment.manifest import (
     CACHE,
     STORAGE,
@@ -26,7 +27,7 @@ from hpckit.experiment.manifest import (
     is_checkpoint_dirname,
     is_safe_relpath,
 )
-from hpckit.experiment.records import KeptApart, RecordsFile, parse_reference
+from hpckit.experiment.records import RecordsFile, parse_reference
 from hpckit.experiment.validation import parse as parse_validation
 from hpckit.storage.checksum import SHA256
 from hpckit.storage.checksum import problem as checksum_problem

@@ -15,7 +15,8 @@ from typing import Any
 
 from hpckit.checkpoint import MANIFEST_NAME as MANIFEST_NAME
 from hpckit.experiment.attempts import Attempt, AttemptStatus
-from hpckit.experiment.records import PARTS_DIR, RECORDS_DIR, KeptApart, RecordsFile
+from hpckit.experiment.kept import KeptApart
+from hpckit.experiment.records import PARTS_DIR, RECORDS_DIR, RecordsFile
 from hpckit.experiment.records import FileRecord as FileRecord
 from hpckit.experiment.validation import Validation
 

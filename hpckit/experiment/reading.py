@@ -14,8 +14,9 @@ import pyarrow.fs
 
 from hpckit.errors import ManifestError, StorageError
 from hpckit.experiment import encoding
+from hpckit.experiment.kept import KeptApart
 from hpckit.experiment.manifest import MANIFEST_NAME, Manifest, is_safe_relpath
-from hpckit.experiment.records import KeptApart, RecordsFile
+from hpckit.experiment.records import RecordsFile
 from hpckit.experiment.segments import read_log, segments
 from hpckit.storage import files
 from hpckit.storage.location import Location
