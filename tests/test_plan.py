@@ -174,6 +174,14 @@ def test_rank_0_walks_runs_of_alike_announcements_and_plans_as_rank_by_rank():
         make_plan([steady, steady, steady._replace(same_files_as=0), steady], 2, 2, memory)
 
 
+def test_a_rank_in_another_collective_call_is_named_before_any_announcement_is_read():
+    """Rank 0 in report() while rank 1 asks should_checkpoint(): the mismatch is named, where
+    reading rank 1's value as an announcement failed with an AttributeError."""
+    with pytest.raises(ReportMismatchError, match=r"rank\(s\) 1 made another collective call"):
+        make_plan([Announcement(REPORT, 1, [("a", 1)]), True, Announcement(REPORT, 1)], 0, 0,
+                  HandedFiles())
+
+
 def test_a_plan_crosses_with_only_the_fields_that_differ_from_their_defaults():
     """Rank 0 sends the plan to every rank at every step: it pickles only what is not a
     default, reads back equal, and each plan read back has dicts of its own."""

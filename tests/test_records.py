@@ -24,6 +24,17 @@ pytestmark = pytest.mark.quick
 CHECKSUM = "xxh3-128:" + "0f" * 16
 
 
+class Reader:
+    """Reads an experiment's files by relative name, and keeps the names it read."""
+
+    def __init__(self, root) -> None:
+        self.root, self.names = root, []
+
+    def __call__(self, name: str) -> bytes:
+        self.names.append(name)
+        return (self.root / name).read_bytes()
+
+
 def record(index: int, files: int) -> CheckpointRecord:
     return CheckpointRecord(index, f"checkpoint_{index:06d}", index, 1.0 + index, {"loss": 1 / (index + 1)},
                             tuple(FileRecord(f"shard-{i}.bin", i, i % 7, CHECKSUM)
@@ -226,14 +237,19 @@ def test_a_manifest_read_reads_no_records_and_one_file_reads_its_nodes_part_firs
     assert reads == ["records/000001.json", part(0), part(2), part(4)]
     reads.clear()
     assert read_back.file("shard-2.bin", rank=0) == nodes[1][0] and reads == []
-    sent = pickle.dumps(manifest())  # read as it is pickled: a rank that receives it reads nothing
+    read_first = manifest()
+    sent = pickle.dumps([r.read() for r in read_first.checkpoints])  # as a cached one is sent
     assert sorted(reads) == sorted(
         [f"records/00000{i}.json" for i in (0, 1)] + [f"checkpoint_00000{i}/.hpckit-records/"
                                                       f"rank-{n:06d}.json" for i in (0, 1)
                                                       for n in (0, 2, 4)])
     reads.clear()
-    received = pickle.loads(sent)
-    assert [len(r.files) for r in received.checkpoints] == [5, 5] and reads == []
+    assert [len(r.files) for r in pickle.loads(sent)] == [5, 5] and reads == []
+    reader = Reader(tmp_path / "exp")  # picklable, as reading.read_manifest's is
+    unread = encoding.from_json((tmp_path / "exp" / "manifest.json").read_bytes(), "m", reader)
+    received = pickle.loads(pickle.dumps(unread))
+    assert reader.names == []  # pickling never reads
+    assert [len(r.files) for r in received.checkpoints] == [5, 5] and reader.names == []
     (tmp_path / "exp" / part(2)).write_text("{}")
     damaged = manifest().checkpoints[1]
     assert damaged.file("shard-2.bin", rank=2) is None

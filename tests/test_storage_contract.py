@@ -66,11 +66,12 @@ def test_delete_and_file_types(root, tmp_path):
 
 
 @pytest.mark.parametrize("names", [["a/x1", "a/x2"], ["a/x", "a/b/x1", "a/b/x2"],
-                                   ["a/b/c/x1", "a/b/c/x2", "a/b/d/x1", "a/b/d/x2"], ["a/b/c/x"]])
+                                   ["a/b/c/x1", "a/b/c/x2", "a/b/d/x1", "a/b/d/x2"], ["a/b/c/x"],
+                                   ["a/b/c/x", "a/b/d/x"], ["a/b/c/x", "a/b/d/x", "a/y"]])
 def test_a_deleted_directory_is_gone_whatever_folders_it_held(root, names):
-    """SeaweedFS kept a folder of two objects or more, deleted with its directory, as an
-    empty folder that no request removed, so the directory stayed listed: a checkpoint
-    evicted with its records' parts (``.hpckit-records/``) stayed as a leftover."""
+    """SeaweedFS kept a folder of two entries or more (objects or folders), deleted with its
+    directory, as an empty folder that no request removed, so the directory stayed listed: a
+    checkpoint evicted with its records' parts (``.hpckit-records/``) stayed as a leftover."""
     for name in names:
         if root.is_local:  # object storage has no folders to make (a marker would be one more)
             _storage.make_dir(root.join(name.rsplit("/", 1)[0]))

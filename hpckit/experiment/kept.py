@@ -72,9 +72,12 @@ class KeptApart(Sequence[FileRecord]):
         return tuple(self) == tuple(other)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickled read, without what it reads with: a rank that receives it (a cached
-        checkpoint sent to every rank) reads nothing again."""
-        return _kept_read, (self.reference, self.where, *self._loaded)
+        """Pickling never reads. Read already (``CheckpointRecord.read()``, before a cached
+        checkpoint goes to every rank), it goes with its records and without what it reads
+        with, so that no rank reads them again; else unread, with it."""
+        if "_loaded" in self.__dict__:
+            return _kept_read, (self.reference, self.where, *self._loaded)
+        return KeptApart, (self.reference, self._read, self.where, self._is_safe)
 
     __hash__ = None  # type: ignore[assignment]
 

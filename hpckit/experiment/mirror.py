@@ -141,7 +141,7 @@ class Mirror:
 
 def _paths_of(source: Location, record: CheckpointRecord) -> list[str]:
     """What to copy of a checkpoint: its files, and where its node leaders wrote its records,
-    their parts (rank 0 holds none of those records: they are read back here)."""
+    their parts (read back here from the source, whatever the record in hand holds)."""
     if record.records is None or not record.records.parts:
         return [f.path for f in record.files]
     stored = read_records(record.records, lambda name: files.read_bytes(source.join(name)),

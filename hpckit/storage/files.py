@@ -14,6 +14,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import pyarrow
 import pyarrow.fs
@@ -183,13 +184,13 @@ def delete_dir(location: Location) -> None:
 
 
 def _delete_crowded_folders(location: Location) -> None:
-    """On object storage, the folders inside a directory that hold two objects or more, first,
-    deepest first (those of one depth at once): a server with folders of its own (SeaweedFS)
-    that deleted a directory whole kept such a folder as an empty one, which no request could
-    remove, and the directory with it."""
+    """On object storage, the folders inside a directory that hold two entries or more
+    (objects or folders), first, deepest first (those of one depth at once): a server with
+    folders of its own (SeaweedFS) that deleted a directory whole kept such a folder as an
+    empty one, which no request could remove, and the directory with it."""
     found = location.filesystem.get_file_info(pyarrow.fs.FileSelector(location.path,
                                                                       recursive=True))
-    held = Counter(posixpath.dirname(i.path) for i in found if i.type == pyarrow.fs.FileType.File)
+    held = Counter(posixpath.dirname(i.path) for i in found)  # objects and folders alike
     top = location.path.rstrip("/")
     crowded = [folder for folder, count in held.items() if count > 1 and folder != top]
     by_depth: dict[int, list[str]] = {}
@@ -197,7 +198,12 @@ def _delete_crowded_folders(location: Location) -> None:
         by_depth.setdefault(folder.count("/"), []).append(folder)
     with ThreadPoolExecutor(PARALLEL_DELETES) as pool:
         for depth in sorted(by_depth, reverse=True):
-            list(pool.map(location.filesystem.delete_dir, by_depth[depth]))
+            list(pool.map(partial(_delete_folder, location.filesystem), by_depth[depth]))
+
+
+def _delete_folder(filesystem: pyarrow.fs.FileSystem, path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):  # gone meanwhile: what was wanted
+        filesystem.delete_dir(path)
 
 
 def delete_file(location: Location, missing_ok: bool = False) -> None:

@@ -31,8 +31,9 @@ def make_plan(announcements: list[Announcement], step: int, next_index: int,
     ``handed_before``: rank 0's memory of the files each rank handed last."""
     memory = handed_before or HandedFiles()
     heard = runs(announcements)
+    check_agreed(announcements, Announcement, "report()", heard)
     handed = memory.of(heard)
-    check_counts(announcements, heard)
+    check_counts(heard)
     failures = [a.failure for a, _ in heard if a.failure]
     if failures:
         raise_failures(failures, "report()", CommitError)
@@ -156,14 +157,13 @@ def _ranks(ranks: list[int]) -> str:
     return ", ".join(map(str, ranks))
 
 
-def check_counts(announcements: list[Announcement], heard: Runs) -> None:
-    check_agreed(announcements, Announcement, "report()", heard)
+def check_counts(heard: Runs) -> None:
     kinds = {(a.kind, a.number) for a, _ in heard}
     if len(kinds) == 1:
         return
     lines = [f"rank {r}: called report() for the {_ordinal(a.number)} time" if a.kind == REPORT
              else f"rank {r}: returned from the training function after {a.number} report() call(s)"
-             for r, a in enumerate(announcements)]
+             for a, ranks in heard for r in ranks]
     raise ReportMismatchError(
         "ranks disagree on the number of report() calls; every rank must call report() the same "
         "number of times (report is collective; pass checkpoint=None on ranks without files):\n  "
