@@ -129,17 +129,28 @@ def named(parent: str) -> None:
 
 def mixed(parent: str) -> None:
     """Rank 0 asks for async, the others for sync: the report is synchronous, and it waits for
-    saves still being written (as an async DCP save's files are) before hashing them."""
+    saves still being written (as an async DCP save's files are) before hashing them. As DCP's,
+    the save ends together on every rank: once it returns, every rank's file is whole (a rank
+    lists the shared directory, and hashes its share of what it finds, once its own save
+    returned)."""
+    from mpi4py import MPI
+
     ctx = hpckit.get_context()
     rank = ctx.get_world_rank()
     d = ctx.get_checkpoint_dir()
+    import threading
 
-    def late_write() -> None:
+    saves = MPI.COMM_WORLD.Dup()
+
+    def late_write() -> None:  # on a thread of its own, as DCP's async_save writes
         time.sleep(0.3)
         with open(os.path.join(d, f"late-{rank}.bin"), "wb") as f:
             f.write(bytes([rank]) * 1000)
+        saves.Barrier()
 
-    checkpoint = Checkpoint.from_directory(d)._written_when(late_write)
+    saving = threading.Thread(target=late_write)
+    saving.start()
+    checkpoint = Checkpoint.from_directory(d)._written_when(saving.join)
     hpckit.report({"n": 0}, checkpoint, checkpoint_upload_mode="async" if rank == 0 else "sync")
     seen("committed_at_once", hpckit.get_checkpoint() is not None)
 
