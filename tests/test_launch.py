@@ -126,3 +126,16 @@ def test_a_sigterm_during_start_up_ends_the_ranks_within_seconds(tmp_path):
     attempt = manifest(tmp_path / "stuck")["attempts"][-1]
     assert attempt["status"] == "interrupted", attempt
     assert "SIGTERM during start-up" in attempt["error"], attempt
+
+
+def test_a_launcher_that_ended_the_ranks_with_a_sigterm_of_its_own_has_failed(caplog):
+    """srun ends a job step whose node failed with SIGTERM to its tasks, and exits 143: where
+    no SIGTERM reached the driver, that is a failure (restarted, or the lost node left out),
+    not a termination passed on from here, which is never restarted."""
+    from hpckit import exits, settings
+    from hpckit.launch.process import Launch, run_process
+
+    killed = Launch(("sh", "-c", "exit 143"))  # as srun exits when its tasks got SIGTERM
+    assert run_process(killed, {}, settings.current()) == exits.FAILED
+    assert "sh ended the ranks with SIGTERM, which did not come from here" in caplog.text
+    assert exits.restarts_after(exits.FAILED) and not exits.restarts_after(exits.TERMINATED)

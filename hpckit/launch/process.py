@@ -20,6 +20,7 @@ from hpckit.launch.forwarding import (
     Forwarding,
     signal_ranks,
 )
+from hpckit.logs import log
 from hpckit.processes import ended_with
 from hpckit.run.ending.exit import INTERRUPT_GRACE
 from hpckit.run.ending.stop import ignored
@@ -144,13 +145,27 @@ def run_process(launch: Launch, extra_env: dict[str, str], settings: Settings,
                         launch.signals_tasks) as forwarding:
             code = _wait(process, pids, abandon, launch.signals_tasks)
         stopped = code in (0, exits.STOPPED, exits.INTERRUPTED)
-        return exits.TERMINATED if forwarding.terminated and not stopped else code
+        if forwarding.terminated and not stopped:
+            return exits.TERMINATED
+        return _not_from_here(launch, code)
     finally:
         ranks = [int(name) for name in os.listdir(pids) if name.isdigit()]
         if seen is not None:
             seen[:] = ranks
         shutil.rmtree(pids, ignore_errors=True)
         remove_left_by_ranks(started, ranks)
+
+
+def _not_from_here(launch: Launch, code: int) -> int:
+    """A launcher's 143 where no SIGTERM reached this process: the launcher ended the ranks
+    itself (srun, as Slurm ends a job step whose node failed). That is a failure, where 143
+    alone reads as a termination passed on from here, which is never restarted."""
+    if code != exits.TERMINATED:
+        return code
+    log.warning("%s ended the ranks with SIGTERM, which did not come from here (Slurm ends a "
+                "job step so when one of its nodes fails): taken as a failure",
+                launch.command[0].rsplit("/", 1)[-1])
+    return exits.FAILED
 
 
 def _wait(process: subprocess.Popen[bytes], pids: str, abandon: Callable[[], bool] | None,
