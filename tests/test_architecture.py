@@ -1,6 +1,7 @@
 """The structure stays as docs/architecture.md draws it: the import-linter contracts hold, no
-module imports itself through others, modules and functions stay small, and importing hpckit
-never fails whatever the environment holds. No test module imports another."""
+module imports itself through others, a long module or function is read and its reason
+written down, and importing hpckit never fails whatever the environment holds. No test
+module imports another."""
 
 from __future__ import annotations
 
@@ -20,7 +21,10 @@ pytestmark = pytest.mark.quick
 ROOT = Path(__file__).parent.parent
 PACKAGE = ROOT / "hpckit"
 TESTS = ROOT / "tests"
-MAX_MODULE_LINES, MAX_FUNCTION_LINES = 300, 50
+# A module or function this long is a question for review, never a reason to split it
+# (docs/architecture.md): each one past these lengths is named in READ, with why it stays.
+REVIEW_MODULE_LINES, REVIEW_FUNCTION_LINES = 500, 80
+READ: dict[str, str] = {}
 
 
 def test_the_layer_contracts_hold():
@@ -79,21 +83,38 @@ def _sources() -> list[Path]:
     return sorted(PACKAGE.rglob("*.py"))
 
 
-def test_modules_are_small():
-    long = {str(p.relative_to(ROOT)): n for p in _sources()
-            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
-    assert long == {}, f"modules over {MAX_MODULE_LINES} lines: {long}"
-
-
-def test_functions_are_small():
-    long = []
+def _long(module_lines: int = REVIEW_MODULE_LINES,
+          function_lines: int = REVIEW_FUNCTION_LINES) -> dict[str, int]:
+    """Every module and function past the review lengths, with its length."""
+    found = {}
     for path in _sources():
-        for node in ast.walk(ast.parse(path.read_text())):
+        text = path.read_text()
+        name = str(path.relative_to(ROOT))
+        if (lines := len(text.splitlines())) > module_lines:
+            found[name] = lines
+        for node in ast.walk(ast.parse(text)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                lines = node.end_lineno - node.lineno + 1
-                if lines > MAX_FUNCTION_LINES:
-                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
-    assert long == [], f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+                length = node.end_lineno - node.lineno + 1
+                if length > function_lines:
+                    found[f"{name}:{node.name}"] = length
+    return found
+
+
+def test_a_long_module_or_function_is_read_and_its_reason_written_down():
+    """The list to read in review: what is past the lengths and not yet in READ (add it
+    there with why it stays whole, or split it where it holds two ideas), and what READ names
+    that is no longer long (take it out)."""
+    long = _long()
+    unread = {name: lines for name, lines in long.items() if name not in READ}
+    stale = sorted(set(READ) - set(long))
+    assert not unread and not stale, (
+        f"past {REVIEW_MODULE_LINES} lines a module or {REVIEW_FUNCTION_LINES} a function, "
+        f"not in READ: {unread}; in READ, no longer long: {stale}")
+
+
+def test_the_review_list_finds_what_is_long():
+    long = _long(module_lines=200, function_lines=40)
+    assert any(":" not in name for name in long) and any(":" in name for name in long), long
 
 
 def test_the_tests_folder_holds_test_modules_and_their_helpers_live_in_support():
