@@ -1,6 +1,8 @@
 """What rank 0 starts per report() on real ranks: MPI collectives, as many whatever the
 number of ranks (hpckit.run.mpi.waiting counts them). A report with metrics only is one small
-Iallreduce when no rank has more to say; one with a checkpoint adds the two gathered steps."""
+Iallreduce when no rank has more to say, and the barrier that keeps MPI progressing until every
+rank has left it (#64); one with a checkpoint adds the two gathered steps, each with its
+barrier."""
 
 from __future__ import annotations
 
@@ -51,9 +53,10 @@ def _counted(tmp_path, ranks: int) -> dict:
 
 def test_rank_0_starts_as_many_collectives_per_report_at_two_and_five_ranks(tmp_path):
     two, five = _counted(tmp_path, 2), _counted(tmp_path, 5)
-    # metrics only: the Iallreduce that finds every rank quiet; a checkpoint: that one, then
-    # two steps of an Igather, an Igatherv and two Ibcasts each
-    assert two == five == {"metrics": [1, 1], "checkpoint": [9]}, (two, five)
+    # metrics only: the Iallreduce that finds every rank quiet and the Ibarrier that ends the
+    # step; a checkpoint: the Iallreduce, then two steps of an Igather, an Igatherv, two
+    # Ibcasts and the ending Ibarrier each
+    assert two == five == {"metrics": [2, 2], "checkpoint": [11]}, (two, five)
     for ranks in (2, 5):
         lines = metrics_lines(tmp_path / str(ranks) / "counted")
         assert [(m["metrics"]["kind"], m["checkpoint"]) for m in lines] == [
@@ -71,7 +74,7 @@ def test_node_leaders_bring_every_ranks_values_to_rank_0_in_rank_order(tmp_path)
               env={"HPCKIT_RANKS_PER_NODE": "2"}, timeout=120)
     counted = json.loads(next(text for text in out.output.splitlines()
                               if "COUNTED " in text).split("COUNTED ", 1)[1])
-    assert counted == {"metrics": [1, 1], "checkpoint": [13]}, counted
+    assert counted == {"metrics": [2, 2], "checkpoint": [15]}, counted
     manifest = json.loads((tmp_path / "nodes" / "counted" / "manifest.json").read_text())
     files = {f["path"]: f["rank"] for f in manifest["checkpoints"][0]["files"]}
     assert files == {f"shard-{rank}.bin": rank for rank in range(5)}, files

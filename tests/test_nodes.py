@@ -7,11 +7,16 @@ import json
 import os
 import re
 
+import pytest
 from support.cluster_nodes import nodes  # noqa: F401  (the fixture)
-from conftest import HERE, manifest, mpiexec
+from conftest import HERE, STEADY, manifest, mpiexec
 
 SHARDED = HERE / "ranks" / "sharded.py"
+PROGRESS = HERE / "ranks" / "progress.py"
 QUICK = {"HPCKIT_TENSORBOARD": "0"}
+# MPICH's OFI network module (libfabric's tcp provider between nodes), as the start-up hook
+# chooses under Slurm's PMI server: it moves a message only while both ends call MPI.
+OFI = {"MPIR_CVAR_CH4_NETMOD": "ofi"}
 
 
 def places(output: str) -> list[dict]:
@@ -61,3 +66,29 @@ def test_a_job_killed_while_draining_to_storage_loses_a_node_and_resumes_elsewhe
                         env=QUICK)
     assert json.loads(resumed.line("FINAL")) == json.loads(reference.line("FINAL"))
     assert [a["status"] for a in manifest(tmp_path / "exp")["attempts"]][-1] == "finished"
+
+
+@pytest.mark.parametrize("hosts,per_node", [(["n1", "n2", "n3"], 1), (["n1", "n2"], 2)],
+                         ids=["3x1", "2x2"])
+def test_a_rank_that_leaves_a_step_and_waits_outside_mpi_does_not_hang_its_peers(
+        nodes, hosts, per_node, cpu_burner):
+    """#64: after each kind of hpckit step, every rank waits outside MPI (on a socket) for
+    every other rank to return from it, as torch's store and DDP's all-reduce make ranks
+    wait after the start-up and each report. Over OFI between nodes a peer still needs the
+    MPI calls of the rank that left first; without the progress that rank keeps, the
+    first steps already hang here."""
+    run = nodes.mpiexec(hosts, per_node, PROGRESS, "3", env=OFI, timeout=60)
+    assert "PROGRESS DONE rank 0" in run.output, run.output
+    rounds = re.findall(r"ROUND (\d) (\w+) OK", run.output)
+    assert len(rounds) == 3 * 6, run.output
+
+
+def test_torch_trainer_starts_and_trains_across_two_nodes_over_ofi(nodes, tmp_path, cpu_burner):
+    """#64's hang as a user met it: the ranks' rendezvous for torch's process group right
+    after an MPI step, and DDP's all-reduce right after each report, two nodes over OFI on
+    a busy machine."""
+    run = nodes.mpiexec(["n1", "n2"], 1, STEADY, "--torch", "--storage", str(tmp_path),
+                        "--name", "ofi", "--workers", "2", "--epochs", "3",
+                        env={**QUICK, **OFI, "HPCKIT_MASTER_ADDR": "127.0.0.1"}, timeout=90)
+    assert "2 rank(s) on 2 node(s) ready in" in re.sub(r"\[\d+\] ", "", run.output), run.output
+    assert manifest(tmp_path / "ofi")["latest"] == "checkpoint_000002", run.output

@@ -16,7 +16,7 @@ from hpckit.run.ending import exit as rank_exit
 from hpckit.run.ending import pmi, stop
 from hpckit.run.ending.retry import RetryPolicy
 from hpckit.run.job import TrainingJob
-from hpckit.run.mpi import library
+from hpckit.run.mpi import library, progress
 from hpckit.run.mpi.comm import RankFailure, raised_together, world
 from hpckit.run.mpi.group import discover
 from hpckit.run.mpi.waiting import from_root, wait_for_all
@@ -79,7 +79,7 @@ def _run(job: TrainingJob, settings: Settings, trial: Comm | None) -> Result:
 def _free(ranks: Ranks, launched: Comm) -> None:
     """The communicators this fit() made (MPI has a few thousand in a process)."""
     ranks.group.free()
-    launched.Free()
+    progress.free(launched)
 
 
 def _agree(job: TrainingJob, settings: Settings, comm: Comm,

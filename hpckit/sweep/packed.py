@@ -11,6 +11,7 @@ from hpckit import exits, logs
 from hpckit import settings as _settings
 from hpckit.logs import log
 from hpckit.run.ending.exit import interrupted, register_pid, requeued_now
+from hpckit.run.mpi import progress
 from hpckit.run.mpi.waiting import from_root, gather_to_root, wait_for_all
 from hpckit.sweep.record import Trial
 from hpckit.sweep.trialqueue import TrialQueue, split
@@ -49,6 +50,6 @@ def run_packed(world: Comm, per_trial: int, max_concurrent: int | None, pending:
         raise
     queue.close()
     gathered = from_root(world, gather_to_root(world, ended if groups.leader else []))
-    groups.comm.Free()
-    meeting.Free()
+    progress.free(groups.comm)
+    progress.free(meeting)
     return sorted((trial for part in gathered for trial in part), key=lambda t: t.index)

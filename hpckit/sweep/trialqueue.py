@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hpckit.errors import ConfigError
+from hpckit.run.mpi import progress
 from hpckit.run.mpi.waiting import receive_from, send_to
 
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ class TrialQueue:
     def close(self) -> None:
         if self._server is not None:
             self._server.join()
-        self._comm.Free()
+        progress.free(self._comm)
 
     def abandon(self) -> None:
         """The sweep ends early here (a stop signal, Ctrl-C, an error): the server thread

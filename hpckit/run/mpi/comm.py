@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, TypeAlias, TypeVar, cast
 
 from hpckit import logs
 from hpckit.errors import HpckitError
+from hpckit.run.mpi import progress
 from hpckit.run.mpi.group import Group
 from hpckit.run.mpi.leaders import Prepare, condensed_by_nodes, gather_by_nodes
 from hpckit.run.mpi.waiting import from_root, gather_to_root, root_work, share
@@ -275,7 +276,7 @@ def for_background(comm: Comm) -> Comm | None:
 
     global _live
     while _retired:
-        _retired.pop().Free()
+        progress.free(_retired.pop(), timeout=0)
         _live -= 1
     if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
         return None
@@ -286,7 +287,7 @@ def for_background(comm: Comm) -> Comm | None:
 def free_background(duplicate: Comm) -> None:
     """Collective, after the last message of an attempt that ended well."""
     global _live
-    duplicate.Free()
+    progress.free(duplicate)
     _live -= 1
 
 

@@ -13,6 +13,8 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from hpckit.run.mpi import progress
+
 if TYPE_CHECKING:
     from mpi4py.MPI import Comm
 
@@ -57,8 +59,8 @@ class Group:
         """Collective over the world: the node's and the leaders' communicators (the world is
         whoever made it's to free)."""
         if self.leaders is not None:
-            self.leaders.Free()
-        self.node.Free()
+            progress.free(self.leaders)
+        progress.free(self.node)
 
 
 def discover(world: Comm, ranks_per_node: int | None = None) -> Group:

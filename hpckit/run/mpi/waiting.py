@@ -10,6 +10,10 @@ reaches a waiting rank, and it leaves the CPU to the rank it waits for (more ran
 cores, or rank 0 copying a checkpoint). Values cross as pickles: their sizes first, then
 their bytes.
 
+Every step ends with :func:`~hpckit.run.mpi.progress.left`: a rank that leaves it keeps MPI
+progressing until every rank has left it, since a peer may still need this rank's MPI calls
+to receive its bytes (a gather is part of a step: the step ends in :func:`from_root`).
+
 A nonblocking collective cannot be cancelled, so a step that Ctrl-C interrupted leaves its
 communicator unusable: what follows (the meeting before the ranks exit, ``run.ending.exit``)
 runs on a communicator of its own. Rank 0 stopped by Ctrl-C in its part of a step still
@@ -33,6 +37,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from hpckit.run.mpi import progress
+
 if TYPE_CHECKING:
     from mpi4py.MPI import Comm, Request
 
@@ -47,9 +53,10 @@ _alarmed: set[int] = set()  # communicators on which rank 0 sent word of Ctrl-C 
 @dataclass(frozen=True)
 class Traffic:
     """The collectives this process started in hpckit's steps (:func:`gather_to_root`,
-    :func:`from_root`, :func:`wait_for_all`; polls such as Test or Iprobe are not calls), and
-    the bytes it passed to them: what ``benchmarks/scale.py`` counts on rank 0. A collective
-    counts once, with the bytes this rank passed to it."""
+    :func:`from_root`, :func:`wait_for_all`, the barrier that ends each step: :func:`left`;
+    polls such as Test or Iprobe are not calls), and the bytes it passed to them: what
+    ``benchmarks/scale.py`` counts on rank 0. A collective counts once, with the bytes this
+    rank passed to it."""
 
     calls: int = 0
     sent: int = 0
@@ -118,10 +125,19 @@ def wait_for_all(comm: Comm, together: bool = False,
         return bool(request.Test())
 
     poll(ready, spin=math.inf if together else SPIN, longest=longest)
+    left(comm)
+
+
+def left(comm: Comm) -> None:
+    """The end of a step on ``comm`` (collective): this rank's MPI goes on progressing, in
+    the background, until every rank has left the step (:mod:`~hpckit.run.mpi.progress`)."""
+    _count(1, 0)
+    progress.left(comm)
 
 
 def gather_to_root(comm: Comm, value: T) -> list[T] | None:
-    """Every rank's ``value`` to rank 0, in rank order (None on the other ranks)."""
+    """Every rank's ``value`` to rank 0, in rank order (None on the other ranks): a part of a
+    step, which ends in :func:`from_root` (or :func:`left`)."""
     data = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
     if comm.rank != 0:
         gather_bytes(comm, data)
@@ -181,12 +197,14 @@ def from_root(comm: Comm, value: Any) -> Any:
             _count(2, 8 + len(data))
             _await(comm, [comm.Ibcast([size, MPI.INT64_T], root=0),
                           comm.Ibcast([data, MPI.BYTE], root=0)], (size, data))
+        left(comm)
         return value
     size = array("q", [0])
     _count(2, 0)
     _await(comm, [comm.Ibcast([size, MPI.INT64_T], root=0)], size)
     data = bytearray(size[0])
     _await(comm, [comm.Ibcast([data, MPI.BYTE], root=0)], data)
+    left(comm)
     return pickle.loads(data)
 
 
@@ -203,7 +221,10 @@ def quiet_everywhere(comm: Comm, count: int, quiet: bool) -> bool:
     with _alarming(comm) if comm.rank == 0 else contextlib.nullcontext():
         _await(comm, [comm.Iallreduce([mine, MPI.INT64_T], [agreed, MPI.INT64_T], op=MPI.MAX)],
                (mine, agreed))
-    return agreed[2] == 0 and agreed[0] == -agreed[1]
+    quiet = agreed[2] == 0 and agreed[0] == -agreed[1]
+    if quiet:  # the step ends here; otherwise every rank goes on into its gathers
+        left(comm)
+    return quiet
 
 
 def root_work(comm: Comm, work: Callable[[], T]) -> T:
