@@ -171,3 +171,31 @@ def test_a_named_semaphore_in_use_is_not_taken_for_a_killed_ranks():
     finally:
         _multiprocessing.sem_unlink(name)
         del semaphore
+
+
+@pytest.mark.alone  # compares /dev/shm before and after
+def test_only_the_segments_of_the_ranks_it_started_are_removed(tmp_path):
+    """#65: ``python train.py`` whose rank is SIGKILLed mid-run (restarted, max_failures=1):
+    the segments the killed attempt's ranks left are removed once its mpiexec has returned,
+    and an unused segment of another MPI job of the same user, made while this run ran, is
+    not."""
+    from support.scenarios import killed_once_and_restarted
+
+    before = set(os.listdir(SHM_DIR))
+    other = Path(SHM_DIR, f"mpich_shm_0badc0de_{os.getpid() % 100}")
+    made = subprocess.Popen([sys.executable, "-c", f"""
+import time
+time.sleep(3)
+open({str(other)!r}, "wb").write(bytes(4096))
+"""])
+    try:
+        returncode, output = killed_once_and_restarted(sys.executable, tmp_path, {})
+        made.wait(timeout=30)
+        assert returncode == 0, output
+        assert other.exists(), f"another job's segment was removed:\n{output}"
+        left = set(os.listdir(SHM_DIR)) - before - {other.name}
+        assert not left, f"left in /dev/shm: {left}\n{output}"
+        assert "removed the MPI shared memory that ended ranks left" in output, output
+    finally:
+        made.kill()
+        other.unlink(missing_ok=True)

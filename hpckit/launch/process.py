@@ -3,6 +3,7 @@ resume`` and ``fit()`` from ``python train.py`` all come here."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -134,7 +135,6 @@ def run_process(launch: Launch, extra_env: dict[str, str], settings: Settings,
     the ranks run, says when to give up waiting for a launcher that waits for lost ranks:
     it is killed, and the status is :data:`exits.ABANDONED`."""
     pids = tempfile.mkdtemp(prefix="hpckit-pids-")
-    started = time.time()
     recorded = {} if launch.signals_tasks else {variable("pid_dir"): pids}
     with ignored(settings.stop_signal):  # the ranks install their own handler
         process = subprocess.Popen(launch.command, env={**os.environ, **extra_env, **recorded},
@@ -149,11 +149,23 @@ def run_process(launch: Launch, extra_env: dict[str, str], settings: Settings,
             return exits.TERMINATED
         return _not_from_here(launch, code)
     finally:
-        ranks = [int(name) for name in os.listdir(pids) if name.isdigit()]
+        ranks, segments = _registered(pids)
         if seen is not None:
             seen[:] = ranks
         shutil.rmtree(pids, ignore_errors=True)
-        remove_left_by_ranks(started, ranks)
+        remove_left_by_ranks(ranks, segments)
+
+
+def _registered(pids: str) -> tuple[list[int], list[str]]:
+    """The PIDs the ranks recorded in ``pids``, and the shared memory segments they named."""
+    ranks, segments = [], []
+    for name in os.listdir(pids):
+        if name.isdigit():
+            ranks.append(int(name))
+            with contextlib.suppress(OSError):
+                with open(os.path.join(pids, name)) as f:
+                    segments += f.read().split()
+    return ranks, segments
 
 
 def _not_from_here(launch: Launch, code: int) -> int:

@@ -49,6 +49,7 @@ def _run(job: TrainingJob, settings: Settings, trial: Comm | None) -> Result:
     with contextlib.ExitStack() as stack:
         with StartupWatchdog(settings):
             launched = (trial or world()).Dup()
+            rank_exit.register_pid(settings, shm.mapped_segments())
             rank_exit.prepare_interrupts(launched)
             configure_logs(launched.rank, job, settings)
             try:

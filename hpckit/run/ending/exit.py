@@ -132,13 +132,16 @@ def read_errors(payload: str) -> list[ErrorReport]:
     return sorted(reports, key=lambda r: r.failure.rank)
 
 
-def register_pid(settings: Settings) -> None:
-    """Let the process that launched this rank send it the stop signal."""
+def register_pid(settings: Settings, segments: list[str] | None = None) -> None:
+    """Let the process that launched this rank send it the stop signal; once MPI runs,
+    with the names of the shared memory segments this rank's MPI made (one a line), which
+    the launcher removes if the rank dies and leaves them (and no others)."""
     if not settings.pid_dir:
         return
     path = os.path.join(settings.pid_dir, str(os.getpid()))
     try:
-        open(path, "w").close()
+        with open(path, "w") as f:
+            f.write("".join(f"{name}\n" for name in segments or ()))
     except OSError as exc:
         log.warning("could not write %s (%s): the process that launched this rank cannot pass "
                     "it Ctrl-C or the stop signal, so the rank may outlive it; make %s "

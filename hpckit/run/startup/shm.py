@@ -23,6 +23,7 @@ import contextlib
 import errno
 import glob
 import os
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -149,25 +150,57 @@ def remove_unmapped(paths_or_patterns: list[str], since: float = 0.0) -> list[st
     return sorted(removed)
 
 
-def remove_left_by_ranks(since: float, ranks: list[int]) -> None:
-    """After the launcher of ``ranks`` (PIDs) on this node returned: the segments that those
-    of them that died left since ``since`` (MPICH's ``mpich_*``, Open MPI's ``sm_segment.``
-    of this host and user; each MPI removes its own in MPI_Finalize). Each holds megabytes
-    of RAM until the node reboots. Ranks the launcher killed may take a moment to be gone,
-    and they map the segment until then."""
+def remove_left_by_ranks(ranks: list[int], segments: list[str]) -> None:
+    """After the launcher of ``ranks`` (PIDs) on this node returned: those of ``segments``
+    (the names in /dev/shm that these ranks' MPI made, as each recorded them) that ranks
+    which died left behind; each MPI removes its own in MPI_Finalize, and a segment holds
+    megabytes of RAM until the node reboots. Never another job's: a name none of these ranks
+    mapped is not looked at. Ranks the launcher killed may take a moment to be gone, and
+    they map the segment until then."""
     deadline = time.monotonic() + ENDED_WAIT_S
     while any(alive(pid) for pid in ranks) and time.monotonic() < deadline:
         time.sleep(0.05)
-    open_mpi = f"sm_segment.{socket.gethostname()}.{os.getuid()}.*"
+    patterns = sorted({pattern for name in segments for pattern in job_patterns(name)})
     try:
-        removed = remove_unmapped([os.path.join(SHM_DIR, "mpich_*"),
-                                   os.path.join(SHM_DIR, open_mpi)], since=since)
+        removed = remove_unmapped([os.path.join(SHM_DIR, pattern) for pattern in patterns])
     except OSError as exc:  # tidying up must not hide how the ranks ended
         log.debug("could not look for MPI shared memory in %s: %s", SHM_DIR, exc)
         return
     if removed:
         log.info("removed the MPI shared memory that ended ranks left in %s: %s", SHM_DIR,
                  ", ".join(removed))
+
+
+def mapped_segments() -> list[str]:
+    """The names in /dev/shm that this process maps and its MPI made (MPICH's ``mpich_*``,
+    Open MPI's ``sm_segment.*``): what this rank leaves there if it dies."""
+    found = set()
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                path = parts[5].strip() if len(parts) == 6 else ""
+                if path.startswith(SHM_DIR + "/") and not path.endswith(" (deleted)"):
+                    if _is_mpis(name := os.path.basename(path)):
+                        found.add(name)
+    except OSError:
+        return []
+    return sorted(found)
+
+
+def _is_mpis(name: str) -> bool:
+    return bool(job_patterns(name))
+
+
+def job_patterns(name: str) -> list[str]:
+    """Globs for every segment of the MPI job that made segment ``name``: MPICH's
+    ``mpich_{shm,vci}_{hash of the job's PMI name}_{n}``, Open MPI's
+    ``sm_segment.{host}.{uid}.{job id}.{n}``; none for a name of neither."""
+    mpich = re.fullmatch(r"mpich_(?:shm|vci)_([0-9a-f]+)_\d+", name)
+    if mpich:
+        return [f"mpich_{kind}_{mpich.group(1)}_*" for kind in ("shm", "vci")]
+    open_mpi = re.fullmatch(r"(sm_segment\.[\w.-]+)\.[0-9a-f]+", name)
+    return [f"{glob.escape(open_mpi.group(1))}.*"] if open_mpi else []
 
 
 def _owned(patterns: list[str]) -> list[tuple[str, os.stat_result]]:
