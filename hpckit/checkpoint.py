@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -245,12 +246,26 @@ def written_later(directory: str) -> tuple[str, ...]:
         return tuple(name for name, _ in _writes.get(os.path.realpath(directory), []))
 
 
+_MANIFEST_HEAD = re.compile(rb'\A\{\s*"format":\s*"hpckit\.manifest",\s*"format_version":\s*\d+')
+
+
+def is_experiment(directory: str) -> bool:
+    """Whether the local ``directory`` is an hpckit experiment: it holds hpckit's own
+    manifest (``manifest.json`` that opens with hpckit's format and its version), not merely
+    a file of that name, which many projects have."""
+    try:
+        with open(os.path.join(directory, MANIFEST_NAME), "rb") as f:
+            return _MANIFEST_HEAD.match(f.read(256)) is not None
+    except OSError:
+        return False
+
+
 def experiment_of(path: str) -> str | None:
-    """The experiment directory (one that holds ``manifest.json``) that the local ``path`` lies
-    in, itself or above, links resolved; None where there is none. ``path`` may not exist."""
+    """The experiment directory (:func:`is_experiment`) that the local ``path`` lies in,
+    itself or above, links resolved; None where there is none. ``path`` may not exist."""
     current = os.path.realpath(path)
     while True:
-        if os.path.isfile(os.path.join(current, MANIFEST_NAME)):
+        if is_experiment(current):
             return current
         parent = os.path.dirname(current)
         if parent == current:

@@ -281,10 +281,20 @@ def snapshot(world: World) -> Snapshot:
     return found
 
 
+def is_an_experiment(directory: bytes) -> bool:
+    """An hpckit experiment holds hpckit's own manifest; a file merely named manifest.json
+    (as many projects hold) does not make one."""
+    try:
+        with open(os.path.join(directory, MANIFEST), "rb") as f:
+            return json.loads(f.read()).get("format") == "hpckit.manifest"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def in_an_experiment(path: bytes) -> bool:
     current = os.path.dirname(path)
     while True:
-        if os.path.isfile(os.path.join(current, MANIFEST)):
+        if is_an_experiment(current):
             return True
         if os.path.dirname(current) == current:
             return False

@@ -312,3 +312,31 @@ def test_to_directory_never_copies_into_an_experiment_or_onto_itself(tmp_path):
             checkpoint.to_directory(target)
     assert _contents(Path(checkpoint.to_directory(tmp_path / "copy"))) == {"epoch": b"0"}
     run([HPCKIT, "verify", str(tmp_path / "e")], timeout=60)
+
+
+def _hands_a_temporary_directory(config: dict) -> None:
+    for epoch in range(config["epochs"]):
+        d = tempfile.mkdtemp(dir=config["under"])
+        Path(d, "model.bin").write_bytes(bytes([epoch]) * 10)
+        hpckit.report({"epoch": epoch}, checkpoint=Checkpoint.from_directory(d),
+                      checkpoint_upload_mode="async")
+
+
+def test_a_project_with_a_manifest_json_of_its_own_is_not_taken_for_an_experiment(tmp_path):
+    """#65: a user's project with an unrelated ``manifest.json`` (a web app's, a dataset's):
+    its temporary directories were kept for "in an experiment" (copied and leaked), and
+    to_directory and hpckit export refused to write anywhere under it. hpckit knows an
+    experiment by its own manifest, not by the file's name."""
+    project = tmp_path / "project"
+    (project / "scratch").mkdir(parents=True)
+    (project / "manifest.json").write_text('{"name": "my project", "version": 2}\n')
+    result = DataParallelTrainer(
+        _hands_a_temporary_directory,
+        train_loop_config={"epochs": 3, "under": str(project / "scratch")},
+        run_config=RunConfig(name="e", storage_path=str(tmp_path / "runs"))).fit()
+    assert list((project / "scratch").iterdir()) == [], "the handed directories leaked"
+    copied = result.checkpoint.to_directory(str(project / "copy"))
+    assert Path(copied, "model.bin").read_bytes() == bytes([2]) * 10
+    run([HPCKIT, "export", str(tmp_path / "runs" / "e"), str(project / "exported")], timeout=60)
+    assert (project / "exported" / "model.bin").read_bytes() == bytes([2]) * 10
+    assert (project / "manifest.json").read_text() == '{"name": "my project", "version": 2}\n'

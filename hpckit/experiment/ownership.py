@@ -9,8 +9,8 @@ what Ray would delete after the upload, and less:
   on a truncate, and its content is not the directory's to give away),
 - reached from the handed directory through no symbolic link (a link to the dataset, or to
   a directory above the storage root, leads to what is not the checkpoint's),
-- in no experiment (a directory that holds ``manifest.json``), above the handed directory or
-  within it: a committed checkpoint of any experiment, handed again, is read, never taken,
+- in no experiment (a directory that holds hpckit's own manifest), above the handed
+  directory or within it: a committed checkpoint of any experiment, handed again, is read, never taken,
   and neither is an experiment that a handed directory happens to hold.
 
 The handed directory itself is removed only when hpckit took everything in it and it holds
@@ -23,7 +23,7 @@ import contextlib
 import os
 import stat
 
-from hpckit.checkpoint import MANIFEST_NAME, experiment_of, inside
+from hpckit.checkpoint import experiment_of, inside, is_experiment
 
 
 def may_take(directory: str, name: str) -> bool:
@@ -31,7 +31,7 @@ def may_take(directory: str, name: str) -> bool:
     handed ``directory``: not through a link, nor in an experiment nested in it."""
     path = directory
     for part in name.split("/"):
-        if os.path.isfile(os.path.join(path, MANIFEST_NAME)):
+        if is_experiment(path):
             return False
         path = os.path.join(path, part)
         if os.path.islink(path):
