@@ -340,3 +340,43 @@ def test_a_project_with_a_manifest_json_of_its_own_is_not_taken_for_an_experimen
     run([HPCKIT, "export", str(tmp_path / "runs" / "e"), str(project / "exported")], timeout=60)
     assert (project / "exported" / "model.bin").read_bytes() == bytes([2]) * 10
     assert (project / "manifest.json").read_text() == '{"name": "my project", "version": 2}\n'
+
+
+def _hands_a_directory_of_the_run(config: dict) -> None:
+    ctx = hpckit.get_context()
+    handed = {"experiment": ctx.get_experiment_path(), "cwd": ".",
+              "artifacts": os.path.join(ctx.get_experiment_path(), "artifacts", "mine"),
+              "storage parent": os.path.dirname(ctx.get_storage_path())}[config["which"]]
+    os.makedirs(handed, exist_ok=True)
+    Path(handed, "model.bin").write_bytes(b"w")
+    hpckit.report({"loss": 1.0}, checkpoint=Checkpoint.from_directory(handed),
+                  checkpoint_upload_mode=config["mode"])
+
+
+@pytest.mark.parametrize("which,said", [
+    ("experiment", "which holds the experiment"),
+    ("cwd", "which holds the storage path"),
+    ("storage parent", "which holds the storage path"),
+    ("artifacts", "inside the experiment's own artifacts/")])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_directory_that_holds_the_experiment_or_is_its_own_is_refused_at_report(
+        tmp_path, monkeypatch, which, said, mode):
+    """#65: handing get_experiment_path(), the working directory under a relative storage
+    path, or a directory above the storage path nested the experiment (lock, manifest,
+    staging, earlier checkpoints) in its own checkpoints, and the next report or resume
+    failed with FileNotFoundError. Refused at report(), in one line naming the path; nothing
+    of the user's changes."""
+    work = tmp_path / "work"
+    (work / "data").mkdir(parents=True)
+    (work / "data" / "train.bin").write_bytes(b"data")
+    monkeypatch.chdir(work)
+    storage = "results" if which == "cwd" else str(work / "nested" / "runs")
+    with pytest.raises(HpckitError) as refused:
+        DataParallelTrainer(_hands_a_directory_of_the_run,
+                            train_loop_config={"which": which, "mode": mode},
+                            run_config=RunConfig(name="exp", storage_path=storage)).fit()
+    message = str(refused.value)
+    assert said in message and "\n" not in message, message
+    assert (work / "data" / "train.bin").read_bytes() == b"data"
+    experiment = work / storage / "exp"
+    assert not [p for p in experiment.glob("checkpoint_*")], list(experiment.iterdir())

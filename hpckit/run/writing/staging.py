@@ -26,7 +26,7 @@ from hpckit.checkpoint import Checkpoint, written_later
 from hpckit.config import CheckpointUploadMode
 from hpckit.errors import CheckpointError
 from hpckit.experiment import ownership
-from hpckit.experiment.manifest import STAGING_NAME
+from hpckit.experiment.manifest import RESERVED_NAMES, STAGING_NAME
 from hpckit.experiment.ownership import inside
 from hpckit.logs import log
 from hpckit.run.writing.plan import Plan
@@ -90,6 +90,8 @@ def hand_in(checkpoint: Checkpoint, upload: Upload, rank: int, pending: str,
             f"rank {rank}: report(checkpoint_upload_mode=NO_UPLOAD) takes the files already in "
             f"get_context().get_checkpoint_dir() ({pending}), not {source}; write them there, "
             f"or use SYNC or ASYNC to have {source} persisted.")
+    if not in_place:
+        refuse_experiments_own(source, experiment, rank)
     if in_place:
         later = written_later(source)
         if upload.mode is not CheckpointUploadMode.ASYNC:
@@ -101,6 +103,33 @@ def hand_in(checkpoint: Checkpoint, upload: Upload, rank: int, pending: str,
     owned = upload.delete_local and not (
         experiment.is_local and inside(source, experiment.path)) and deletable(source, rank)
     return Handed(checkpoint, source, list_source(source, rank), owned=owned)
+
+
+def refuse_experiments_own(source: str, experiment: Location, rank: int) -> None:
+    """A handed directory that holds the storage path (and so the experiment), or that lies
+    in one of the experiment's own directories (its staging, artifacts, logs, records):
+    persisting it would nest the experiment in its own checkpoints, its lock and manifest
+    among the files. A committed checkpoint handed again stays allowed."""
+    if not experiment.is_local:
+        return
+    if inside(experiment.path, source):
+        root = experiment.parent.path
+        what = (f"the storage path {root} and its experiment {experiment.path}"
+                if inside(root, source) else f"the experiment {experiment.path} itself")
+        raise CheckpointError(
+            f"rank {rank}: report() was handed {source}, which holds {what}: each checkpoint "
+            "would hold the experiment, its manifest and every earlier checkpoint. Save the "
+            "checkpoint into a directory of its own, such as tempfile.mkdtemp(), or "
+            "get_context().get_checkpoint_dir().")
+    if inside(source, experiment.path):
+        own = os.path.relpath(os.path.realpath(source),
+                              os.path.realpath(experiment.path)).split(os.sep)[0]
+        if own in RESERVED_NAMES or own.startswith("."):
+            raise CheckpointError(
+                f"rank {rank}: report() was handed {source}, inside the experiment's own "
+                f"{own}/ in {experiment.path}, which hpckit writes and removes. Save the "
+                "checkpoint into a directory of its own, such as tempfile.mkdtemp(), or "
+                "get_context().get_checkpoint_dir().")
 
 
 def _for_upload(checkpoint: Checkpoint, upload: Upload, rank: int, experiment: Location
