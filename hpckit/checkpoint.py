@@ -119,8 +119,13 @@ class Checkpoint:
     def get_metadata(self) -> dict[str, Any]:
         """The checkpoint's metadata dict (``{}`` when none was set)."""
         location = self._location.join(METADATA_NAME)
-        if files.file_type(location) == pyarrow.fs.FileType.NotFound:
+        kind = files.file_type(location)
+        if kind == pyarrow.fs.FileType.NotFound:
             return {}
+        if kind != pyarrow.fs.FileType.File:
+            raise CheckpointError(f"{location.display} is not checkpoint metadata: it is a "
+                                  "directory, not a file. Rename it, or set the metadata with "
+                                  "Checkpoint.set_metadata() in a checkpoint without it.")
         try:
             metadata = json.loads(files.read_bytes(location))
         except (ValueError, UnicodeDecodeError) as exc:

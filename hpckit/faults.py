@@ -15,6 +15,8 @@ report meets them:
 
 and those of an asynchronous checkpoint (``report(checkpoint_upload_mode=ASYNC)``):
 
+``taking``     a rank has moved one more file of a handed directory into staging (after
+               each move); its journal records them all, the others are still the user's
 ``handed``     a rank has handed its files over to staging; report() has not returned
 ``background`` a rank's background thread has persisted the first of its files
 ``persisted``  a rank's background thread has persisted all of them; nothing is committed

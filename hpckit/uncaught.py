@@ -38,6 +38,15 @@ def shown_elsewhere(error: BaseException) -> BaseException:
     return error
 
 
+def say_now(error: BaseException) -> BaseException:
+    """Print ``error``'s one line now, not when it reaches the top of the program: a rank
+    whose peers may end it first (mpiexec kills the ranks still running when one exits with
+    an error status) says it before they can."""
+    sys.stderr.write(f"hpckit: error: {error}\n")
+    sys.stderr.flush()
+    return shown_elsewhere(error)
+
+
 def install() -> None:
     """Make :func:`hook` the program's excepthook (once), keeping the one before it."""
     global _previous

@@ -50,7 +50,8 @@ PHASE_EPOCHS = 48 if TRIALS else 28
 RANDOM_EPOCHS = 400  # 20 trials at most, each a few to 15 epochs further on: the last still has work to kill
 SHARD = "65536"  # floats per file: 512 KiB, seven files per checkpoint
 QUICK = {"HPCKIT_TENSORBOARD": "0"}  # saves rank 0 half a second per launch, 130 launches
-ASYNC = ("handed", "background", "persisted", "committing")
+ASYNC = ("taking", "handed", "background", "persisted", "committing")
+HANDED = ("taking", "handed")  # met only where a directory is handed over, never in place
 SAVE_STATE = ("staging", "serialising")  # hpckit.torch.save_state's, then reported ASYNC
 BEFORE_COMMIT = ("writing", "written", "gathered", *ASYNC)
 ROOT_ONLY = ("gathered", "committed", "evicting", "committing", "validating")
@@ -63,7 +64,7 @@ CACHED = ("partnering", "draining")
 TORCH_ONLY = ("resume_state",)
 STORAGE_PHASES = tuple(p for p in PHASES if p not in CACHED + TORCH_ONLY)
 OCCURRENCES = {"writing": (1, 3), "written": (1, 2), "gathered": (1, 2), "committed": (1, 2),
-               "evicting": (1, 4, 9), "handed": (1, 3), "background": (1, 4), "persisted": (1, 2),
+               "evicting": (1, 4, 9), "taking": (1, 4), "handed": (1, 3), "background": (1, 4), "persisted": (1, 2),
                "staging": (1, 3), "serialising": (1, 4), "committing": (1, 2),
                "validating": (1, 2)}
 # report(checkpoint_upload_fn=..., ASYNC): each rank's upload, then its share hashed, on the
@@ -88,12 +89,12 @@ class Kill:
 
 def modes_for(phase: str) -> tuple[str, ...]:
     """The asynchronous phases alternate between handed directories and in-place writes
-    (which hand nothing over, so never meet ``handed``)."""
+    (which hand nothing over, so never meet ``taking`` or ``handed``)."""
     if phase in SAVE_STATE:
         return ("save-state",)
     if phase not in ASYNC:
         return ("sync",)
-    return ("async",) if phase == "handed" else ("async", "in-place-async")
+    return ("async",) if phase in HANDED else ("async", "in-place-async")
 
 
 def kills(phase: str, at_least: int = TRIALS) -> list[Kill]:

@@ -317,14 +317,16 @@ def test_a_frozen_run_is_fenced_on_s3(s3, tmp_path, reference):
     frozen_run_is_fenced(S3View(s3, f"fence-{tmp_path.name}"), tmp_path / "a.log", reference)
 
 
-@pytest.mark.parametrize(("launcher", "mode"), [("mpiexec", "sync"), ("hpckit run", "sync"),
-                                               ("mpiexec", "async"), ("python", "sync")])
+@pytest.mark.parametrize(("launcher", "mode"), [
+    ("mpiexec", "sync"), ("hpckit run", "sync"), ("python", "sync"),
+    ("mpiexec", "async"), ("hpckit run", "async"), ("python", "async")])
 def test_a_run_woken_while_the_other_still_trains_names_it_in_one_error(tmp_path, reference,
                                                                          launcher, mode):
     """#51 item 14: run A wakes while run B, which took its experiment over, is still
     training (B's lock is there and fresh): A fails on every rank with one ``hpckit: error:``
     line naming B, exits 77, and B ends as an uninterrupted run. ASYNC: A's commit under way
-    in the background meets the fence."""
+    in the background meets the fence. #65: under mpiexec rank 0 says the line before the
+    ranks leave together, since mpiexec ends the ranks still running when the first exits."""
     view, log = LocalView(tmp_path), tmp_path / "a.log"
     prefix = {"mpiexec": None, "hpckit run": [HPCKIT, "run", "-n", "2"],
               "python": [sys.executable]}[launcher]  # python train.py: hpckit starts 2 ranks

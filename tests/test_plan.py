@@ -45,10 +45,13 @@ def test_ranks_at_different_reports_are_named():
     assert "rank 1: returned from the training function after 1 report() call(s)" in text
 
 
-def test_a_rank_that_failed_to_prepare_fails_the_plan_with_its_error():
+def test_a_rank_that_failed_to_prepare_makes_a_plan_that_refuses_the_report():
+    """#65: the plan says so, and writes nothing; every rank raises it once it has learnt what
+    the step committed of the checkpoints persisted before."""
     failure = RankFailure.capture(1, CheckpointError("rank 1: no such directory"))
-    with pytest.raises(CheckpointError, match="rank 1: no such directory"):
-        make_plan([Announcement(REPORT, 1), Announcement(REPORT, 1, failure=failure)], 0, 0)
+    plan = make_plan([Announcement(REPORT, 1, [("a.pt", 1)]),
+                      Announcement(REPORT, 1, failure=failure)], 0, 0)
+    assert plan.refused == (failure,) and plan.directory is None, plan
 
 
 @pytest.mark.parametrize("files,fragment", [

@@ -22,7 +22,7 @@ from hpckit.config import CheckpointConfig, SyncConfig
 from hpckit.errors import CheckpointError, ExperimentTakenError, HpckitError, StorageError
 from hpckit.experiment import encoding
 from hpckit.experiment.attempts import AttemptStatus
-from hpckit.experiment.leftovers import free
+from hpckit.experiment.leftovers import free, put_back_handed
 from hpckit.experiment.lock import Lock
 from hpckit.experiment.maintenance import Garbage, find_garbage, maintenance_lock, remove_garbage
 from hpckit.experiment.manifest import (
@@ -255,6 +255,9 @@ class Experiment:
         the manifest is written before anything is deleted."""
         manifest = self._manifest
         evicted = select_evictions(list(manifest.checkpoints), recorded_config(manifest, keep))
+        last = manifest.last_attempt
+        if not dry_run and (last is None or last.status is not AttemptStatus.RUNNING):
+            put_back_handed(self.location, manifest)  # before their staging can go
         garbage = find_garbage(self.location, manifest, evicted)
         if dry_run:
             return garbage

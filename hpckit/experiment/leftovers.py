@@ -6,6 +6,7 @@ from __future__ import annotations
 import pyarrow.fs
 
 from hpckit.errors import StorageError
+from hpckit.experiment import journal
 from hpckit.experiment.manifest import (
     MANIFEST_NAME,
     PENDING_MARKER,
@@ -24,13 +25,29 @@ _FT = pyarrow.fs.FileType
 
 def leftovers(location: Location, manifest: Manifest) -> list[str]:
     """Directories no manifest names that a run made: numbered or staging ones, and those a
-    custom-named checkpoint left before its commit (they hold the pending marker)."""
+    custom-named checkpoint left before its commit (they hold the pending marker). Never the
+    staging while it holds a hand-over's journal: files of the user's that only it holds
+    (:mod:`hpckit.experiment.journal`)."""
     named = {r.directory for r in manifest.checkpoints}
     found = [i.base_name for i in files.list_dir(location)
              if i.type == _FT.Directory and i.base_name not in named]
-    return [name for name in found if is_checkpoint_dirname(name) or name == STAGING_NAME
+    return [name for name in found if is_checkpoint_dirname(name)
+            or (name == STAGING_NAME and not handed_files_in(location))
             or (name not in RESERVED_NAMES
                 and files.file_type(location.join(name, PENDING_MARKER)) == _FT.File)]
+
+
+def handed_files_in(location: Location) -> list[str]:
+    """The hand-over journals in the experiment's staging (POSIX storage only)."""
+    return journal.found([location.join(STAGING_NAME).path]) if location.is_local else []
+
+
+def put_back_handed(location: Location, last: Manifest) -> None:
+    """Before leftovers go: the files hand-overs of an earlier attempt moved into the
+    experiment's staging for checkpoints that did not commit (``last``: the manifest as that
+    attempt left it) go back where they were."""
+    if location.is_local:
+        journal.replay([location.join(STAGING_NAME).path], last.next_checkpoint_index)
 
 
 def size_of(location: Location) -> int:

@@ -16,7 +16,7 @@ from hpckit.errors import StorageError
 from hpckit.experiment import verify
 from hpckit.experiment.attempts import Attempt, AttemptStatus
 from hpckit.experiment.hangs import hung_unrecorded
-from hpckit.experiment.leftovers import remove_leftovers
+from hpckit.experiment.leftovers import put_back_handed, remove_leftovers
 from hpckit.experiment.lock import Lock
 from hpckit.experiment.manifest import CheckpointRecord, Manifest
 from hpckit.experiment.metrics import MetricsLog
@@ -135,6 +135,7 @@ def begin(root: Location, opening: Opening, settings: Settings,
         manifest = replace(manifest, tracker_runs={**manifest.tracker_runs, **trackers.run_ids})
         write(location, manifest)
         if found is not None:
+            put_back_handed(location, found)
             remove_leftovers(location, manifest)
         return location, lock, manifest, MetricsLog.resume(location, manifest.next_step,
                                                            manifest.latest, raw_lines, trackers)

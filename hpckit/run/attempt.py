@@ -158,6 +158,9 @@ def _start(job: TrainingJob, ranks: Ranks, settings: Settings, number: int,
     the attempt as failed (interrupted, for Ctrl-C) with its message, on every rank alike."""
     try:
         with stop.ending_at_sigterm(settings.stop_signal):
+            if ranks.group.topology.local_rank == 0:  # before any rank removes its staging
+                Staging(location, ranks.group.rank, settings.local_dir).put_back_local(
+                    start.next_index)
             _check_shared(ranks.group, location, start.marker, experiment)
             job.backend.setup(ranks.group, job.scaling_config, settings)
             session = _session(job, ranks, settings, number, location, start, experiment,

@@ -17,11 +17,13 @@ from dataclasses import replace
 from typing import Any
 
 from hpckit import settings
+from hpckit.errors import HpckitError, ReportMismatchError
 from hpckit.experiment.manifest import CACHE, STORAGE
 from hpckit.run.commit.callbacks import Callbacks
 from hpckit.run.commit.ledger import Ledger
 from hpckit.run.ending import stop
 from hpckit.run.levels.levels import Levels
+from hpckit.run.mpi.comm import RankFailure
 from hpckit.run.writing.assignment import HandedFiles, every_part
 from hpckit.run.writing.plan import REPORT, Announcement, NodeRecords, Persisted, Placement, Plan
 from hpckit.run.writing.planning import make_plan
@@ -46,9 +48,17 @@ class Coordinator:
         ledger = self.ledger
         # First the plan, which keeps every list of files the ranks announced: they take
         # them for known from now on, even where this step then fails.
-        plan = make_plan(announcements, step, index, self.handed)
+        try:
+            plan = make_plan(announcements, step, index, self.handed)
+        except ReportMismatchError:
+            raise
+        except HpckitError as refusal:  # of this report's files: as a rank's failure to prepare
+            plan = Plan(step, refused=(RankFailure.capture(0, refusal),))
         ledger.experiment.check_lock()  # a run that lost its lock fails here, on every rank
         ledger.check_validations()  # so does one whose validation could not be recorded
+        if plan.refused:  # what the ranks finished before commits first; then they raise
+            return replace(plan, committed=ledger.commit_finished(announcements),
+                           committing=ledger.committer.directories)
         report = announcements[0].kind == REPORT
         if report and plan.directory is not None:
             ledger.prepare(plan, index)  # may refuse the report: before anything commits

@@ -39,7 +39,13 @@ from hpckit.run.commit.coordinator import Coordinator
 from hpckit.run.commit.ledger import Ledger
 from hpckit.run.ending import stop
 from hpckit.run.levels.levels import Levels
-from hpckit.run.mpi.comm import RankFailure, all_reduce, all_reduce_by_nodes, captured
+from hpckit.run.mpi.comm import (
+    RankFailure,
+    all_reduce,
+    all_reduce_by_nodes,
+    captured,
+    raise_failures,
+)
 from hpckit.run.mpi.group import Group
 from hpckit.run.mpi.waiting import quiet_everywhere
 from hpckit.run.validation.validator import Validator
@@ -206,6 +212,7 @@ class CommitProtocol:
         newest = self.in_flight.drop_committed(plan.committed)
         if newest is not None:
             self._now_latest(newest)
+        raise_failures(list(plan.refused), "report()", CommitError)
         if announcement.kind == REPORT:
             self.next_step = plan.step + 1
         if plan.index is not None:

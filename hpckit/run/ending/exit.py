@@ -89,6 +89,8 @@ def taken(comm: Comm, settings: Settings, error: ExperimentTakenError) -> NoRetu
         write_error(settings.worker, ErrorReport(RankFailure.capture(comm.rank, error), True))
     if settings.worker or comm.rank != 0:
         uncaught.shown_elsewhere(error)  # said once: by the launching process, or by rank 0
+    else:
+        uncaught.say_now(error)  # before any rank leaves the meeting below and exits 77
     _flush()
     wait_for_all(comm, together=True)
     pmi.finalize_with_hydra()

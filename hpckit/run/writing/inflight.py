@@ -12,6 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from hpckit.background import IDLE, Worker
 from hpckit.errors import ProtocolError
@@ -19,16 +20,21 @@ from hpckit.run.mpi.comm import RankFailure
 from hpckit.run.writing.plan import Finished, NodeRecords, Persisted, Plan
 from hpckit.storage.location import Location
 
+if TYPE_CHECKING:
+    from hpckit.run.writing.staging import Taken
+
 
 @dataclass(frozen=True)
 class Flight:
     """One checkpoint in flight: its directory, where it lies once committed (the experiment,
-    or this node's cache), and the background work's future."""
+    or this node's cache), the background work's future, and what it took of a handed
+    directory (released once it committed, put back if it never does)."""
 
     directory: str
     committed_at: Location
     future: Future[Persisted]
     plan: Plan | None = None  # where the node leaders write its records (``Plan.by_nodes``)
+    taken: Taken | None = None
 
 
 class InFlight:
@@ -37,6 +43,7 @@ class InFlight:
     def __init__(self, rank: int) -> None:
         self.rank = rank
         self._worker = Worker(f"hpckit-persist-{rank}", IDLE)
+        self._releases = Worker(f"hpckit-release-{rank}", IDLE)  # what commits made the user's to free
         self._flights: deque[Flight] = deque()
         # As a node's leader: the parts of records it wrote of its flights, by directory.
         self.parts: dict[str, NodeRecords] = {}
@@ -45,10 +52,12 @@ class InFlight:
         return len(self._flights)
 
     def start(self, directory: str, committed_at: Location, work: Callable[[], Persisted],
-              plan: Plan | None = None) -> None:
-        """``plan``: the checkpoint's, where the node leaders write its records."""
+              plan: Plan | None = None, taken: Taken | None = None) -> None:
+        """``plan``: the checkpoint's, where the node leaders write its records; ``taken``:
+        what it took of a handed directory."""
         by_nodes = plan if plan is not None and plan.by_nodes else None
-        self._flights.append(Flight(directory, committed_at, self._worker.submit(work), by_nodes))
+        self._flights.append(Flight(directory, committed_at, self._worker.submit(work), by_nodes,
+                                    taken))
 
     def by_nodes(self) -> list[tuple[Flight, Plan]]:
         """The checkpoints in flight whose records the node leaders write, with their plans."""
@@ -83,16 +92,25 @@ class InFlight:
                     f"checkpoint in flight is {oldest.directory if oldest else 'none'}")
             newest = oldest.committed_at
             self.parts.pop(directory, None)
+            if oldest.taken is not None:
+                self._releases.submit(oldest.taken.committed)
         return newest
 
     def close(self, wait: bool = True) -> None:
         """At the end of the attempt: what was not committed is abandoned, after any file
-        operation under way ends unless not ``wait`` (the next attempt removes what it left)."""
+        operation under way ends unless not ``wait``, and the files its hand-overs moved go
+        back where they were, newest first (so that where a name was handed twice, the
+        newer file stays)."""
         for flight in self._flights:
             flight.future.cancel()
+        abandoned = list(self._flights)
         self._flights.clear()
         self.parts.clear()
         self._worker.stop(wait=wait, cancel=True)
+        self._releases.stop(wait=True)
+        for flight in reversed(abandoned):
+            if flight.taken is not None:
+                flight.taken.abandoned(f"checkpoint {flight.directory} did not commit")
 
 
 def done_now(work: Callable[[], Persisted]) -> Callable[[], Persisted]:

@@ -172,6 +172,7 @@ class Plan:
     kept: tuple[str, ...] | None = None  # with caches: every checkpoint they keep
     placed_by: int | None = None  # found: the one rank that handed it, where only one did
     by_nodes: bool = False  # its records are merged and written by the node leaders
+    refused: tuple[RankFailure, ...] = ()  # ranks failed to prepare: raised once committed is known
 
     def __getstate__(self) -> dict[str, Any]:
         """The fields that differ from their defaults: rank 0 sends the plan to every rank

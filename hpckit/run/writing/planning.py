@@ -27,17 +27,19 @@ from hpckit.run.writing.plan import (
 def make_plan(announcements: list[Announcement], step: int, next_index: int,
               handed_before: HandedFiles | None = None) -> Plan:
     """The plan for this report: a checkpoint directory and its writers when any rank handed
-    files, else a metrics-only report. Raises when ranks disagree or one failed to prepare.
-    ``handed_before``: rank 0's memory of the files each rank handed last."""
+    files, else a metrics-only report; where a rank failed to prepare, a plan that says so
+    (``refused``), which every rank raises once it knows what this step committed. Raises
+    when ranks disagree. ``handed_before``: rank 0's memory of the files each rank handed
+    last."""
     memory = handed_before or HandedFiles()
     heard = runs(announcements)
     check_agreed(announcements, Announcement, "report()", heard)
     handed = memory.of(heard)
     check_counts(heard)
-    failures = [a.failure for a, _ in heard if a.failure]
-    if failures:
-        raise_failures(failures, "report()", CommitError)
     stop = next((a.stop for a, _ in heard if a.stop), None)
+    failures = tuple(a.failure for a, _ in heard if a.failure)
+    if failures:
+        return Plan(step, stop, refused=failures)
     in_place = [rank for a, ranks in heard if a.in_place for rank in ranks]
     if announcements[0].kind != REPORT or not (handed or in_place):
         return Plan(step, stop)

@@ -5,6 +5,8 @@ share of what is already there."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +26,7 @@ from hpckit.logs import log
 from hpckit.run.writing.plan import Persisted, Plan
 from hpckit.storage import files
 from hpckit.storage.copy import checksum_file, checksum_stored, fsync_tree, persist_file, progress
-from hpckit.storage.location import Location
+from hpckit.storage.location import Location, local
 
 PARALLEL_FILES = 8
 
@@ -78,11 +80,14 @@ def _utf8(name: str) -> bool:
     return True
 
 
-def write_share(plan: Plan, target: Location, source: str | None, rank: int, *, move: bool = False,
+def write_share(plan: Plan, target: Location, source: str | None, rank: int, *, link: bool = False,
             phase: str = "writing") -> list[FileRecord]:
     """Write this rank's assigned files into ``target`` durably, hash its duplicates. With
-    ``move`` (a staging directory on the target's filesystem) the files are renamed into place
-    and synced instead of copied. ``phase`` is the fault point met after the first file."""
+    ``link`` (a staging directory on the target's filesystem) each file gets a second name
+    in the checkpoint, synced, instead of a copy: the staged name stays until the checkpoint
+    commits, so that a hand-over that does not commit can still put the file back (and the
+    cleanup of an uncommitted checkpoint never removes the only one). ``phase`` is the fault
+    point met after the first file."""
     writes, hashes = plan.writes.get(rank, []), plan.hashes.get(rank, [])
     if not writes and not hashes:
         return []
@@ -95,8 +100,8 @@ def write_share(plan: Plan, target: Location, source: str | None, rank: int, *, 
         if rel not in writes:
             size, digest = checksum_file(src)
             return FileRecord(rel, size, rank, digest)
-        if move:
-            size, digest = _move(src, target.join(rel).path)
+        if link:
+            size, digest = _link(src, target.join(rel).path)
         else:
             size, digest = persist_file(src, target.join(rel))
         faults.reached(phase, rank)
@@ -167,9 +172,16 @@ def hash_uploaded(target: Location, rank: int, ranks: int, phase: str) -> Persis
     return Persisted(records, tuple(name for name, _ in listing))
 
 
-def _move(source: str, target: str) -> tuple[int, str]:
+def _link(source: str, target: str) -> tuple[int, str]:
     os.makedirs(os.path.dirname(target), exist_ok=True)
-    os.replace(source, target)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(target)  # an earlier attempt's name, which no manifest holds
+    try:
+        os.link(source, target)
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+            raise
+        return persist_file(source, local(target))
     return checksum_file(target, sync=True)
 
 

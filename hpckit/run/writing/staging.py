@@ -16,16 +16,19 @@ import errno
 import hashlib
 import os
 import shutil
+import stat
 import tempfile
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from hpckit import faults
 from hpckit.checkpoint import Checkpoint, written_later
 from hpckit.config import CheckpointUploadMode
 from hpckit.errors import CheckpointError
-from hpckit.experiment import ownership
+from hpckit.experiment import journal, ownership
+from hpckit.experiment.journal import Journal
 from hpckit.experiment.manifest import RESERVED_NAMES, STAGING_NAME
 from hpckit.experiment.ownership import inside
 from hpckit.logs import log
@@ -161,19 +164,30 @@ def upload(handed: Handed, target: Location, rank: int) -> None:
             f"rank {rank}: checkpoint_upload_fn({handed.checkpoint!r}, {target.name!r}) raised "
             f"{type(exc).__name__}: {exc}") from exc
     check_returned(returned, target, rank)
-    if handed.owned:
-        ownership.remove_taken(handed.checkpoint.path, ownership.names_in(handed.checkpoint.path))
 
 
 def release(handed: Handed, shared_in_place: bool) -> None:
     """After a synchronous commit: remove the handed directory when it is hpckit's to remove
-    (a local staging directory written in place, or as ``delete_local`` says)."""
+    (a local staging directory written in place, or as ``delete_local`` says, an uploaded
+    one's included)."""
+    uploaded = uploaded_taken(handed)
+    if uploaded is not None:
+        uploaded.committed()
     if handed.source is None or (handed.in_place and shared_in_place):
         return
     if handed.in_place or handed.pinned:  # hpckit's own staging
         shutil.rmtree(handed.source, ignore_errors=True)
     elif handed.owned:
         ownership.remove_taken(handed.source, [name for name, _ in handed.files or []])
+
+
+def uploaded_taken(handed: Handed, rank: int = 0) -> Taken | None:
+    """What ``delete_local`` takes of a directory that ``checkpoint_upload_fn`` uploaded:
+    removed once the checkpoint commits, never before (its upload alone is no commit)."""
+    if handed.upload_fn is None or not handed.owned or handed.checkpoint is None:
+        return None
+    path = handed.checkpoint.path
+    return Taken(path, None, None, tuple(ownership.names_in(path)), rank)
 
 
 def deletable(directory: str, rank: int) -> bool:
@@ -270,38 +284,162 @@ class Staging:
         shutil.rmtree(staged, ignore_errors=True)
 
     def remove(self) -> None:
-        """Everything this rank staged (at the end of its attempt)."""
+        """Everything this rank staged (at the end of its attempt, and at the start of the
+        next), but the journals of hand-overs still to settle, with what they staged
+        (:func:`journal.replay`)."""
         for root in (self.shared, self.local):
-            if root is not None:
-                shutil.rmtree(root, ignore_errors=True)
-                with contextlib.suppress(OSError):  # the last rank out removes the parent
-                    os.rmdir(os.path.dirname(root))
-
-
-def hand_over(source: str, staged: str, writes: list[str], hashes: list[str],
-              owned: bool) -> None:
-    """Put this rank's files (relative to ``source``) into ``staged``. Those it writes are
-    renamed when hpckit owns them and the filesystems agree; everything else is copied (a
-    name another rank writes may be the same file, in a directory the ranks share). Then
-    what was moved out of an owned source is pruned, and the source if it is left empty."""
-    moved = []
-    for rel in hashes + writes:
-        src, dst = os.path.join(source, rel), os.path.join(staged, rel)
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-        if owned and rel in writes and ownership.may_take(source, rel):
-            try:
-                os.rename(src, dst)
-                moved.append(rel)
+            if root is None:
                 continue
+            journals = [os.path.basename(path) for path in journal.found([os.path.dirname(root)])
+                        if os.path.dirname(path) == root]
+            if not journals:
+                shutil.rmtree(root, ignore_errors=True)
+            kept = set(journals) | {name.split(journal.SUFFIX)[0] for name in journals}
+            for name in set(_entries(root)) - kept if journals else ():
+                path = os.path.join(root, name)
+                shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.unlink(path)
+            with contextlib.suppress(OSError):  # the last rank out removes the parent
+                os.rmdir(os.path.dirname(root))
+
+    def put_back_local(self, next_index: int) -> None:
+        """Put back what the hand-overs of an earlier attempt left in this node's staging,
+        every rank's, where their checkpoints did not commit (``next_index``: the manifest's);
+        one rank of each node, before any rank removes its staging. The experiment's own
+        staging is rank 0's, at the opening (``leftovers.put_back_handed``)."""
+        root = os.path.dirname(self.local)
+        if os.path.isdir(root):
+            journal.replay([root], next_index)
+
+
+@dataclass(frozen=True)
+class Taken:
+    """What one asynchronous report took of a handed directory, until its checkpoint commits
+    or is given up: the files moved into ``staged`` (with the ``journal`` written before the
+    first move) and, where hpckit may remove the handed files, those copied, to remove once
+    the checkpoint holding them committed (a directory other ranks hand too, say)."""
+
+    source: str
+    staged: str | None
+    journal: Journal | None
+    remove_after: tuple[str, ...] | None  # None: none of the handed files is hpckit's to remove
+    rank: int
+
+    def committed(self) -> None:
+        """The checkpoint committed: its files are its own; the handed ones that were copied
+        go now, and the staging with the journal."""
+        if self.remove_after is not None:
+            ownership.remove_taken(self.source, list(self.remove_after))
+        if self.staged is not None:
+            shutil.rmtree(self.staged, ignore_errors=True)
+        if self.journal is not None:
+            self.journal.discard()
+
+    def abandoned(self, why: str) -> None:
+        """The checkpoint will not commit: every moved file goes back where it was. Where
+        one cannot, the journal and the staged files stay, marked (:func:`journal.replay`)."""
+        if self.journal is not None:
+            try:
+                self.journal.put_back(why, self.rank)
             except OSError as exc:
-                if exc.errno != errno.EXDEV:
-                    raise
-        shutil.copyfile(src, dst)
-        if owned and rel in writes and ownership.may_take(source, rel):
-            os.unlink(src)
-            moved.append(rel)
-    if owned:
+                journal.keep_unsettled(self.journal.path, exc)
+                return
+            self.journal.discard()
+        if self.staged is not None:
+            shutil.rmtree(self.staged, ignore_errors=True)
+
+
+def hand_over(source: str, staged: str, writes: list[str], hashes: list[str], owned: bool,
+              shared: set[str], directory: str, index: int, rank: int) -> Taken:
+    """Put this rank's files (relative to ``source``) into ``staged``, for a checkpoint that
+    commits later. Where hpckit owns them (``owned``), the files this rank writes and no
+    other rank hands (``shared``: a directory several ranks hand is never moved from) are
+    renamed, all or none: only once every one can be renamed and unlinked (the ownership
+    rule, each directory's permissions and sticky bit, one filesystem), and only after the
+    journal of the move is written. Everything else is copied. A failure puts back what was
+    moved; what is copied of an owned directory goes once the checkpoint commits."""
+    takeable = [rel for rel in writes if rel not in shared] if owned else []
+    why = _cannot_move(source, takeable, os.path.dirname(staged)) if takeable else None
+    if why is not None:
+        log.debug("rank %d: %s: its files are copied, not moved", rank, why)
+    moving = takeable if why is None else []
+    record = (Journal.before_moving(source, staged, directory, index, moving) if moving
+              else None)
+    moved = _moved(source, staged, moving, record, rank)
+    try:
+        for rel in [r for r in hashes + writes if r not in moved]:
+            dst = os.path.join(staged, rel)
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            _copy(os.path.join(source, rel), dst)
+    except BaseException:
+        if record is not None:
+            record.put_back("the hand-over failed", rank)
+            record.discard()
+        raise
+    if moved:
         ownership.prune(source, moved)
+    kept = tuple(rel for rel in hashes + writes if rel not in moved) if owned else None
+    return Taken(source, staged, record if moved else None, kept, rank)
+
+
+def _moved(source: str, staged: str, names: list[str], record: Journal | None,
+           rank: int) -> list[str]:
+    """Rename ``names`` into ``staged``; if one fails, every one goes back (and the caller
+    copies them all instead)."""
+    try:
+        for rel in names:
+            dst = os.path.join(staged, rel)
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            _rename(os.path.join(source, rel), dst, rank)
+    except BaseException as exc:
+        if record is not None:
+            record.put_back(f"moving {source}'s files into staging failed ({exc!r})", rank)
+            record.discard()
+        if not isinstance(exc, OSError):
+            raise
+        return []
+    return names
+
+
+def _rename(src: str, dst: str, rank: int) -> None:
+    """One file of the hand-over moved (the fault point ``taking`` follows each)."""
+    os.rename(src, dst)
+    faults.reached("taking", rank)
+
+
+def _copy(src: str, dst: str) -> None:
+    shutil.copyfile(src, dst)
+
+
+def _cannot_move(source: str, names: list[str], staging: str) -> str | None:
+    """Why ``names`` cannot all be moved out of ``source`` into ``staging`` and unlinked
+    there, or None: the ownership rule, then for each file its directory's write and search
+    permission, the sticky bit (only the file's or the directory's owner may remove it),
+    and one filesystem for a rename."""
+    device = os.stat(staging).st_dev
+    uid = os.geteuid()
+    for rel in names:
+        if not ownership.may_take(source, rel):
+            return f"{rel} in {source} is not hpckit's to move"
+        path = os.path.join(source, rel)
+        parent = os.path.dirname(path)
+        try:
+            status, holder = os.lstat(path), os.stat(parent)
+        except OSError as exc:
+            return f"{path}: {exc.strerror}"
+        if status.st_dev != device:
+            return f"{source} is on another filesystem than the staging directory {staging}"
+        if not os.access(parent, os.W_OK | os.X_OK, effective_ids=True):
+            return f"{parent} is not writable"
+        if holder.st_mode & stat.S_ISVTX and uid not in (0, status.st_uid, holder.st_uid):
+            return f"{path} is another user's, in a directory with the sticky bit"
+    return None
+
+
+def _entries(directory: str) -> list[str]:
+    try:
+        return os.listdir(directory)
+    except FileNotFoundError:
+        return []
 
 
 def same_filesystem(path: str, target: Location) -> bool:

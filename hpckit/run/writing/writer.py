@@ -18,7 +18,15 @@ from hpckit.run.writing.inflight import InFlight, done_now
 from hpckit.run.writing.plan import Announcement, Finished, NodeRecords, Persisted, Placement, Plan
 from hpckit.run.writing.rankstate import with_state
 from hpckit.run.writing.shares import hash_uploaded, sync_in_place, write_share
-from hpckit.run.writing.staging import Handed, Staging, hand_over, same_filesystem, upload
+from hpckit.run.writing.staging import (
+    Handed,
+    Staging,
+    Taken,
+    hand_over,
+    same_filesystem,
+    upload,
+    uploaded_taken,
+)
 from hpckit.run.writing.uploads import Meeting
 from hpckit.storage import files
 from hpckit.storage.checksum import checksum_of
@@ -65,27 +73,27 @@ class ShareWriter:
             uploaded = with_state(lambda: self._uploaded(handed, target, background), target,
                                   self.rank, state)
             self.in_flight.start(directory, target,
-                                 uploaded if background else done_now(uploaded))
+                                 uploaded if background else done_now(uploaded), None,
+                                 uploaded_taken(handed, self.rank))
             return
         if plan.placement is Placement.IN_PLACE:
             self.in_flight.start(directory, target, with_state(
                 lambda: self._in_place(plan, handed, target), target, self.rank, state))
             return
-        staged, failure = captured(self.rank, lambda: self._hand_over(plan, handed))
+        taken, failure = captured(self.rank, lambda: self._hand_over(plan, handed))
+        staged = taken.staged if taken is not None else None
 
         def staged_files() -> Persisted:
             if failure is not None:
                 raise CheckpointError(f"rank {self.rank}: handing over {handed.source}: "
                                       f"{failure.error}")
             records = (write_share(plan, target, staged, self.rank, phase="background",
-                                   move=same_filesystem(staged, target)) if staged else [])
-            if staged:
-                self.staging.release(staged)
+                                   link=same_filesystem(staged, target)) if staged else [])
             faults.reached("persisted", self.rank)
             return Persisted(records)
 
         self.in_flight.start(directory, target, with_state(staged_files, target, self.rank, state),
-                             plan)
+                             plan, taken)
 
     def _in_place(self, plan: Plan, handed: Handed, target: Location) -> Persisted:
         if handed.checkpoint is not None:
@@ -119,16 +127,18 @@ class ShareWriter:
         checkpoint that retention may evict at that meeting (:func:`pinned`)."""
         return pinned(handed, self.staging)
 
-    def _hand_over(self, plan: Plan, handed: Handed) -> str | None:
+    def _hand_over(self, plan: Plan, handed: Handed) -> Taken | None:
         if handed.source is None:
             return None
-        staged = self.staging.for_files(handed.source, plan.checkpoint()[0])
-        hand_over(handed.source, staged, plan.writes.get(self.rank, []),
-                  plan.hashes.get(self.rank, []), handed.owned)
+        directory, index = plan.checkpoint()
+        staged = self.staging.for_files(handed.source, directory)
+        taken = hand_over(handed.source, staged, plan.writes.get(self.rank, []),
+                          plan.hashes.get(self.rank, []), handed.owned, set(plan.shared),
+                          directory, index, self.rank)
         if handed.pinned:
             self.staging.release(handed.source)
         faults.reached("handed", self.rank)
-        return staged
+        return taken
 
     def _in_place_source(self, plan: Plan, handed: Handed) -> str:
         """In-place: on POSIX each rank hashes a share, on object storage uploads its own."""

@@ -1,0 +1,189 @@
+"""Taking is a transaction (#65): what an asynchronous report() moves out of a handed
+directory is written down first, and goes back where it was on any failure before its
+checkpoint commits (a refusal at a later report, Ctrl-C, a kill, which the next start
+replays); what cannot all be taken is copied; a directory several ranks hand is never moved
+from. On real ranks; tests/test_fuzzed_trees.py injects failures at every step of the
+hand-over and at the commit."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import HERE, MPIEXEC, manifest, mpiexec, run
+
+TAKING = HERE / "ranks" / "taking.py"
+# Root without the capabilities that let it ignore permissions: a user's view of a 0555
+# folder (the tests run as root, which would otherwise rename out of it).
+AS_A_USER = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner"]
+
+
+def seen(output: str, name: str) -> object:
+    found = re.findall(rf"SEEN {re.escape(name)} (.*)", output)
+    assert found, f"no SEEN {name}:\n{output}"
+    return json.loads(found[-1])
+
+
+def tree(directory: Path) -> dict[str, object]:
+    """Every entry under ``directory``: files with content and mode, folders with mode."""
+    found: dict[str, object] = {}
+    for path in sorted(directory.rglob("*")):
+        mode = oct(path.lstat().st_mode & 0o7777)
+        found[str(path.relative_to(directory))] = (
+            (path.read_bytes(), mode) if path.is_file() else mode)
+    return found
+
+
+def committed_files(experiment: Path, directory: str = "checkpoint_000000") -> dict[str, bytes]:
+    root = experiment / directory
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*")
+            if p.is_file() and not str(p.relative_to(root)).startswith(".hpckit")}
+
+
+def model_folder(root: Path, files: int = 4) -> Path:
+    handed = root / "handed"
+    (handed / "sub").mkdir(parents=True)
+    for i in range(files):
+        (handed / ("sub" if i % 2 else "") / f"part-{i}.bin").write_bytes(bytes([i]) * 100)
+    os.utime(handed / "sub", ns=(1_000_000_000, 1_000_000_000))
+    return handed
+
+
+def test_read_only_entries_are_copied_and_nothing_is_partly_moved(tmp_path):
+    """A pretrained backbone.pt at 0444 in a 0555 pretrained/, as a user without root has
+    it: hpckit moved model.pt, then failed on backbone.pt and left the rest where the next
+    cleanup removed it. Now it sees first that not all can be taken, copies them all, and
+    removes what it may once the checkpoint holding them committed."""
+    handed = tmp_path / "handed"
+    (handed / "pretrained").mkdir(parents=True)
+    (handed / "model.pt").write_bytes(b"weights")
+    (handed / "frozen.txt").write_bytes(b"frozen")
+    (handed / "pretrained" / "backbone.pt").write_bytes(b"backbone")
+    os.chmod(handed / "frozen.txt", 0o444)
+    os.chmod(handed / "pretrained" / "backbone.pt", 0o444)
+    os.chmod(handed / "pretrained", 0o555)
+    before = tree(handed)
+    try:
+        out = run([*AS_A_USER, sys.executable, str(TAKING), "read-only", "--storage",
+                   str(tmp_path / "runs"), "--handed", str(handed), "--workers", "2"],
+                  timeout=120).output
+    finally:
+        os.chmod(handed / "pretrained", 0o755)
+    assert manifest(tmp_path / "runs" / "exp")["latest"] == "checkpoint_000000", out
+    listed = {name: (content, mode) for name, (content, mode) in (
+        (k, (v[0].decode(), v[1])) for k, v in before.items() if isinstance(v, tuple))}
+    assert {k: v for k, v in seen(out, "after_report").items() if not k.endswith("/")} == {
+        name: content for name, (content, _) in listed.items()}, out
+    assert committed_files(tmp_path / "runs" / "exp") == {
+        "model.pt": b"weights", "frozen.txt": b"frozen", "pretrained/backbone.pt": b"backbone"}
+    assert tree(handed) == {"pretrained": "0o755",  # restored above, to clean up
+                            "pretrained/backbone.pt": (b"backbone", "0o444")}
+
+
+def test_a_directory_several_ranks_hand_is_never_moved_from(tmp_path):
+    """Each rank writes its shard into one directory on the shared filesystem and hands it:
+    rank 1 failed with FileNotFoundError (rank 0 had moved the files it copies) and both
+    shards were lost. Now neither moves; the directory goes once the checkpoint holding
+    both shards committed."""
+    handed = tmp_path / "ckpt-epoch0"
+    handed.mkdir()
+    out = mpiexec(3, "shared", "--storage", str(tmp_path / "runs"), "--handed", str(handed),
+                  script=TAKING, timeout=120).output
+    assert manifest(tmp_path / "runs" / "exp")["latest"] == "checkpoint_000000", out
+    assert committed_files(tmp_path / "runs" / "exp") == {
+        f"model-rank={r}.pt": bytes([r]) * 1000 for r in range(3)}, out
+    assert not handed.exists(), list(handed.iterdir())
+
+
+@pytest.mark.parametrize("again", ["bad-name", "same"])
+def test_a_refused_report_commits_what_was_persisted_before_it(tmp_path, again):
+    """An ASYNC report persisted checkpoint_000000 from a handed directory; the next report
+    is refused (a name that is not UTF-8; the same Checkpoint object again, whose directory
+    ASYNC took). The manifest held nothing and the handed files survived only in a directory
+    the next run removes. Now the persisted checkpoint commits, then the refusal is raised."""
+    handed = model_folder(tmp_path)
+    before = tree(handed)
+    out = mpiexec(2, "refused-after", "--storage", str(tmp_path), "--handed", str(handed),
+                  "--again", again, script=TAKING, timeout=120, expect=1).output
+    assert re.search(r"RAISED \w+: .*(not UTF-8|does not exist)", out), out
+    assert manifest(tmp_path / "exp")["latest"] == "checkpoint_000000", out
+    assert committed_files(tmp_path / "exp") == {
+        name: content for name, (content, _) in (
+            (k, v) for k, v in before.items() if isinstance(v, tuple))}, out
+    if again == "bad-name":
+        assert os.listdir(os.fsencode(tmp_path / "bad")) == [b"bad\xff.pt"]
+
+
+def test_ctrl_c_before_the_commit_puts_the_moved_files_back(tmp_path):
+    """Ctrl-C while an ASYNC report's checkpoint is persisted but not yet committed: the
+    files it moved go back, with their folders, modes and times."""
+    handed = model_folder(tmp_path)
+    before = tree(handed)
+    times = os.stat(handed / "sub").st_mtime_ns
+    process = subprocess.Popen(
+        [sys.executable, str(TAKING), "interrupted", "--storage", str(tmp_path / "runs"),
+         "--handed", str(handed), "--workers", "2"], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines = []
+    deadline = time.monotonic() + 90
+    while not any("SEEN handed_over" in line for line in lines):
+        assert time.monotonic() < deadline and process.poll() is None, "".join(lines)
+        lines.append(process.stdout.readline())
+    process.send_signal(signal.SIGINT)  # as a terminal's Ctrl-C reaches python train.py
+    output = "".join(lines) + process.communicate(timeout=60)[0]
+    assert process.returncode in (130, -signal.SIGINT), output  # as Python ends on Ctrl-C
+    assert seen(output, "handed_over") is None, output  # moved, folder and all
+    assert tree(handed) == before, output
+    assert os.stat(handed / "sub").st_mtime_ns == times
+    assert "put 4 file(s) back into" in output, output
+
+
+def test_a_rank_killed_mid_hand_over_gets_its_files_back_at_the_next_start(tmp_path):
+    """Rank 0 is SIGKILLed after moving 2 of its 4 files: its journal stays in its staging,
+    and the next start puts them back before anything of the staging is removed, before the
+    training function runs."""
+    handed = model_folder(tmp_path)
+    before = tree(handed)
+    args = ["killed", "--storage", str(tmp_path / "runs"), "--handed", str(handed),
+            "--workers", "2"]
+    killed = run([sys.executable, str(TAKING), *args], timeout=120, expect=None,
+                 env={"HPCKIT_FAULT": "taking:0:2"})
+    assert killed.returncode != 0, killed.output
+    assert len(tree(handed)) == len(before) - 2, killed.output
+    journals = list((tmp_path / "runs" / "exp" / ".staging").glob("rank-0/*.hpckit-journal"))
+    assert len(journals) == 1, killed.output
+    again = run([sys.executable, str(TAKING), *args], timeout=120).output
+    assert {k: v for k, v in seen(again, "at_start").items() if not k.endswith("/")} == {
+        name: content.decode() for name, (content, _) in (
+            (k, v) for k, v in before.items() if isinstance(v, tuple))}, again
+    assert manifest(tmp_path / "runs" / "exp")["latest"] == "checkpoint_000000", again
+    assert "put 2 file(s) back into" in again, again
+
+
+def test_fuzzed_folders_that_two_ranks_hand_lose_nothing_whatever_fails(tmp_path):
+    """Hypothesis draws folders (read-only files, a read-only subfolder) that both ranks
+    hand at once, in each upload mode, with a failure injected on one rank at a rename or
+    copy of the hand-over or at the commit (tests/ranks/shared_trees.py): no file is ever
+    gone that the committed checkpoint does not hold, and a report that succeeded committed
+    every file. Run without the capabilities that let root ignore permissions."""
+    out = run([*AS_A_USER, MPIEXEC, "-n", "2", sys.executable,
+               str(HERE / "ranks" / "shared_trees.py"), str(tmp_path), "0", "200"],
+              timeout=300, env={"HPCKIT_LOG_LEVEL": "ERROR"}).output
+    counts = seen_counts(out)
+    assert counts["examples"] == 200, out
+    assert counts["committed"] >= 60, counts
+    assert counts.get("fault at hand-over", 0) >= 20 and counts.get("fault at commit", 0) >= 10, \
+        counts
+
+
+def seen_counts(output: str) -> dict[str, int]:
+    found = re.search(r"SHARED (\{.*\})", output)
+    assert found, output
+    return json.loads(found.group(1))
