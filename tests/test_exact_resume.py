@@ -265,3 +265,35 @@ def test_a_run_killed_mid_epoch_and_continued_by_hpckit_resume_ends_bit_identica
     assert run([HPCKIT, "verify", str(experiment)], timeout=60).returncode == 0
     status, history = _logged(store, "resumed")
     assert status == "FINISHED" and history == reference["history"]
+
+
+LOADERS = HERE / "ranks" / "loaders.py"
+
+
+def test_the_loaders_users_write_resume_bit_identical(tmp_path, tmp_path_factory):
+    """#66, the loaders of tests/ranks/loaders.py on two ranks: an IterableDataset that
+    shuffles in ``__iter__`` (resumed mid-pass at step 9), a steps_per_epoch loop that breaks
+    out of it (resumed at an epoch's end, step 16, where the uninterrupted run starts a new
+    pass), a validation loader with the user's own generator cut with ``break``. Killed
+    twice, each rank once; the parameters and every validation loss as uninterrupted."""
+    def compute() -> dict:
+        storage = tmp_path_factory.mktemp("loaders-uninterrupted")
+        return _finals(python("--storage", str(storage), "--name", "ref", script=LOADERS,
+                              timeout=180).output)
+
+    reference = computed_once(tmp_path_factory, "loaders-reference", compute)
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    run = python("--storage", str(tmp_path), "--name", "killed", "--kill", "1:11", "--kill",
+                 "0:17", "--markers", str(markers), script=LOADERS, timeout=240)
+    assert sorted(p.name for p in markers.iterdir()) == ["0-17", "1-11"], run.output
+    assert [a.get("resumed_from") for a in manifest(tmp_path / "killed")["attempts"]] == [
+        None, "checkpoint_000003", "checkpoint_000006"], run.output
+    assert _finals(run.output) == reference
+    assert "naively fast-forwarding" not in run.output, run.output
+
+
+def _finals(output: str) -> dict:
+    found = re.search(r"FINAL (\{.*\})", output)
+    assert found is not None, f"training did not finish:\n{output}"
+    return json.loads(found.group(1))

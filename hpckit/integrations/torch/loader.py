@@ -1,13 +1,23 @@
 """The loader ``prepare_data_loader`` returns: batches moved to the rank's device, the
 sampler's epoch advanced at each pass, and its position kept for an exact resume (a keeper
-of :mod:`hpckit.run.session.resumable`). A loader rebuilt as torchdata's
-``StatefulDataLoader`` continues a pass where it stopped without reading the batches before
-(its sampler, worker and seed state restored); any other continues by reading and dropping
-them. Either way the random streams are put back as they were after the continued pass's
-start, as if it had never been interrupted."""
+of :mod:`hpckit.run.session.resumable`).
+
+A pass cut by a checkpoint (the training loop still iterating it at ``report()``) is
+continued on resume; a pass the program abandoned (``break``, then a new ``iter()``) is not,
+as the uninterrupted run would start a new one. To continue a cut pass the loader is made
+again as it was made at the pass's start: the random streams and the loader's own generator
+set back to what they were then (an ``IterableDataset`` that shuffles in ``__iter__`` draws
+the same order again), then torchdata's ``StatefulDataLoader`` restores its position
+without reading the batches before (its sampler, worker and seed state; a dataset's own
+``state_dict`` where it has one), or the batches before are read and dropped. Then the
+streams and the generator are put back as the checkpoint left them. A saved position that
+cannot be put back (another ``num_workers``, another dataset length) is said in one warning
+naming what changed and where the pass goes on."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,17 +26,20 @@ from torch.utils.data import DataLoader, DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from hpckit.integrations.torch import streams
+from hpckit.logs import log
 
 
 class PreparedLoader:
-    def __init__(self, loader: DataLoader, device: torch.device | None) -> None:
+    def __init__(self, loader: DataLoader, device: torch.device | None, name: str = "") -> None:
         self.loader = loader
         self.device = device
+        self.name = name  # as the resume state calls it: loader-0 for the first prepared
         self.epoch = 0  # the sampler's epoch for the next pass, unless the user sets one
         self.set_by_us = getattr(loader.sampler, "epoch", 0)
         self.consumed = 0  # batches of the current pass handed out
-        self.finished = True  # no pass under way
-        self._continue = False  # the next pass continues one that a checkpoint cut
+        self.finished = True  # no pass under way (ended, or abandoned by the program)
+        self._started: dict[str, Any] | None = None  # the streams as the pass began
+        self._continue: dict[str, Any] | None = None  # the saved state of a pass to continue
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -35,17 +48,20 @@ class PreparedLoader:
         return getattr(self.loader, name)
 
     def __iter__(self) -> Iterator[Any]:
-        if self._continue:
-            self._continue = False
-            batches = self._continued()
+        if self._continue is not None:
+            saved, self._continue = self._continue, None
+            batches = self._continued(saved)
         else:
             self._next_epoch()
+            self._started = self._streams()
             batches, self.consumed = iter(self.loader), 0
         self.finished = False
-        for batch in batches:
-            self.consumed += 1
-            yield batch if self.device is None else to_device(batch, self.device)
-        self.finished = True
+        try:
+            for batch in batches:
+                self.consumed += 1
+                yield batch if self.device is None else to_device(batch, self.device)
+        finally:  # ran out, or the program let go of the pass (break, a new iter())
+            self.finished = True
 
     def _next_epoch(self) -> None:
         sampler = self.loader.sampler
@@ -56,15 +72,75 @@ class PreparedLoader:
             self.set_by_us = self.epoch
         self.epoch += 1
 
-    def _continued(self) -> Iterator[Any]:
-        """The cut pass's remaining batches; the random streams as the checkpoint left them."""
-        before = streams.snapshot()
-        batches = iter(self.loader)
-        if not isinstance(self.loader, StatefulDataLoader):
+    def _generators(self) -> list[torch.Generator]:
+        """The loader's own generators: the one it was given, and its sampler's where that
+        is another (torchdata's shuffling sampler seeds one of its own when made)."""
+        found: list[torch.Generator] = []
+        for holder in (self.loader, self.loader.sampler,
+                       getattr(self.loader.batch_sampler, "sampler", None)):
+            generator = getattr(holder, "generator", None)
+            if isinstance(generator, torch.Generator) and all(generator is not g for g in found):
+                found.append(generator)
+        return found
+
+    def _generator_states(self) -> list[torch.Tensor]:
+        return [generator.get_state() for generator in self._generators()]
+
+    def _set_generators(self, states: list[torch.Tensor] | None) -> None:
+        generators = self._generators()
+        if states is not None and len(states) == len(generators):
+            for generator, state in zip(generators, states, strict=True):
+                generator.set_state(state)
+
+    def _streams(self) -> dict[str, Any]:
+        return {"process": streams.snapshot(), "generators": self._generator_states()}
+
+    def _set_streams(self, state: dict[str, Any]) -> None:
+        streams.put_back(state["process"])
+        self._set_generators(state["generators"])
+
+    def _continued(self, saved: dict[str, Any]) -> Iterator[Any]:
+        """The cut pass's remaining batches, the loader made again as at the pass's start;
+        the random streams and the generator then as the checkpoint left them."""
+        now = self._streams()
+        self._started = saved["started"]
+        if self._started is not None:
+            self._set_streams(self._started)
+        batches, restored = self._restored(saved)
+        if not restored:
             for _ in range(self.consumed):
                 next(batches, None)
-        streams.put_back(before)
+        self._set_streams(now)
         return batches
+
+    def _restored(self, saved: dict[str, Any]) -> tuple[Iterator[Any], bool]:
+        """An iterator at the saved position where torchdata can put it back; else one at
+        the pass's start, whose first ``consumed`` batches the caller drops."""
+        changed = self._what_changed(saved)
+        if (changed is None and saved["loader"] is not None
+                and isinstance(self.loader, StatefulDataLoader)):
+            try:
+                self.loader.load_state_dict(saved["loader"])
+                with _quiet_fast_forward():
+                    return iter(self.loader), True
+            except Exception as exc:  # noqa: BLE001  (torchdata refuses with assertions)
+                changed = f"torchdata refused it ({type(exc).__name__}: {exc})"
+                self.loader.load_state_dict({})
+        if changed is not None:
+            log.warning("%s: the position saved with the checkpoint cannot be put back as "
+                        "it was (%s): the cut pass goes on at batch %d by reading and "
+                        "dropping the %d batch(es) before it, and the random streams of "
+                        "its loader workers may differ from the uninterrupted run's",
+                        self.name or "a prepared loader", changed, self.consumed + 1,
+                        self.consumed)
+        return iter(self.loader), False
+
+    def _what_changed(self, saved: dict[str, Any]) -> str | None:
+        """What differs between the loader that saved the position and this one."""
+        workers = getattr(self.loader, "num_workers", 0)
+        if saved.get("num_workers", workers) != workers:
+            return f"it was saved with num_workers={saved['num_workers']}, this loader has {workers}"
+        return None
 
     def close(self) -> None:
         """End the worker processes of a pass left unfinished (a ``StatefulDataLoader``
@@ -78,25 +154,58 @@ class PreparedLoader:
 
     def state_dict(self) -> dict[str, Any]:
         sampler = self.loader.sampler
-        generator = self.loader.generator
+        cut = not self.finished
         return {"epoch": self.epoch, "set_by_us": self.set_by_us, "consumed": self.consumed,
                 "finished": self.finished,
                 "sampler_epoch": sampler.epoch if isinstance(sampler, DistributedSampler) else None,
-                "generator": generator.get_state() if generator is not None else None,
+                "generators": self._generator_states(),
+                "num_workers": getattr(self.loader, "num_workers", 0),
+                "length": _length(self.loader),
+                "started": self._started if cut else None,
                 "loader": (self.loader.state_dict()
-                           if isinstance(self.loader, StatefulDataLoader) else None)}
+                           if cut and isinstance(self.loader, StatefulDataLoader) else None)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch, self.set_by_us = state["epoch"], state["set_by_us"]
         self.consumed, self.finished = state["consumed"], state["finished"]
         if state["sampler_epoch"] is not None and isinstance(self.loader.sampler, DistributedSampler):
             self.loader.sampler.set_epoch(state["sampler_epoch"])
-        if state["generator"] is not None and self.loader.generator is not None:
-            self.loader.generator.set_state(state["generator"])
-        if (not self.finished and state["loader"] is not None
-                and isinstance(self.loader, StatefulDataLoader)):
-            self.loader.load_state_dict(state["loader"])
-        self._continue = not self.finished
+        self._set_generators(state.get("generators"))
+        self._continue = None
+        if self.finished:
+            return
+        length = _length(self.loader)
+        if state.get("length") is not None and length is not None and state["length"] != length:
+            log.warning("%s: the position saved with the checkpoint is in a pass of %d "
+                        "batch(es), and this loader's passes have %d (its dataset or batch "
+                        "size changed): the next pass starts afresh",
+                        self.name or "a prepared loader", state["length"], length)
+            self.finished, self.consumed = True, 0
+            return
+        self._continue = {"loader": state.get("loader"), "started": state.get("started"),
+                          "num_workers": state.get("num_workers",
+                                                   getattr(self.loader, "num_workers", 0))}
+
+
+@contextlib.contextmanager
+def _quiet_fast_forward() -> Iterator[None]:
+    """torchdata warns, on every rank, that it reads an IterableDataset's batches again to
+    reach the saved position: that is how the cut pass is continued here, said in the
+    docs, not a fault of the program."""
+    logger = logging.getLogger("torchdata.stateful_dataloader.stateful_dataloader")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _length(loader: DataLoader) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:  # an IterableDataset without __len__
+        return None
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

@@ -94,7 +94,7 @@ def prepare_data_loader(loader: DataLoader, add_dist_sampler: bool = True,
     elif type(loader) is DataLoader:
         loader = stateful(loader, sampler)
     prepared = PreparedLoader(loader, _distributed.device() if move_to_device else None)
-    keep_loader(prepared)
+    prepared.name = keep_loader(prepared)
     return prepared
 
 

@@ -67,17 +67,27 @@ class RankState:
                 close()
         self.keepers = {}
 
-    def keep_loader(self, keeper: Keeper) -> None:
-        """Keep a prepared loader's position (``loader-0`` for the first prepared, ...)."""
+    def keep_loader(self, keeper: Keeper) -> str:
+        """Keep a prepared loader's position; the name it is kept under (``loader-0`` for
+        the first prepared, ...)."""
         name = f"loader-{self._loaders}"
         self._loaders += 1
         self.keepers[name] = keeper
         if name in self._waiting:
             keeper.load_state_dict(self._waiting.pop(name))
+        return name
 
     def capture(self) -> bytes | None:
         """Every keeper's state now, pickled: at a report that writes a checkpoint (None
-        where nothing is kept)."""
+        where nothing is kept). The first one after a resume says which saved positions no
+        loader of this program took (it prepares fewer loaders than the run that saved
+        them)."""
+        if self._waiting:
+            if self.rank == 0:
+                log.warning("the checkpoint this run resumed from holds the position of %s, "
+                            "which this program did not prepare (it prepares %d loader(s)): "
+                            "ignored", ", ".join(sorted(self._waiting)), self._loaders)
+            self._waiting = {}
         if not self.keepers:
             return None
         states = {name: keeper.state_dict() for name, keeper in self.keepers.items()}

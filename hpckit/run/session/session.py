@@ -94,11 +94,12 @@ def current(caller: str) -> Session:
     return _current
 
 
-def keep_loader(loader: Keeper) -> None:
+def keep_loader(loader: Keeper) -> str:
     """Keep a prepared loader's position with this rank's checkpoints (outside a training
-    run: nothing to keep it for)."""
+    run: nothing to keep it for); the name it is kept under (``loader-0`` for the first)."""
     if _current is not None:
-        _current.rank_state.keep_loader(loader)
+        return _current.rank_state.keep_loader(loader)
+    return "a prepared loader"
 
 
 def get_context() -> TrainContext:
