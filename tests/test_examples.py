@@ -82,6 +82,8 @@ def test_the_readme_snippet_runs_as_written_and_resumes(tmp_path):
     run([sys.executable, str(script)], timeout=120)
     exp = tmp_path / "resnet"
     assert manifest(exp)["latest"] == "checkpoint_000002"
+    # What a spare node needs: restarts allowed (the newcomer's first example once lacked it).
+    assert manifest(exp)["config"]["failure_config"]["max_failures"] == 3
     script.write_text(README_PLACEHOLDERS + snippet.replace('{"epochs": 3}', '{"epochs": 4}'))
     again = run([sys.executable, str(script)], timeout=120)
     assert "from checkpoint_000002" in again.output, again.output
