@@ -17,7 +17,7 @@ from support.scenarios import driver_killed_then_rerun, wait_for_epochs
 
 import hpckit
 from hpckit import exits
-from hpckit import Checkpoint, DataParallelTrainer, RunConfig
+from hpckit import Checkpoint, DataParallelTrainer, FailureConfig, RunConfig
 from hpckit.errors import ConfigError
 from hpckit.launch.slurm import Layout, render_resume_job
 from hpckit.settings import Settings
@@ -224,6 +224,41 @@ def test_the_resume_job_script_matches_the_golden_file():
                              ["--max-failures", "3"], "/home/me/proj", "resnet",
                              "/home/me/venv/bin/python", ("--time=04:00:00",))
     assert text == (HERE / "golden" / "resume.sbatch").read_text()
+
+
+def test_resume_sbatch_dry_run_prints_the_job_script_and_submits_nothing(tmp_path):
+    """``hpckit resume --sbatch FILE --dry-run``: the script that would be submitted, the
+    golden file's for a run whose last allocation had three nodes of one rank; FILE is not
+    written, so nothing was submitted."""
+    def loop(config):
+        with tempfile.TemporaryDirectory() as d:
+            (Path(d) / "w").write_text("x")
+            hpckit.report({"loss": 1.0}, checkpoint=Checkpoint.from_directory(d))
+
+    DataParallelTrainer(loop, run_config=RunConfig(
+        name="resnet", storage_path=str(tmp_path / "runs"),
+        failure_config=FailureConfig(max_failures=3))).fit()
+    path = tmp_path / "runs" / "resnet" / "manifest.json"
+    body = json.loads(path.read_text())
+    (tmp_path / "proj").mkdir()
+    body["command"].update({"argv": [str(JOB)], "cwd": str(tmp_path / "proj"),
+                            "executable": "/home/me/venv/bin/python"})
+    body["world_size"] = 2
+    body["attempts"][-1]["slurm"] = {"job_id": "7", "nodelist": "n[1-3]",
+                                     "tasks_per_node": "1(x2)"}
+    path.write_text(json.dumps(body))
+    conf = tmp_path / "slurm.conf"  # enough for scontrol to expand n[1-3]
+    conf.write_text("ClusterName=x\nSlurmctldHost=localhost\n")
+    script = tmp_path / "resume.sbatch"
+    out = run([HPCKIT, "resume", str(tmp_path / "runs" / "resnet"), "--sbatch", str(script),
+               "--time", "04:00:00", "--dry-run"], timeout=60, env={"SLURM_CONF": str(conf)})
+    shown = out.output.replace(str(tmp_path / "runs"), "/lustre/me/runs").replace(
+        str(tmp_path / "proj"), "/home/me/proj")
+    assert shown == (HERE / "golden" / "resume.sbatch").read_text(), out.output
+    assert not script.exists()
+    alone = run([HPCKIT, "resume", str(tmp_path / "runs" / "resnet"), "--dry-run"], timeout=60,
+                expect=2)
+    assert "--dry-run are options of the job script: add --sbatch FILE" in alone.output
 
 
 @pytest.mark.quick

@@ -56,17 +56,19 @@ def run(ranks: int, max_failures: int, script: str, args: tuple[str, ...]) -> No
 @click.option("--slurm", "directives", multiple=True, metavar="KEY=VALUE",
               help="With --sbatch: another #SBATCH option, e.g. --slurm partition=gpu "
                    "--slurm gpus-per-task=1 (repeatable).")
+@click.option("--dry-run", is_flag=True,
+              help="With --sbatch: print the job script instead of writing and submitting it.")
 def resume(experiment: str, ranks: int | None, max_failures: int | None, sbatch_file: str | None,
-           time_limit: str | None, directives: tuple[str, ...]) -> None:
+           time_limit: str | None, directives: tuple[str, ...], dry_run: bool) -> None:
     """Continue EXPERIMENT with the command, arguments and world size in its manifest.
 
     Example: hpckit resume /lustre/me/runs/resnet --sbatch resume-resnet.sbatch --time 04:00:00
     --slurm partition=gpu --slurm gpus-per-task=1
     """
     options = _sbatch_options(time_limit, directives)
-    if options and not sbatch_file:
-        raise click.UsageError("--time and --slurm are options of the job script: add "
-                               "--sbatch FILE, or leave them out to resume here.")
+    if (options or dry_run) and not sbatch_file:
+        raise click.UsageError("--time, --slurm and --dry-run are options of the job script: "
+                               "add --sbatch FILE, or leave them out to resume here.")
     location, manifest = require(experiment)
     if max_failures is None:
         max_failures = int((manifest.config.get("failure_config") or {}).get("max_failures") or 0)
@@ -84,10 +86,14 @@ def resume(experiment: str, ranks: int | None, max_failures: int | None, sbatch_
            variable("resume"): str(manifest.config.get("train_loop") or "*")}
     if sbatch_file:
         again = [*(["-n", str(ranks)] if ranks else []), "--max-failures", str(max_failures)]
-        _submit(sbatch_file, render_resume_job(
+        text = render_resume_job(
             experiment if "://" in experiment else os.path.abspath(experiment),
             _layout(manifest, launched, world), again, cwd, manifest.experiment,
-            command.get("executable") or sys.executable, options))
+            command.get("executable") or sys.executable, options)
+        if dry_run:
+            click.echo(text, nl=False)
+        else:
+            _submit(sbatch_file, text)
         return
     _warn_outside_an_allocation(manifest, launched)
     aside = f" and {launched - world} set aside to validate" if launched > world else ""
