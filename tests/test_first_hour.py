@@ -161,3 +161,24 @@ def test_a_table_piped_into_head_ends_quietly(tmp_path):
                          timeout=60)
     assert out.stdout.splitlines()[0].split() == ["step", "time", "checkpoint", "loss"]
     assert out.returncode == 141 and out.stderr == "", out.stderr
+
+
+def test_a_training_function_under_the_main_guard_is_named_with_the_fix(tmp_path):
+    """`python train.py` with the training function defined inside `if __name__ ==
+    "__main__":`: the ranks, which import the script without running that block, cannot
+    unpickle it. One line names it and the fix, instead of 'no rank reported an exception'
+    after two tracebacks."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import hpckit\n"
+        "from hpckit import DataParallelTrainer, RunConfig, ScalingConfig\n\n"
+        "if __name__ == '__main__':\n"
+        "    def train_loop(config):\n"
+        "        hpckit.report({'loss': 1.0})\n\n"
+        "    DataParallelTrainer(train_loop, scaling_config=ScalingConfig(num_workers=2),\n"
+        f"                        run_config=RunConfig(storage_path={str(tmp_path)!r})).fit()\n")
+    out = run([sys.executable, str(script)], timeout=90, expect=1)
+    lines = out.output.strip().splitlines()
+    assert len(lines) == 1, out.output
+    assert lines[0].startswith(f"hpckit: error: the ranks cannot find train_loop in {script}: ")
+    assert "Define train_loop at module level, outside that block" in lines[0], out.output

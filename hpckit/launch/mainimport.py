@@ -35,6 +35,15 @@ def import_main(path: str) -> None:
         importing_main = False
 
 
+def not_at_top_level(name: str, path: str) -> str:
+    """What a rank says when unpickling its job needs ``name`` from the script, which the
+    script's import did not define: it lies under the main guard (or is made at run time)."""
+    return (f"the ranks cannot find {name} in {path}: each rank imports the script as a module, "
+            f"where its `if __name__ == \"__main__\":` block does not run, and {name} is not "
+            f"defined at its top level. Define {name} at module level, outside that block, and "
+            "keep only the fit() call inside it.")
+
+
 def enter(payload: str) -> None:
     """In a rank that hpckit started: the launching process's path, arguments and directory,
     then its script imported (``main.json`` in ``payload``)."""
