@@ -38,6 +38,7 @@ TABLE: dict[str, tuple[str, Callable[[str], Any]]] = {
     "storage": ("HPCKIT_STORAGE", text),
     "name": ("HPCKIT_NAME", text),
     "resume": ("HPCKIT_RESUME", text),
+    "resume_workers": ("HPCKIT_RESUME_WORKERS", count),
     "log_level": ("HPCKIT_LOG_LEVEL", level),
     "local_dir": ("HPCKIT_LOCAL_DIR", directory),
     "mpiexec": ("HPCKIT_MPIEXEC", text),
@@ -98,6 +99,7 @@ class Settings:
     storage: str | None = None
     name: str | None = None
     resume: str | None = None  # under hpckit resume: the training function it continues
+    resume_workers: int | None = None  # under hpckit resume -n N: its world size
     log_level: str | None = None
     local_dir: str | None = None
     mpiexec: str | None = None

@@ -166,6 +166,25 @@ def test_resume_may_change_the_world_size_of_rank0_checkpoints(tmp_path):
     assert last["world_size"] == 3 and last["status"] == "finished"
 
 
+def test_resume_with_n_changes_the_world_size_whatever_the_script_asks(tmp_path):
+    """#66: python train.py with ScalingConfig(num_workers=2), checkpoints of rank 0's files:
+    ``hpckit resume -n 1`` failed with "ScalingConfig(num_workers=2) but 1 rank(s) were
+    launched", where the docs say -n changes the world size. The resumed run trains on the
+    ranks -n asks for, and goes on from the checkpoint."""
+    run([sys.executable, str(JOB), "--storage", str(tmp_path), "--epochs", "2", "--workers", "2"],
+        timeout=90)
+    manifest_path = tmp_path / "exp" / "manifest.json"
+    body = json.loads(manifest_path.read_text())
+    argv = body["command"]["argv"]
+    argv[argv.index("--epochs") + 1] = "3"  # as if the script now trained an epoch more
+    manifest_path.write_text(json.dumps(body))
+    out = run([HPCKIT, "resume", "-n", "1", str(tmp_path / "exp")], timeout=90)
+    assert "with 1 rank(s)" in out.output, out.output
+    last = manifest(tmp_path / "exp")["attempts"][-1]
+    assert last["world_size"] == 1 and last["status"] == "finished", last
+    assert manifest(tmp_path / "exp")["latest"] == "checkpoint_000002"
+
+
 def test_resume_of_something_that_is_not_an_experiment(tmp_path):
     out = run([HPCKIT, "resume", str(tmp_path)], timeout=30, expect=2)
     assert "not an hpckit experiment" in out.output

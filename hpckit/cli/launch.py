@@ -83,7 +83,8 @@ def resume(experiment: str, ranks: int | None, max_failures: int | None, sbatch_
     # The root as the user gave it (credentials included), never the redacted display form.
     root, _ = parent(experiment)
     env = {variable("name"): manifest.experiment, variable("storage"): root,
-           variable("resume"): str(manifest.config.get("train_loop") or "*")}
+           variable("resume"): str(manifest.config.get("train_loop") or "*"),
+           **({variable("resume_workers"): str(world)} if ranks else {})}
     if sbatch_file:
         again = [*(["-n", str(ranks)] if ranks else []), "--max-failures", str(max_failures)]
         text = render_resume_job(

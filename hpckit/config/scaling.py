@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hpckit.config.values import is_int
 from hpckit.errors import ConfigError
@@ -76,6 +76,13 @@ class ScalingConfig:
     def max_workers(self) -> int:
         """The most ranks the run trains on, and what hpckit starts where it can."""
         return self.num_workers if isinstance(self.num_workers, int) else self.num_workers[1]
+
+    def resized(self, ranks: int) -> ScalingConfig:
+        """This config for a run of ``ranks`` ranks (``hpckit resume -n``): that many, and
+        for an elastic run, no more and at most as few as it allowed."""
+        workers: int | tuple[int, int] = (
+            (min(self.min_workers, ranks), ranks) if self.elastic and ranks > 1 else ranks)
+        return replace(self, num_workers=workers)
 
     @property
     def elastic(self) -> bool:

@@ -95,8 +95,9 @@ class TrainingJob:
                        timestamped=_slurm_suffix(settings) is None and not settings.name)
 
     def resumed(self, settings: Settings) -> tuple[TrainingJob, str | None]:
-        """Under ``hpckit resume EXP``: this job continuing EXP whatever its RunConfig names,
-        and a line to log when that named another experiment. Only the job of the training
+        """Under ``hpckit resume EXP``: this job continuing EXP whatever its RunConfig names
+        (and with ``-n N``, on N ranks whatever its ScalingConfig says), and a line to log
+        when that named another experiment. Only the job of the training
         function that EXP records ($HPCKIT_RESUME; ``*``: any) is redirected, so a script
         with several trainers runs the others as it would anyway."""
         if not (settings.resume and settings.name and settings.storage):
@@ -107,6 +108,8 @@ class TrainingJob:
         before = named.storage_root(settings).join(named.name)
         config = replace(self.run_config, name=settings.name, storage_path=settings.storage)
         job = replace(self, run_config=config)
+        if settings.resume_workers:  # hpckit resume -n N: the world it was checked for
+            job = replace(job, scaling_config=self.scaling_config.resized(settings.resume_workers))
         after = job.storage_root(settings).join(settings.name)
         if before.display == after.display:
             return job, None

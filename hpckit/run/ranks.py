@@ -52,9 +52,9 @@ def _run(job: TrainingJob, settings: Settings, trial: Comm | None) -> Result:
             rank_exit.register_pid(settings, shm.mapped_segments())
             rank_exit.prepare_interrupts(launched)
             configure_logs(launched.rank, job, settings)
-            try:
-                check_world(launched.size, job.scaling_config, job.validation_ranks,
-                            settings if trial is None else None)
+            try:  # hpckit resume -n N sets the world it checked: ScalingConfig follows
+                check_world(launched.size, job.resumed(settings)[0].scaling_config,
+                            job.validation_ranks, settings if trial is None else None)
                 pool.check_threads(job.validation_ranks)
             except LaunchError as exc:
                 rank_exit.fail(launched, settings, exc, collective=True, training=False)
