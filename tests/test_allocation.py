@@ -51,6 +51,28 @@ def test_the_step_names_its_nodes_and_overlaps_only_after_a_loss():
                                        ["python"], overlap=True)
 
 
+def test_each_task_of_a_step_asks_for_the_jobs_cpus_per_task():
+    # srun of Slurm 22.05 does not inherit sbatch's --cpus-per-task (srun(1): "not
+    # automatically inherited"): a step without it gives each rank one CPU where tasks are
+    # bound to cores. tests/test_slurm_cpus.py shows it on a Slurm that binds them.
+    bare = srun_command(Allocation("7", ("n1",), 2), ("n1",), 2, "pmi2", "s", ["p"], False)
+    assert not any(word.startswith("--cpus-per-task") for word in bare)
+    asked = srun_command(Allocation("7", ("n1",), 2, 4), ("n1",), 2, "pmi2", "s", ["p"], False,
+                         exact=True)
+    assert "--cpus-per-task=4" in asked and asked[-1] == "p"
+
+
+def test_spare_nodes_that_no_restart_would_use_are_said_with_the_setting_that_allows_them():
+    allocation = Allocation("7", ("n1", "n2", "n3"), 4)
+    assert allocation.spares(8) == ("n3",)
+    said = allocation.idle_spares(8, 0, "FailureConfig(max_failures)")
+    assert said is not None and said.startswith("Slurm job 7 has 1 spare node(s) (n3), but "
+                                                "FailureConfig(max_failures) is 0")
+    assert allocation.idle_spares(8, 3, "FailureConfig(max_failures)") is None
+    assert allocation.idle_spares(8, -1, "--max-failures") is None
+    assert allocation.idle_spares(12, 0, "--max-failures") is None, "no spare: nothing to say"
+
+
 def test_a_node_is_stale_once_it_beat_and_then_stopped(tmp_path):
     (tmp_path / "n1").touch()
     (tmp_path / "n2").touch()

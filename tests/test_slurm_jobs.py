@@ -50,7 +50,7 @@ def test_mpiexec_inside_an_allocation(tmp_path, slurm):
 def test_requeued_job_resumes_and_ends_as_an_uninterrupted_run(tmp_path, slurm, steady_reference):
     job = submit(slurm, tmp_path, "requeue.sbatch", "--ntasks=2", "--cpus-per-task=1", "--time=10",
                  args=f"--storage {tmp_path} --epoch-seconds 1")
-    experiment = tmp_path / f"steady-job{job}"  # the default name: requeued, it resumes
+    experiment = tmp_path / "steady"  # the template's name (HPCKIT_NAME): the script's
     wait_for_reports(slurm, tmp_path, experiment, 3, 120)
     slurm.run("scontrol", "requeue", job)
     assert wait(slurm, tmp_path, job, 240) == {job: "COMPLETED"}, output_of(tmp_path)
@@ -59,6 +59,12 @@ def test_requeued_job_resumes_and_ends_as_an_uninterrupted_run(tmp_path, slurm, 
     assert restarts[0] == "0" and restarts[-1] >= "1" and m["attempts"][-1]["status"] == "finished"
     assert final_params(output_of(tmp_path)) == steady_reference
     assert [l["metrics"]["epoch"] for l in metrics_lines(experiment)] == list(range(8))
+    # Submitted again (a new job id), the template continues the same experiment.
+    again = submit(slurm, tmp_path, "requeue.sbatch", "--ntasks=2", "--cpus-per-task=1",
+                   "--time=10", args=f"--storage {tmp_path} --epochs 9")
+    assert wait(slurm, tmp_path, again, 120) == {again: "COMPLETED"}, output_of(tmp_path)
+    assert [l["metrics"]["epoch"] for l in metrics_lines(experiment)] == list(range(9))
+    assert manifest(experiment)["attempts"][-1]["slurm"]["job_id"] == again
 
 
 def test_a_warning_as_the_job_starts_is_held_by_the_script_until_the_ranks_run(
@@ -74,6 +80,24 @@ def test_a_warning_as_the_job_starts_is_held_by_the_script_until_the_ranks_run(
     assert wait(slurm, tmp_path, job, 300) == {job: "COMPLETED"}, output_of(tmp_path)
     statuses = [(a["status"], a.get("error")) for a in manifest(tmp_path / "held")["attempts"]]
     assert statuses == [("requeued", "stop requested by SIGUSR2"), ("finished", None)], statuses
+    assert final_params(output_of(tmp_path)) == steady_reference
+
+
+def test_the_mpirun_template_checkpoints_requeues_and_resumes_at_the_warning(
+        tmp_path, slurm, steady_reference):
+    """mpirun.sbatch, where mpiexec starts the ranks: Slurm's warning to the script (sent as
+    Slurm sends a ``--signal=B:`` warning) is passed to mpiexec as SIGUSR1, which Hydra
+    forwards to every rank (it dies of SIGUSR2); they commit, requeue the job and exit, and
+    the requeued job finishes the run exactly."""
+    job = submit(slurm, tmp_path, "mpirun.sbatch", "--ntasks=2", "--cpus-per-task=1", "--time=10",
+                 args=f"--storage {tmp_path} --name mr --epoch-seconds 1")
+    wait_for_reports(slurm, tmp_path, tmp_path / "mr", 2, 120)
+    slurm.run("scancel", "--batch", "--signal=USR1", job)  # --signal=B:USR1: to the script
+    assert wait(slurm, tmp_path, job, 240) == {job: "COMPLETED"}, output_of(tmp_path)
+    attempts = manifest(tmp_path / "mr")["attempts"]
+    statuses = [(a["status"], a.get("error"), a["launcher"]) for a in attempts]
+    assert statuses == [("requeued", "stop requested by SIGUSR1", "mpiexec"),
+                        ("finished", None, "mpiexec")], statuses
     assert final_params(output_of(tmp_path)) == steady_reference
 
 

@@ -36,9 +36,9 @@ def test_a_plain_user_script_requeued_mid_run_ends_as_an_uninterrupted_run(
     # Three tasks (odd, and not the two of the other requeue tests); two added 45 s and no
     # case that three and the other tests miss.
     reference = three_rank_reference
-    command = f"{sys.executable} {STEADY} --storage {tmp_path} --name plain --epoch-seconds 1"
+    command = f"{sys.executable} {STEADY} --storage {tmp_path} --epoch-seconds 1"
     job = sbatch(slurm, tmp_path, minimal_script(tmp_path, 3, command), "--time=10")
-    experiment = tmp_path / "plain"
+    experiment = tmp_path / f"steady-job{job}"  # the default name: requeued, it resumes
     wait_for_reports(slurm, tmp_path, experiment, 3, 180)
     slurm.run("scontrol", "requeue", job)
     assert wait(slurm, tmp_path, job, 300) == {job: "COMPLETED"}, output_of(tmp_path)

@@ -2,8 +2,9 @@
 train.py``) and what it does with them while it waits for mpiexec.
 
 The stop signal goes to the ranks themselves, since mpiexec (hydra) would die of SIGUSR2
-instead of forwarding it; mpiexec and its proxies are started with it ignored, because
-Slurm signals every process of a job step. SIGTERM goes to mpiexec, which passes it to the
+instead of forwarding it (Hydra forwards SIGUSR1 and SIGALRM, which is how
+slurm/mpirun.sbatch passes Slurm's warning on); mpiexec and its proxies are started with it
+ignored, because Slurm signals every process of a job step. SIGTERM goes to mpiexec, which passes it to the
 ranks: they stop after their next checkpoint. SIGHUP (the terminal closing) counts as
 SIGTERM, so a closed terminal does not orphan the ranks. A second SIGTERM (or SIGHUP) more
 than :data:`INSIST_AFTER_S` after the first kills the ranks: a rank blocked in a collective

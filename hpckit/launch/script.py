@@ -16,7 +16,14 @@ from hpckit import settings as _settings
 from hpckit.experiment.hangs import HUNG
 from hpckit.launch import heartbeat
 from hpckit.launch.process import run_process, started_for
-from hpckit.launch.steps import Next, Steps, after_failure, requeued_instead, steps_for
+from hpckit.launch.steps import (
+    Next,
+    Steps,
+    after_failure,
+    requeued_instead,
+    steps_for,
+    warn_of_idle_spares,
+)
 from hpckit.logs import log
 from hpckit.run.ending.retry import RetryPolicy
 from hpckit.settings import variable
@@ -32,6 +39,7 @@ def run_script(ranks: int, argv: list[str], policy: RetryPolicy, cwd: str | None
     run took the experiment over: never restarted), or the last failure's."""
     settings = _settings.current()
     steps = steps_for(settings, ranks, [sys.executable, *argv])
+    warn_of_idle_spares(steps, policy, "--max-failures")
     ids = {variable("run_id"): settings.run_id or f"run-{uuid.uuid4().hex}"}
     attempt = 0
     failed: dict[str, str] = {}

@@ -38,6 +38,7 @@ from hpckit.launch.steps import (
     after_failure,
     requeued_instead,
     steps_for,
+    warn_of_idle_spares,
 )
 from hpckit.logs import log
 from hpckit.result import Result
@@ -68,6 +69,7 @@ def spawn(job: TrainingJob, settings: Settings) -> Result:
     steps = elastic.steps_for(settings, job, program, experiment) or \
         steps_for(settings, n, program)
     policy = RetryPolicy(job.run_config.failure_config.max_failures)
+    warn_of_idle_spares(steps, policy, "FailureConfig(max_failures)")
     payload = tempfile.mkdtemp(prefix=".hpckit-launch-", dir=_payload_dir(steps, experiment,
                                                                           settings))
     try:

@@ -178,6 +178,16 @@ def how_to_continue(job_id: str, experiment: str | None, named: bool) -> str:
             "RunConfig(name=...) or HPCKIT_NAME to make resubmitting resume).")
 
 
+def warn_of_idle_spares(steps: Steps, policy: RetryPolicy, setting: str) -> None:
+    """Once, as a run starts in an allocation: spare nodes that no restart will use
+    (:meth:`~hpckit.launch.allocation.Allocation.idle_spares`); ``setting`` names what sets
+    ``policy``'s restarts."""
+    said = steps.allocation and steps.allocation.idle_spares(steps.ranks, policy.max_failures,
+                                                             setting)
+    if said:
+        log.warning("%s", said)
+
+
 def steps_for(settings: Settings, ranks: int, program: list[str]) -> Steps:
     """Steps on this node, or across the Slurm allocation this process runs in."""
     allocation = current(settings)

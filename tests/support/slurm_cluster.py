@@ -5,7 +5,11 @@ One node is this host. Several nodes (``start(root, nodes=("n1", "n2", "n3"))``)
 slurmd on this host, each on a port of its own and in namespaces of its own
 (tests/nodes/slurm-node): its own hostname, its own small tmpfs as node-local disk at
 one shared path (``Slurm.local``), and an /etc/hosts where every node resolves to loopback.
-Killing a node's slurmd and every process under it is a node lost."""
+Killing a node's slurmd and every process under it is a node lost.
+
+A one-node Slurm that binds each task to its cores (``start(root, bind_cores=True)``), as
+sites with task/affinity or task/cgroup do, declares the machine's real cores, so that a
+task's CPUs are real ones: what a rank of a step is given shows in its affinity."""
 
 from __future__ import annotations
 
@@ -155,7 +159,7 @@ def _in_namespace(namespace: str) -> list[int]:
     return found
 
 
-def start(root: Path, nodes: tuple[str, ...] = ()) -> Slurm:
+def start(root: Path, nodes: tuple[str, ...] = (), bind_cores: bool = False) -> Slurm:
     root.mkdir(parents=True, exist_ok=True)
     for sub in ("munge-key", "munge-run", "state", "spool"):
         (root / sub).mkdir(exist_ok=True)
@@ -167,7 +171,7 @@ def start(root: Path, nodes: tuple[str, ...] = ()) -> Slurm:
     munge_socket = root / "munge-run" / "munge.socket"
     host = socket.gethostname()
     conf = root / "slurm.conf"
-    conf.write_text(_config(root, host, munge_socket, nodes))
+    conf.write_text(_config(root, host, munge_socket, nodes, bind_cores))
     env = {**os.environ, "SLURM_CONF": str(conf)}
     for name in list(env):
         if name.startswith(("SLURM_", "PMI_", "OMPI_")) and name != "SLURM_CONF":
@@ -213,9 +217,10 @@ def _wait_for(ready, timeout: float, message: str) -> None:
         time.sleep(0.5)
 
 
-def _node_lines(host: str, nodes: tuple[str, ...]) -> str:
+def _node_lines(host: str, nodes: tuple[str, ...], bind_cores: bool = False) -> str:
     if not nodes:
-        return _node_line(host) + f"\nSlurmdPort={_free_port()}"
+        line = _real_node_line(host) if bind_cores else _node_line(host)
+        return line + f"\nSlurmdPort={_free_port()}"
     # KillWait: a step's surviving tasks get SIGKILL 5 s after SIGTERM (sites: 30 s). Ranks
     # whose peer was killed cannot reach the report that a SIGTERM's stop waits for.
     return "KillWait=5\n" + "\n".join(f"{_node_line(n)} NodeHostname={host} Port={_free_port()}"
@@ -229,6 +234,17 @@ def _node_line(host: str) -> str:
                   2048)
     return (f"NodeName={host} NodeAddr=127.0.0.1 CPUs=8 Boards=1 SocketsPerBoard=1 "
             f"CoresPerSocket=8 ThreadsPerCore=1 RealMemory={int(memory * 0.9)} State=UNKNOWN")
+
+
+def _real_node_line(host: str) -> str:
+    """The machine as slurmd sees it (its CPUs, sockets, cores and threads): tasks bound to
+    cores are bound to real ones."""
+    detected = subprocess.run([_which("slurmd"), "-C"], capture_output=True, text=True).stdout
+    fields = dict(p.split("=", 1) for p in detected.split() if "=" in p)
+    hardware = " ".join(f"{k}={fields[k]}" for k in ("CPUs", "Boards", "SocketsPerBoard",
+                                                      "CoresPerSocket", "ThreadsPerCore"))
+    memory = int(int(fields.get("RealMemory", "2048")) * 0.9)
+    return f"NodeName={host} NodeAddr=127.0.0.1 {hardware} RealMemory={memory} State=UNKNOWN"
 
 
 def _first_job_id() -> int:
@@ -247,7 +263,10 @@ def _first_job_id() -> int:
     return block * JOB_ID_BLOCK + 1
 
 
-def _config(root: Path, host: str, munge_socket: Path, nodes: tuple[str, ...]) -> str:
+def _config(root: Path, host: str, munge_socket: Path, nodes: tuple[str, ...],
+            bind_cores: bool = False) -> str:
+    tasks = "TaskPlugin=task/affinity\nTaskPluginParam=Cores" if bind_cores else \
+        "TaskPlugin=task/none"
     return f"""\
 ClusterName=hpckit-test
 # Job ids never repeat on a real cluster; MPICH names node-local shared memory after them.
@@ -262,7 +281,7 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={munge_socket},cred_expire=10
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+{tasks}
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=pmi2
@@ -279,7 +298,7 @@ SlurmdLogFile={root}/slurmd-%n.log
 SlurmdTimeout=10
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
-{_node_lines(host, nodes)}
+{_node_lines(host, nodes, bind_cores)}
 # An "urgent" job preempts a "test" job as a site's high-priority queue would: Slurm sends
 # the test job's tasks SIGTERM, ends it GraceTime seconds later, and requeues it.
 PreemptType=preempt/partition_prio
