@@ -39,7 +39,10 @@ after its share of the checkpoint, and has not told rank 0;
 and, on rank 0, ``committing``: every rank has finished a background checkpoint and rank 0's
 commit thread is about to write its metrics line and manifest, while the ranks train on;
 ``validating``: a committed checkpoint's validation process has started, and its outcome is
-not recorded yet.
+not recorded yet;
+
+and that of a sweep's PBT exploit: ``exploiting``, the rank 0 of a trial's group has copied
+one more file of the donor's checkpoint into the trial's next checkpoint, not yet committed.
 
 Random-time kills need no hook: the tests send SIGKILL from outside. Ground layer.
 """

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 # The fault points of the commit protocol, in the order a report meets them (see run.faults).
 FAULT_PHASES = ("writing", "written", "gathered", "committed", "evicting", "taking", "handed",
                 "background", "persisted", "partnering", "draining", "staging", "serialising",
-                "committing", "validating", "resume_state")
+                "committing", "validating", "resume_state", "exploiting")
 DEFAULT_STOP_SIGNAL = signal.SIGUSR2  # NCCL may use SIGUSR1 itself (submitit made the same choice)
 DEFAULT_LOCK_STALE_SECONDS = 300.0
 # Peers that are merely slow (importing torch from a loaded shared filesystem) must not be

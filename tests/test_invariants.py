@@ -52,6 +52,8 @@ WRITERS = {
                                    "before rank 0 records them there",
     "hpckit/checkpoint.py": "Checkpoint.set_metadata and to_directory, the user's own calls",
     "hpckit/sweep/record.py": "sweep.json, the sweep directory's (not an experiment's)",
+    "hpckit/sweep/exploit.py": "PBT's copy of a donor's checkpoint into the trial's next "
+                               "checkpoint directory, before the trial's Experiment commits it",
     "hpckit/doctor/storage.py": "hpckit doctor's marker at the storage root, removed at once",
 }
 

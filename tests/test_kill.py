@@ -62,7 +62,9 @@ CACHED = ("partnering", "draining")
 # A rank's resume state is written only where it keeps one (a TorchTrainer, a prepared
 # loader): tests/test_exact_resume.py kills ranks there, on torch ranks.
 TORCH_ONLY = ("resume_state",)
-STORAGE_PHASES = tuple(p for p in PHASES if p not in CACHED + TORCH_ONLY)
+# A sweep's PBT exploit, copying a donor's checkpoint: tests/test_tune_schedulers.py kills there.
+SWEEP_ONLY = ("exploiting",)
+STORAGE_PHASES = tuple(p for p in PHASES if p not in CACHED + TORCH_ONLY + SWEEP_ONLY)
 OCCURRENCES = {"writing": (1, 3), "written": (1, 2), "gathered": (1, 2), "committed": (1, 2),
                "evicting": (1, 4, 9), "taking": (1, 4), "handed": (1, 3), "background": (1, 4), "persisted": (1, 2),
                "staging": (1, 3), "serialising": (1, 4), "committing": (1, 2),

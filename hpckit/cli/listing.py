@@ -145,9 +145,11 @@ def list_sweep(location: Location, sweep: SweepManifest, as_json: bool) -> None:
         echo_json([asdict(s) for s in states])
         return
     params = varied(states)
-    header = ["TRIAL", "STATUS", *params, f"BEST {sweep.metric or '-'}", "CHECKPOINTS"]
+    scheduled = ["SCHEDULER"] if any(s.history for s in states) else []  # paused, exploited...
+    header = ["TRIAL", "STATUS", *params, f"BEST {sweep.metric or '-'}", "CHECKPOINTS", *scheduled]
     table = [[s.trial, s.status, *(number(s.config.get(k)) for k in params), number(s.best),
-              str(s.checkpoints)] for s in states]
-    echo_table(header, table, [False, False, *([True] * len(params)), True, True])
+              str(s.checkpoints), *([s.history or "-"] if scheduled else [])] for s in states]
+    echo_table(header, table, [False, False, *([True] * len(params)), True, True,
+                               *([False] * len(scheduled))])
     click.echo(f"{len(states)} trial(s): " + ", ".join(f"{n} {s}"
                                                        for s, n in counts(states).items()))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import shutil
 import signal
 import tempfile
@@ -40,20 +41,21 @@ from hpckit.run.job import write_payload
 from hpckit.run.mpi.library import srun_plugin
 from hpckit.settings import Settings, variable
 from hpckit.storage.location import Location
+from hpckit.sweep.controller import Assignment, TuneController
+from hpckit.sweep.decisions import answer_files
 from hpckit.sweep.places import Places
 from hpckit.sweep.record import (
     ERROR,
     PENDING,
-    RUNNING,
     TERMINATED,
     SweepManifest,
-    SweepRecord,
     Trial,
 )
 from hpckit.sweep.spawned import TUNER
 from hpckit.sweep.trials import finished, ranks_per_trial
 from hpckit.sweep.trialsteps import (
     Step,
+    assignment_path,
     end_steps,
     failure_of,
     kill,
@@ -72,10 +74,11 @@ def across_nodes(settings: Settings) -> Allocation | None:
     return allocation if allocation is not None and len(allocation.nodes) > 1 else None
 
 
-def run_allocated(tuner: Any, manifest: SweepManifest, todo: list[int],
-                  writer: SweepRecord | None, location: Location, allocation: Allocation,
-                  settings: Settings) -> SweepManifest:
-    """Run the trials ``todo`` as job steps across ``allocation``; the sweep as they ended."""
+def run_allocated(tuner: Any, controller: TuneController, location: Location,
+                  allocation: Allocation, settings: Settings) -> SweepManifest:
+    """Run the trials the controller hands out as job steps across ``allocation``; the sweep
+    as they ended. Their reports reach the controller through files in the sweep's folder
+    (:class:`hpckit.sweep.decisions.Files`), which this process answers as it polls."""
     places = Places(allocation, ranks_per_trial(tuner.trainable))
     if not places.capacity():
         raise LaunchError(
@@ -94,9 +97,9 @@ def run_allocated(tuner: Any, manifest: SweepManifest, todo: list[int],
                       "define the training function at module level (not a lambda or a "
                       "nested function) and keep param_space picklable")
         os.makedirs(os.path.join(payload, heartbeat.FOLDER))
-        sweep = AllocatedSweep(places, payload, manifest, writer, location, settings,
+        sweep = AllocatedSweep(places, payload, controller, location, settings,
                                RetryPolicy(tuner.run_config.failure_config.max_failures), asked)
-        return sweep.run(todo)
+        return sweep.run()
     finally:
         shutil.rmtree(payload, ignore_errors=True)
 
@@ -104,13 +107,15 @@ def run_allocated(tuner: Any, manifest: SweepManifest, todo: list[int],
 class AllocatedSweep:
     """The trials' steps, started, watched and started again; the sweep manifest kept."""
 
-    def __init__(self, places: Places, payload: str, manifest: SweepManifest,
-                 writer: SweepRecord | None, location: Location, settings: Settings,
-                 policy: RetryPolicy, max_concurrent: int | None) -> None:
-        self.places, self.payload, self.manifest = places, payload, manifest
-        self.writer, self.location, self.settings = writer, location, settings
+    def __init__(self, places: Places, payload: str, controller: TuneController,
+                 location: Location, settings: Settings, policy: RetryPolicy,
+                 max_concurrent: int | None) -> None:
+        self.places, self.payload, self.controller = places, payload, controller
+        self.location, self.settings = location, settings
         self.policy, self.max_concurrent = policy, max_concurrent
-        self.queue: deque[int] = deque()
+        self.queue: deque[Assignment] = deque()  # trials to start again after a failure
+        self.assigned: dict[int, Assignment] = {}
+        self.done = False  # the controller has nothing left to hand out
         self.running: dict[int, Step] = {}
         self.failures: Counter[int] = Counter()
         self.stopping = False  # a stop reached the sweep: no trial starts any more
@@ -122,15 +127,19 @@ class AllocatedSweep:
     def alive_folder(self) -> str:
         return os.path.join(self.payload, heartbeat.FOLDER)
 
-    def run(self, todo: list[int]) -> SweepManifest:
-        self.queue.extend(todo)
+    @property
+    def manifest(self) -> SweepManifest:
+        return self.controller.manifest
+
+    def run(self) -> SweepManifest:
         log.info("trials run as job steps across the %d node(s) of Slurm job %s, up to %d "
                  "at once", len(self.places.alive), self.places.allocation.job_id,
                  self._limit())
         with self._forwarding():
             try:
-                while self.running or (self.queue and not self.stopping):
+                while self.running or (not self.stopping and (self.queue or not self.done)):
                     self._start_what_fits()
+                    answer_files(self.payload, self.controller)
                     self._collect_ended()
                     self._leave_out_lost()
                     time.sleep(POLL_S)
@@ -139,7 +148,7 @@ class AllocatedSweep:
                 if isinstance(exc, KeyboardInterrupt):
                     self._interrupted()
                 raise
-        if self.stopping and (self.queue or self.stopped):
+        if self.stopping and (self.queue or self.stopped or not self.done):
             self._stop()
         return self.manifest
 
@@ -147,16 +156,28 @@ class AllocatedSweep:
         return min(self.max_concurrent or self.places.capacity(), self.places.capacity())
 
     def _start_what_fits(self) -> None:
-        while self.queue and not self.stopping and len(self.running) < self._limit():
+        while not self.stopping and len(self.running) < self._limit():
+            if not self.queue and self.done:
+                return
             nodes = self.places.take()
             if nodes is None:
+                break
+            assignment = self.queue.popleft() if self.queue else self.controller.next_trial()
+            if not isinstance(assignment, Assignment):
+                self.places.release(nodes)
+                self.done = assignment is None and not self.running
                 return
-            self._start(self.queue.popleft(), nodes)
-        if self.queue and not self.running and not self.places.capacity():
+            self._start(assignment, nodes)
+        if (self.queue or not self.done) and not self.running and not self.places.capacity():
             self._no_node_left()
 
-    def _start(self, index: int, nodes: tuple[str, ...]) -> None:
-        trial = self.manifest.trials[index]
+    def _start(self, assignment: Assignment, nodes: tuple[str, ...]) -> None:
+        trial, index = assignment.trial, assignment.trial.index
+        self.assigned[index] = assignment
+        with open(assignment_path(self.payload, index) + ".part", "wb") as f:
+            pickle.dump(assignment, f)
+        os.replace(assignment_path(self.payload, index) + ".part",
+                   assignment_path(self.payload, index))
         for node in nodes:  # silent until this step's rank beats, not stale
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(self.alive_folder, node))
@@ -167,7 +188,6 @@ class AllocatedSweep:
         self.running[index] = start_step(self.places.allocation, nodes, index,
                                          self.places.per_trial, self._mpi, env, self.settings,
                                          overlap=bool(self.places.lost))
-        self._record(replace(trial, status=RUNNING, error=None))
         log.info("trial %s starts on %s", trial.dirname, ",".join(nodes))
 
     def _collect_ended(self) -> None:
@@ -180,7 +200,7 @@ class AllocatedSweep:
             self._ended(step, code)
 
     def _ended(self, step: Step, code: int) -> None:
-        trial = self.manifest.trials[step.trial]
+        trial = self.assigned[step.trial].trial
         ended = (read_outcome(self.payload, step.trial) or self._finished(trial)
                  if code == exits.OK else None)
         if ended is not None:
@@ -191,7 +211,7 @@ class AllocatedSweep:
         elif code != exits.OK and (not exits.restarts_after(code) or self.stopping):
             self.stopping = True  # stopped or interrupted: the sweep stops with it
             self.stopped.append(step.trial)
-            self._record(replace(trial, status=PENDING))
+            self._record(replace(trial, status=PENDING))  # it resumes in the next run
         else:
             self._failed(step, code)
 
@@ -207,7 +227,7 @@ class AllocatedSweep:
         lost. Started again from its last committed checkpoint where its policy allows."""
         if not step.lost:  # a node that died under it may have ended it first
             step.lost = self._lose(lost.lost_nodes(step.nodes))
-        trial = self.manifest.trials[step.trial]
+        trial = self.assigned[step.trial].trial
         why = failure_of(step, code, self.location.join(trial.dirname))
         end_abandoned_attempt(self.location.join(trial.dirname), why)  # where its ranks could not
         failed = self.failures[step.trial]
@@ -216,7 +236,7 @@ class AllocatedSweep:
             self._record(replace(trial, status=ERROR, error=f"TrainingFailedError: {why}"))
             return
         self.failures[step.trial] += 1
-        self.queue.appendleft(step.trial)
+        self.queue.appendleft(self.assigned[step.trial])
         log.warning("trial %s failed on %s (%s); starting it again from its last committed "
                     "checkpoint (%s)", trial.dirname, ",".join(step.nodes), why,
                     self.policy.describe(failed + 1))
@@ -246,7 +266,7 @@ class AllocatedSweep:
         allocation = self.places.allocation
         said = (f"node(s) {','.join(sorted(self.places.lost))} of Slurm job "
                 f"{allocation.job_id} lost, and no node is left for the sweep's "
-                f"{len(self.queue)} trial(s) to run. Finished trials and every trial's "
+                "trials left to run. Finished trials and every trial's "
                 "committed checkpoints are kept: requeue the job, or run the same command "
                 "in a new one, and the sweep resumes.")
         if requeued_instead(said, self.settings):
@@ -256,8 +276,7 @@ class AllocatedSweep:
     def _stop(self) -> None:
         """A stop reached the sweep with trials left: it ends, continued by a requeue (the
         trials that took the stop asked Slurm for it; where none did, this process asks)."""
-        left = len(self.queue) + len(self.stopped)
-        said = (f"the sweep stopped with {left} trial(s) to run or resume; running the same "
+        said = ("the sweep stopped with trials left to run or resume; running the same "
                 "command again continues it")
         if self.stopped:
             log.warning("%s", said)
@@ -272,9 +291,8 @@ class AllocatedSweep:
         raise uncaught.shown_elsewhere(KeyboardInterrupt())
 
     def _record(self, trial: Trial) -> None:
-        self.manifest = self.manifest.with_trial(trial)
-        if self.writer is not None:
-            self.writer.save(self.manifest)
+        """How the trial's step ended, told to the controller."""
+        self.controller.on_ended(trial)
 
     @contextlib.contextmanager
     def _forwarding(self) -> Iterator[None]:

@@ -11,6 +11,7 @@ import math
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import IO, Any
 
 from hpckit.logs import log
@@ -25,10 +26,10 @@ EVERY = 5.0  # seconds, as Ray Tune's default max_report_frequency
 class Progress:
     """A thread that reads the trials' own runs and prints the table when it changed."""
 
-    def __init__(self, location: Location, sweep: SweepManifest, shown: bool | None,
-                 every: float = EVERY, out: IO[str] | None = None) -> None:
+    def __init__(self, location: Location, sweep: SweepManifest | Callable[[], SweepManifest],
+                 shown: bool | None, every: float = EVERY, out: IO[str] | None = None) -> None:
         self.location = location
-        self.sweep = sweep
+        self._sweep = sweep  # or where to read it: a search adds trials as it goes
         self.every = every
         self.out = out or sys.stdout
         self.shown = _is_terminal(self.out) if shown is None else shown
@@ -57,9 +58,14 @@ class Progress:
             except Exception as exc:  # a storage hiccup must not end the sweep
                 log.debug("progress table: %s", exc)
 
+    @property
+    def sweep(self) -> SweepManifest:
+        return self._sweep() if callable(self._sweep) else self._sweep
+
     def show(self) -> None:
-        states = trial_states(self.location, self.sweep)
-        text = render(self.sweep, states)
+        sweep = self.sweep
+        states = trial_states(self.location, sweep)
+        text = render(sweep, states)
         if text != self._shown:
             self._shown = text
             elapsed = time.monotonic() - self.started
@@ -76,9 +82,12 @@ def render(sweep: SweepManifest, states: list[TrialState]) -> str:
         lead += f" | best {sweep.metric}={_number(best.best)} ({best.trial})"
     params = varied(states)
     metric = sweep.metric or "-"
-    header = ["TRIAL", "STATUS", *params, "REPORTS", metric, f"best {metric}"]
+    scheduled = any(s.history for s in states)
+    header = ["TRIAL", "STATUS", *params, "REPORTS", metric, f"best {metric}",
+              *(["SCHEDULER"] if scheduled else [])]
     rows = [[s.trial, s.status, *(_number(s.config.get(k)) for k in params), str(s.reports),
-             _number(s.last), _number(s.best)] for s in _shown_states(sweep, states)]
+             _number(s.last), _number(s.best), *([s.history or "-"] if scheduled else [])]
+            for s in _shown_states(sweep, states)]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
              for r in [header, *rows]]

@@ -15,16 +15,21 @@ from typing import Any
 
 import pyarrow.fs
 
-from hpckit.errors import ManifestError
+from hpckit.errors import HpckitError, ManifestError
 from hpckit.experiment.manifest import SWEEP_NAME
 from hpckit.experiment.values import jsonable
+from hpckit.logs import log
 from hpckit.storage import files
 from hpckit.storage.location import Location
 
 FILENAME = SWEEP_NAME
 FORMAT = 1
-PENDING, RUNNING, TERMINATED, ERROR = "PENDING", "RUNNING", "TERMINATED", "ERROR"
+SCHEDULED = 2  # a sweep with a scheduler or a search algorithm: decisions, events, its state
+PENDING, RUNNING, PAUSED, TERMINATED, ERROR = "PENDING", "RUNNING", "PAUSED", "TERMINATED", "ERROR"
+PAUSE, STOP = "PAUSE", "STOP"  # what the scheduler told a running trial
 SHORT = 60
+STATE_FILE = "search-state-{:06d}.pkl"
+STATE_PATTERN = re.compile(r"search-state-\d{6,}\.pkl")
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,11 @@ class Trial:
     status: str = PENDING
     error: str | None = None
     last: dict[str, Any] = field(default_factory=dict)
+    # Scheduled sweeps only: what the scheduler told the trial's run (PAUSE, STOP), until it
+    # ended; and its history: {"event": "paused" | "stopped" | "exploited" | "donated",
+    # "iteration": ..., ...}, oldest first.
+    decision: str | None = None
+    events: tuple[dict[str, Any], ...] = ()
 
     @property
     def trial_id(self) -> str:
@@ -49,20 +59,44 @@ class SweepManifest:
     metric: str | None
     mode: str | None
     trials: tuple[Trial, ...]
+    # Scheduled sweeps only: the scheduler's and the search algorithm's names, and the file
+    # beside sweep.json that holds their state and the trials' exact params (written first).
+    scheduler: str | None = None
+    searcher: str | None = None
+    state: str | None = None
+
+    @property
+    def scheduled(self) -> bool:
+        return self.scheduler is not None or self.searcher is not None
 
     def with_trial(self, trial: Trial) -> SweepManifest:
         return replace(self, trials=tuple(trial if t.index == trial.index else t
                                           for t in self.trials))
 
     def to_json(self) -> dict[str, Any]:
+        """Format 1 where nothing was scheduled (what earlier hpckit reads), else 2."""
+        if not self.scheduled:
+            body = {k: v for k, v in self.__dict__.items()
+                    if k not in ("trials", "scheduler", "searcher", "state")}
+            trials = [{k: v for k, v in t.__dict__.items() if k not in ("decision", "events")}
+                      for t in self.trials]
+            return {"format": FORMAT, **body, "trials": trials}
         body = {k: v for k, v in self.__dict__.items() if k != "trials"}
-        return {"format": FORMAT, **body, "trials": [t.__dict__ for t in self.trials]}
+        return {"format": SCHEDULED, **body, "trials": [t.__dict__ for t in self.trials]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SweepManifest:
-        trials = tuple(Trial(**t) for t in data["trials"])
+        if data.get("format", FORMAT) not in (FORMAT, SCHEDULED):
+            raise ValueError(f"format {data.get('format')!r} is newer than this hpckit reads "
+                             f"({SCHEDULED}); upgrade hpckit")
+        trials = tuple(Trial(**{**t, "events": tuple(t.get("events") or ())})
+                       for t in data["trials"])
         return cls(data["name"], data["seed"], data["num_samples"], data.get("metric"),
-                   data.get("mode"), trials)
+                   data.get("mode"), trials, data.get("scheduler"), data.get("searcher"),
+                   data.get("state"))
+
+    def with_trials(self, trials: tuple[Trial, ...]) -> SweepManifest:
+        return replace(self, trials=trials)
 
 
 def dirname(index: int, params: dict[str, Any], paths: list[tuple[str, ...]]) -> str:
@@ -98,3 +132,23 @@ class SweepRecord:
         files.make_dir(self.location)
         text = json.dumps(jsonable(manifest.to_json()), indent=1, sort_keys=True)
         files.write_atomic(self.file, text.encode())
+
+    def save_state(self, version: int, data: bytes) -> str:
+        """A new state file (the scheduler's and searcher's state, the trials' params), named
+        by ``version``; :meth:`save` then names it in sweep.json, the commit."""
+        name = STATE_FILE.format(version)
+        files.write_atomic(self.location.join(name), data)
+        return name
+
+    def load_state(self, name: str) -> bytes:
+        if not STATE_PATTERN.fullmatch(name):
+            raise ManifestError(f"{self.file.display} names {name!r} as its state, which is not "
+                                "a state file of hpckit's; move sweep.json aside to start anew.")
+        return files.read_bytes(self.location.join(name))
+
+    def remove_state(self, name: str) -> None:
+        """A state file that sweep.json no longer names: best-effort."""
+        try:
+            files.delete_file(self.location.join(name), missing_ok=True)
+        except HpckitError as exc:
+            log.debug("could not remove %s: %s", name, exc)

@@ -1,6 +1,8 @@
 """A sweep's trials as they stand, read from each trial's own run (the sweep manifest may
 not know yet): status, reports so far, the sweep metric's last and best values, checkpoints
-kept. ``hpckit ls SWEEP`` and the live progress table show these."""
+kept; and what a scheduler did to them (paused, stopped early, exploited another trial's
+checkpoint), from the sweep manifest. ``hpckit ls SWEEP`` and the live progress table show
+these."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from hpckit.experiment.nested import flatten
 from hpckit.experiment.reading import read_manifest, read_metrics
 from hpckit.experiment.retention import score_of
 from hpckit.storage.location import Location
-from hpckit.sweep.record import ERROR, SweepManifest, Trial
+from hpckit.sweep.record import ERROR, PAUSED, SweepManifest, Trial
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,7 @@ class TrialState:
     best: float | None
     checkpoints: int
     error: str | None
+    history: str = ""  # what the scheduler did: "paused at 3, exploited 00002 at 4"
 
 
 def trial_states(location: Location, sweep: SweepManifest) -> list[TrialState]:
@@ -35,13 +38,33 @@ def _state(location: Location, sweep: SweepManifest, trial: Trial) -> TrialState
     manifest = read_manifest(directory)
     last = manifest.last_attempt if manifest else None
     status = last.status.value if last else ("error" if trial.status == ERROR else "pending")
+    if trial.status == PAUSED and status != "running":
+        status = "paused"  # its own run ended at the pause
+    elif status == "finished" and trial.events and trial.events[-1].get("event") == "stopped":
+        status = "stopped early"
     entries = read_metrics(directory) if manifest else []
     scores = [s for entry in entries if sweep.metric is not None
               and (s := score_of(entry["metrics"], sweep.metric)) is not None]
     best = (max(scores) if sweep.mode == "max" else min(scores)) if scores else None
     return TrialState(trial.dirname, status, flatten(trial.config), len(entries),
                       scores[-1] if scores else None, best,
-                      len(manifest.checkpoints) if manifest else 0, trial.error)
+                      len(manifest.checkpoints) if manifest else 0, trial.error,
+                      history(trial))
+
+
+def history(trial: Trial) -> str:
+    """What the scheduler did to ``trial``, in a few words: each kind of event once, the
+    last one's iteration, and how many times (``paused ×4, exploited 00002 at 12 ×2``)."""
+    kinds: dict[str, list[dict[str, Any]]] = {}
+    for event in trial.events:
+        kinds.setdefault(str(event.get("event")), []).append(event)
+    said = []
+    for kind, events in kinds.items():
+        last = events[-1]
+        who = {"exploited": f" {last.get('donor')}", "donated": f" to {last.get('to')}"}.get(kind, "")
+        at = f" at {last['iteration']}" if last.get("iteration") is not None else ""
+        said.append(f"{kind}{who}{at}" + (f" ×{len(events)}" if len(events) > 1 else ""))
+    return ", ".join(said)
 
 
 def varied(states: list[TrialState]) -> list[str]:

@@ -1,5 +1,7 @@
 """Packing trials into one job: the launched world split into groups of a trial's ranks, and
-a queue on world rank 0 from which each group's leader takes the next trial.
+a queue on world rank 0 from which each group's leader takes the next trial, as the sweep's
+controller (:mod:`hpckit.sweep.controller`) chooses it, and through which its trial's reports
+are decided.
 
 The queue is served by a thread of rank 0 on a communicator of its own (MPI is initialised
 with MPI_THREAD_MULTIPLE), so a leader gets its next trial at once even while rank 0 trains
@@ -10,19 +12,24 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from hpckit.errors import ConfigError
 from hpckit.run.mpi import progress
 from hpckit.run.mpi.waiting import receive_from, send_to
+from hpckit.sweep.controller import WAIT
+from hpckit.sweep.decisions import DECISION, RESULT, STOP
 
 if TYPE_CHECKING:
     from mpi4py.MPI import Comm
 
+    from hpckit.sweep.controller import Assignment, TuneController
+    from hpckit.sweep.record import Trial
+
 ASK, ANSWER = 71, 72
 POLL_S = 0.01
+WAIT_S = 0.05  # a leader told to wait asks again after this
 
 
 @dataclass(frozen=True)
@@ -62,33 +69,42 @@ def split(world: Comm, per_trial: int, max_concurrent: int | None) -> Groups:
 
 
 class TrialQueue:
-    """Hands out the positions of ``pending`` one at a time, to whichever leader asks first.
-    Collective: every rank of ``world`` makes it and closes it."""
+    """Hands each group's leader its next trial from the sweep's controller on world rank 0,
+    and answers the reports of the trials they run (:class:`hpckit.sweep.decisions.Messages`).
+    A leader's request carries how its previous trial ended. Collective: every rank of
+    ``world`` makes it and closes it."""
 
-    def __init__(self, world: Comm, pending: Sequence[int], leaders: int) -> None:
-        self._comm = world.Dup()
-        self._pending = list(pending)
-        self._lock = threading.Lock()
+    def __init__(self, world: Comm, controller: TuneController | None, leaders: int) -> None:
+        self.comm = world.Dup()
+        self._controller = controller  # on rank 0 only
         self._abandoned = threading.Event()
         self._server: threading.Thread | None = None
-        if self._comm.rank == 0:
+        self.failure: BaseException | None = None
+        if self.comm.rank == 0:
             self._server = threading.Thread(target=self._serve, args=(leaders,),
                                             name="hpckit-trial-queue", daemon=True)
             self._server.start()
 
-    def take(self) -> int | None:
-        """The next trial's index for this rank's group (its leader asks); None when none is
-        left."""
-        if self._comm.rank == 0:
-            return self._next()
-        send_to(self._comm, None, 0, ASK)
-        answer: int | None = receive_from(self._comm, 0, ANSWER)
-        return answer
+    def take(self, ended: Trial | None) -> Assignment | None:
+        """The next trial for this rank's group (its leader asks), after telling how its
+        previous one ``ended``; None when the sweep has nothing left for it."""
+        while True:
+            if self.comm.rank == 0:
+                answer = self._answer(ended)
+            else:
+                send_to(self.comm, ended, 0, ASK)
+                answer = receive_from(self.comm, 0, ANSWER)
+            ended = None
+            if answer != WAIT:
+                return cast("Assignment | None", answer)
+            time.sleep(WAIT_S)
 
     def close(self) -> None:
         if self._server is not None:
             self._server.join()
-        progress.free(self._comm)
+        progress.free(self.comm)
+        if self.failure is not None:
+            raise self.failure
 
     def abandon(self) -> None:
         """The sweep ends early here (a stop signal, Ctrl-C, an error): the server thread
@@ -97,9 +113,25 @@ class TrialQueue:
         if self._server is not None:
             self._server.join()
 
-    def _next(self) -> int | None:
-        with self._lock:
-            return self._pending.pop(0) if self._pending else None
+    def _answer(self, ended: Trial | None) -> Assignment | str | None:
+        if self.failure is not None or self._controller is None:
+            return None
+        try:
+            if ended is not None:
+                self._controller.on_ended(ended)
+            return self._controller.next_trial()
+        except Exception as exc:  # the sweep's decisions failed: every group stops taking
+            self.failure = exc
+            return None
+
+    def _decide(self, asked: tuple[int, dict[str, Any], bool]) -> str:
+        if self.failure is not None or self._controller is None:
+            return STOP
+        try:
+            return self._controller.on_result(*asked)
+        except Exception as exc:
+            self.failure = exc
+            return STOP
 
     def _serve(self, leaders: int) -> None:
         """Answer the other leaders until each has been told that nothing is left."""
@@ -108,11 +140,14 @@ class TrialQueue:
         remote = leaders - 1  # rank 0 leads a group and takes its trials directly
         status = MPI.Status()
         while remote > 0 and not self._abandoned.is_set():
-            if not self._comm.Iprobe(source=MPI.ANY_SOURCE, tag=ASK, status=status):
+            if not self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
                 time.sleep(POLL_S)
                 continue
-            asker = status.Get_source()
-            receive_from(self._comm, asker, ASK)
-            answer = self._next()
-            send_to(self._comm, answer, asker, ANSWER)
+            asker, tag = status.Get_source(), status.Get_tag()
+            if tag == RESULT:
+                send_to(self.comm, self._decide(receive_from(self.comm, asker, RESULT)), asker,
+                        DECISION)
+                continue
+            answer = self._answer(receive_from(self.comm, asker, ASK))
+            send_to(self.comm, answer, asker, ANSWER)
             remote -= answer is None

@@ -62,6 +62,12 @@ def start_step(allocation: Allocation, nodes: tuple[str, ...], trial: int, ranks
     return Step(trial, nodes, process, name)
 
 
+def assignment_path(payload: str, index: int) -> str:
+    """Where the sweep's process leaves a trial's assignment (its params, and the trial it
+    exploits) for the trial's ranks."""
+    return os.path.join(payload, f"trial-{index}.pkl")
+
+
 def outcome_path(payload: str, index: int) -> str:
     return os.path.join(payload, f"trial-{index}.json")
 

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import random
 import zlib
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from hpckit import logs
 from hpckit import settings as _settings
 from hpckit.config import RunConfig
-from hpckit.errors import ConfigError, ManifestError, TrainingFailedError
+from hpckit.errors import ConfigError, HpckitError, ManifestError, TrainingFailedError
 from hpckit.experiment.values import jsonable
 from hpckit.launch import mainimport
 from hpckit.logs import log
@@ -30,11 +31,15 @@ from hpckit.storage.location import Location, resolve
 from hpckit.sweep import space, trialqueue
 from hpckit.sweep.allocated import across_nodes, run_allocated
 from hpckit.sweep.config import TuneConfig
+from hpckit.sweep.context import TrialInfo, entered
+from hpckit.sweep.controller import Assignment, TuneController, resumed_statuses
+from hpckit.sweep.decisions import Direct, ReportAsker, serving
+from hpckit.sweep.exploit import adopt
 from hpckit.sweep.packed import run_packed
 from hpckit.sweep.progress import Progress
 from hpckit.sweep.record import (
     ERROR,
-    RUNNING,
+    PAUSED,
     TERMINATED,
     SweepManifest,
     SweepRecord,
@@ -42,6 +47,9 @@ from hpckit.sweep.record import (
     dirname,
 )
 from hpckit.sweep.results import ResultGrid
+from hpckit.sweep.search.searcher import Searcher
+from hpckit.sweep.search.variants import BasicVariantGenerator
+from hpckit.sweep.searching import Search, search_for
 from hpckit.sweep.spawned import run_spawned
 from hpckit.sweep.trials import (
     Trainable,
@@ -111,48 +119,79 @@ class Tuner:
         if comm is not None:
             trialqueue.check(comm.size, ranks_per_trial(self.trainable))
         share = current.array_share
-        manifest = self._agree(comm, record, location, shared=share is not None)
-        params = self._params(manifest)
+        search = search_for(self.tune_config, self.param_space, self._dirname, share is not None)
+        self._say_what_has_no_effect(comm)
+        manifest = self._agree(comm, record, location, search, shared=share is not None)
         todo = self._todo(manifest, share)
         log.info("sweep %s: %d trial(s), %d to run%s", location.display, len(manifest.trials),
                  len(todo), f" (array task {share[0]} of {share[1]})" if share else "")
         # Array tasks share the sweep: once planned, its trials' own manifests say how each went.
         writer = record if share is None else None
+        controller = None
+        if comm is None or comm.rank == 0:
+            controller = self._controller(manifest, record, writer, todo, search, location)
         shown = current.progress if comm is None or comm.rank == 0 else False
-        with Progress(location, manifest, shown):
-            manifest = self._run(comm, manifest, params, todo, writer, location)
+        source = (lambda: controller.manifest) if controller is not None else (lambda: manifest)
+        with Progress(location, source, shown):
+            manifest = self._run(comm, controller, manifest, writer, location, search)
         if share is not None:  # the other tasks' trials, as far as they have got
             manifest = _on_root(comm, lambda: _with_finished_trials(manifest, location))
-        self._results = self._grid(manifest, params, location)
+        self._results = self._grid(manifest, self._exact_params(manifest, controller), location)
         return self._results
 
-    def _run(self, comm: Comm | None, manifest: SweepManifest, params: dict[int, dict[str, Any]],
-             todo: list[int], writer: SweepRecord | None, location: Location) -> SweepManifest:
-        """The trials ``todo``: packed onto ``comm``'s ranks (:mod:`hpckit.sweep.packed`), or
-        each a job step across the Slurm allocation this process runs in (:mod:`.allocated`),
-        or onto ``max_concurrent_trials`` groups of ranks started here (:mod:`.spawned`), or
-        one after another here."""
-        groups = min(self.tune_config.max_concurrent_trials or 1, len(todo))
-        if comm is None and todo and (allocation := across_nodes(_settings.current())):
-            return run_allocated(self, manifest, todo, writer, location, allocation,
-                                 _settings.current())
-        if comm is None and groups > 1:
+    def _controller(self, manifest: SweepManifest, record: SweepRecord,
+                    writer: SweepRecord | None, todo: list[int], search: Search | None,
+                    location: Location) -> TuneController:
+        """The sweep's decisions, on its rank 0: the scheduler's and searcher's state as the
+        sweep kept it, or each trial added to them afresh."""
+        controller = TuneController(resumed_statuses(manifest), self._params(manifest),
+                                    location, writer, todo, search,
+                                    live=search is not None)
+        if search is not None and manifest.state:
+            controller.restore(record.load_state(manifest.state))
+        elif search is not None:
+            for trial in controller.get_trials():
+                if not trial.is_finished():
+                    search.scheduler.on_trial_add(controller, trial)
+        return controller
+
+    def _run(self, comm: Comm | None, controller: TuneController | None,
+             manifest: SweepManifest, writer: SweepRecord | None, location: Location,
+             search: Search | None) -> SweepManifest:
+        """The trials the controller hands out: packed onto ``comm``'s ranks
+        (:mod:`hpckit.sweep.packed`), or each a job step across the Slurm allocation this
+        process runs in (:mod:`.allocated`), or onto ``max_concurrent_trials`` groups of ranks
+        started here (:mod:`.spawned`), or one after another here."""
+        concurrent = self._max_concurrent()
+        if comm is not None:
+            return run_packed(comm, ranks_per_trial(self.trainable), concurrent, controller,
+                              lambda assignment, group: self._attempt(assignment, location, group))
+        if controller is None or not controller.has_work():  # only rank 0 has one
+            return controller.manifest if controller is not None else manifest
+            return controller.manifest
+        if allocation := across_nodes(_settings.current()):
+            return run_allocated(self, controller, location, allocation, _settings.current())
+        groups = concurrent or 1
+        if groups > 1 or (search is not None and ranks_per_trial(self.trainable) > 1):
+            # The ranks decide on their own world rank 0; this process waits for them.
+            if writer is not None:
+                writer.save(controller.manifest)
             run_spawned(self, groups * ranks_per_trial(self.trainable), _settings.current())
             return _with_finished_trials(SweepRecord(location).load() or manifest, location)
-        if comm is None:
-            for index in todo:
-                manifest = self._one_by_one(manifest.trials[index], params[index], manifest,
-                                            writer, location)
-            return manifest
-        ended = run_packed(comm, ranks_per_trial(self.trainable),
-                           self.tune_config.max_concurrent_trials, todo,
-                           lambda i, group: self._attempt(manifest.trials[i], params[i],
-                                                          location, group))
-        for trial in ended:
-            manifest = manifest.with_trial(trial)
-        if comm.rank == 0 and writer is not None:
-            writer.save(manifest)
-        return manifest
+        return run_here(controller, lambda a: self._attempt(a, location, None))
+
+    def _max_concurrent(self) -> int | None:
+        """TuneConfig's, or the BasicVariantGenerator's ``max_concurrent``."""
+        given = self.tune_config.search_alg
+        limit = getattr(given, "max_concurrent", 0) if isinstance(given, BasicVariantGenerator) \
+            else 0
+        concurrent = self.tune_config.max_concurrent_trials
+        return min(x for x in (concurrent, limit or None) if x) if (concurrent or limit) else None
+
+    def _say_what_has_no_effect(self, comm: Comm | None) -> None:
+        if self.tune_config.reuse_actors and (comm is None or comm.rank == 0):
+            log.warning("TuneConfig(reuse_actors=True) has no effect: hpckit runs each trial as "
+                        "a run of its own, on its slot's ranks")
 
     def get_results(self) -> ResultGrid:
         if self._results is None:
@@ -177,39 +216,53 @@ class Tuner:
         return [index for index in todo if index % count == position]
 
     def _agree(self, comm: Comm | None, record: SweepRecord, location: Location,
-               shared: bool) -> SweepManifest:
+               search: Search | None, shared: bool) -> SweepManifest:
         """Rank 0 reads or creates the sweep manifest; every rank gets the same one, or the
         same error."""
-        manifest: SweepManifest = _on_root(comm, lambda: _with_finished_trials(self._planned(record, shared),
-                                                                  location))
+        manifest: SweepManifest = _on_root(comm, lambda: _with_finished_trials(
+            self._planned(record, search, shared), location))
         return manifest
 
-    def _planned(self, record: SweepRecord, shared: bool) -> SweepManifest:
+    def _planned(self, record: SweepRecord, search: Search | None, shared: bool) -> SweepManifest:
         """The sweep manifest found, or planned and saved. Array tasks that plan it at once
-        must draw the same trials: their default seed comes from the sweep's name."""
+        must draw the same trials: their default seed comes from the sweep's name. A search
+        algorithm's trials are made as it suggests them: none is planned."""
         found = record.load()
         config = self.tune_config
-        seed = found.seed if found else config.seed
+        seed = found.seed if found else self._seed()
         if seed is None:
             seed = (zlib.crc32(record.location.name.encode()) if shared
                     else random.SystemRandom().randrange(2**31))
-        if self.param_space is None and found is not None:
-            return found
-        trials = space.expand(self.param_space or {}, config.num_samples, seed)
-        paths = space.varied(self.param_space or {})
+        names = _names(config, search)
+        if found is not None and (self.param_space is None or (search and search.dynamic)):
+            return replace(found, **names) if search else found
+        trials = () if search and search.dynamic else tuple(
+            Trial(i, self._dirname(i, p, space.varied(self.param_space or {})), jsonable(p))
+            for i, p in enumerate(self._expand(config.num_samples, seed)))
         planned = SweepManifest(record.location.name, seed, config.num_samples, config.metric,
-                                config.mode, tuple(
-                                    Trial(i, self._dirname(i, p, paths), jsonable(p))
-                                    for i, p in enumerate(trials)))
+                                config.mode, trials, **names)
         if found is None:
             record.save(planned)
             return planned
-        if [t.config for t in found.trials] != [t.config for t in planned.trials]:
+        if _planned_configs(found) != [t.config for t in planned.trials]:
             raise ConfigError(
                 f"{record.file.display} was made from another param_space or num_samples; "
                 "give this sweep another RunConfig(name=...), or restore it as it was "
                 "(Tuner.restore(path, trainable) without param_space).")
-        return found
+        return replace(found, **names) if search else found
+
+    def _seed(self) -> int | None:
+        given = self.tune_config.search_alg
+        if isinstance(given, BasicVariantGenerator) and given.random_state is not None:
+            return given.random_state
+        return self.tune_config.seed
+
+    def _expand(self, num_samples: int, seed: int) -> list[dict[str, Any]]:
+        """The planned trials' params (BasicVariantGenerator's options where it was given)."""
+        given = self.tune_config.search_alg
+        options = given if isinstance(given, BasicVariantGenerator) else BasicVariantGenerator()
+        return space.expand(self.param_space or {}, num_samples, seed,
+                            options.points_to_evaluate, options.constant_grid_search)
 
     def _dirname(self, index: int, params: dict[str, Any], paths: list[tuple[str, ...]]) -> str:
         creator = self.tune_config.trial_dirname_creator
@@ -224,36 +277,57 @@ class Tuner:
 
     def _params(self, manifest: SweepManifest) -> dict[int, dict[str, Any]]:
         """The exact params of each trial: drawn again from the seed (JSON may have lost
-        their types), or as recorded when the sweep is restored without its param_space."""
-        if self.param_space is None:
-            return {t.index: t.config for t in manifest.trials}
-        drawn = space.expand(self.param_space, manifest.num_samples, manifest.seed)
-        return dict(enumerate(drawn))
+        their types), or as recorded when the sweep is restored without its param_space, or
+        made by a search algorithm (exact from the sweep's state, :meth:`TuneController.restore`)."""
+        recorded = {t.index: t.config for t in manifest.trials}
+        if self.param_space is None or isinstance(self.tune_config.search_alg, Searcher):
+            return recorded
+        drawn = self._expand(manifest.num_samples, manifest.seed)
+        return {**recorded, **dict(enumerate(drawn))}
 
-    def _one_by_one(self, trial: Trial, params: dict[str, Any], manifest: SweepManifest,
-                    writer: SweepRecord | None, location: Location) -> SweepManifest:
-        """One trial in this process, the sweep manifest saying so before and after."""
-        manifest = manifest.with_trial(replace(trial, status=RUNNING, error=None))
-        if writer is not None:
-            writer.save(manifest)
-        manifest = manifest.with_trial(self._attempt(trial, params, location, None))
-        if writer is not None:
-            writer.save(manifest)
-        return manifest
+    def _exact_params(self, manifest: SweepManifest,
+                      controller: TuneController | None) -> dict[int, dict[str, Any]]:
+        if controller is None:
+            return self._params(manifest)
+        return {t.index: t.config for t in controller.get_trials_all()}
 
-    def _attempt(self, trial: Trial, params: dict[str, Any], location: Location,
-                 group: Comm | None) -> Trial:
-        """Run one trial (on ``group``'s ranks, or as fit() does); the trial as it ended."""
-        log.info("trial %s starts: %s", trial.dirname, trial.config)
+    def _attempt(self, assignment: Assignment, location: Location, group: Comm | None) -> Trial:
+        """Run one trial (on ``group``'s ranks, or as fit() does); the trial as it ended. A
+        trial that exploited another starts from a copy of its newest checkpoint."""
+        trial = assignment.trial
+        log.info("trial %s starts: %s", trial.dirname, jsonable(assignment.params))
+        run_config = trial_run_config(self.run_config, location, trial.dirname)
+        if assignment.live:
+            run_config = replace(run_config, stop=ReportAsker(trial.index, run_config.stop))
+        info = TrialInfo(trial.trial_id, self._trial_name(trial, assignment.params), trial.dirname)
         try:
-            result = run_trial(self.trainable, params,
-                               trial_run_config(self.run_config, location, trial.dirname), group)
+            if assignment.donor is not None:
+                self._adopt(location.join(trial.dirname), location.join(assignment.donor), group)
+            with entered(info):
+                result = run_trial(self.trainable, assignment.params, run_config, group)
         except TrainingFailedError as exc:
             log.error("trial %s failed: %s", trial.dirname, exc)
             first = str(exc).splitlines()[0] if str(exc) else ""  # the trial's manifest has all
             return replace(trial, status=ERROR, error=f"{type(exc).__name__}: {first}")
         log.info("trial %s finished: %s", trial.dirname, result.metrics)
         return replace(trial, status=TERMINATED, error=None, last=jsonable(result.metrics or {}))
+
+    def _adopt(self, trial: Location, donor: Location, group: Comm | None) -> None:
+        """The donor's newest checkpoint copied into the trial's experiment, by the group's
+        rank 0; a copy that fails leaves the trial to go on from its own checkpoint."""
+        def copy() -> str | None:
+            try:
+                return adopt(trial, donor, self.run_config.checkpoint_config)
+            except HpckitError as exc:
+                log.warning("PBT: %s goes on from its own checkpoint: %s", trial.name, exc)
+                return None
+        _on_root(group, copy)
+
+    def _trial_name(self, trial: Trial, params: dict[str, Any]) -> str:
+        creator = self.tune_config.trial_name_creator
+        if creator is None:
+            return trial.dirname
+        return str(creator(replace(trial, config=params)))
 
     def _grid(self, manifest: SweepManifest, params: dict[int, dict[str, Any]],
               location: Location) -> ResultGrid:
@@ -275,14 +349,48 @@ class Tuner:
 def _with_finished_trials(manifest: SweepManifest, location: Location) -> SweepManifest:
     """The manifest with every trial whose own run finished marked so: under mpirun, only
     the end of a sweep records the trials the other groups ran, and a killed sweep never
-    got there."""
+    got there. In a scheduled sweep a run that finished may have been paused: there the
+    controller alone says how trials ended (it records each end as it comes)."""
+    if manifest.scheduled:
+        return manifest
     for trial in manifest.trials:
-        if trial.status != TERMINATED:
-            last = finished(location.join(trial.dirname))
-            if last is not None:
-                manifest = manifest.with_trial(replace(trial, status=TERMINATED, error=None,
-                                                       last=jsonable(last)))
+        if trial.status in (TERMINATED, PAUSED) or trial.decision is not None:
+            continue
+        last = finished(location.join(trial.dirname))
+        if last is not None:
+            manifest = manifest.with_trial(replace(trial, status=TERMINATED, error=None,
+                                                   last=jsonable(last)))
     return manifest
+
+
+def _planned_configs(found: SweepManifest) -> list[Any]:
+    """The configs the sweep was planned with: an exploit changed its trial's (PBT), and
+    its first event says what it was."""
+    configs = []
+    for trial in found.trials:
+        exploits = [e for e in trial.events if e.get("event") == "exploited"]
+        configs.append(exploits[0].get("before", trial.config) if exploits else trial.config)
+    return configs
+
+
+def run_here(controller: TuneController, attempt: Callable[[Assignment], Trial]) -> SweepManifest:
+    """The trials one after another in this process, reporting to the controller directly."""
+    with serving(Direct(controller)):
+        while True:
+            assignment = controller.next_trial()
+            if not isinstance(assignment, Assignment):
+                break  # None: done; WAIT cannot last with nothing running here
+            controller.on_ended(attempt(assignment))
+    return controller.manifest
+
+
+def _names(config: TuneConfig, search: Search | None) -> dict[str, Any]:
+    """What sweep.json says of a scheduled sweep's scheduler and search algorithm."""
+    if search is None:
+        return {}
+    searcher = config.search_alg
+    return {"scheduler": type(search.scheduler).__name__,
+            "searcher": type(searcher).__name__ if searcher is not None else "BasicVariantGenerator"}
 
 
 def _on_root(comm: Comm | None, read: Any) -> Any:

@@ -11,13 +11,13 @@ from typing import Any
 
 from hpckit import logs
 from hpckit import settings as _settings
-from hpckit.errors import LaunchError, ManifestError
+from hpckit.errors import LaunchError
 from hpckit.launch.mainimport import enter
 from hpckit.run.mpi.comm import world
 from hpckit.run.startup import beating
-from hpckit.sweep.record import SweepRecord
+from hpckit.sweep.decisions import Files, serving
 from hpckit.sweep.spawned import TUNER
-from hpckit.sweep.trialsteps import write_outcome
+from hpckit.sweep.trialsteps import assignment_path, write_outcome
 
 
 def main() -> None:
@@ -35,19 +35,18 @@ def main() -> None:
 
 
 def run_one_trial(tuner: Any, index: int, payload: str) -> None:
-    """The trial ``index`` on this job step's ranks; rank 0 writes how it ended. The
+    """The trial ``index`` on this job step's ranks, as the sweep's process assigned it; its
+    reports go to that process through the payload folder; rank 0 writes how it ended. The
     Tuner's own rank side, so it uses the Tuner's private steps."""
     location = tuner._location(_settings.current())  # noqa: SLF001
-    manifest = SweepRecord(location).load()
-    if manifest is None:
-        raise ManifestError(f"{location.display} lost its sweep.json while the sweep ran")
+    with open(assignment_path(payload, index), "rb") as f:
+        assignment = pickle.load(f)
     comm = world()
     logs.configure(comm.rank)
-    trial = manifest.trials[index]
-    params = tuner._params(manifest)[index]  # noqa: SLF001
     # As fit() under srun: a failure ends the step, and the sweep's process counts it (the
     # ranks do not restart themselves, so one counter spends max_failures).
-    ended = tuner._attempt(trial, params, location, None)  # noqa: SLF001
+    with serving(Files(payload, index)):
+        ended = tuner._attempt(assignment, location, None)  # noqa: SLF001
     if comm.rank == 0:
         write_outcome(payload, ended)
 

@@ -257,11 +257,12 @@ class CriterionMet(BaseException):
 
 def criterion_met(stop: Any, name: str, metrics: dict[str, Any], iteration: int) -> bool:
     """Whether ``RunConfig(stop=...)`` says the run is done after report number
-    ``iteration`` (1 for the first) with these metrics (rank 0's)."""
+    ``iteration`` (1 for the first) with these metrics (rank 0's); a function gets them with
+    ``training_iteration``, as Ray's stoppers get a result."""
     if stop is None:
         return False
-    if callable(stop):
-        return bool(stop(name, metrics))
     reached = {**metrics, "training_iteration": iteration}
+    if callable(stop):
+        return bool(stop(name, reached))
     return any((value := score_of(reached, key)) is not None and value >= threshold
                for key, threshold in stop.items())
