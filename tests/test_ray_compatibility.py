@@ -13,6 +13,9 @@ import hpckit.lightning
 import hpckit.mlflow
 import hpckit.torch
 import hpckit.transformers
+import hpckit.tune
+import hpckit.tune.schedulers
+import hpckit.tune.search
 import hpckit.wandb
 
 pytestmark = pytest.mark.quick
@@ -48,6 +51,28 @@ RAY_TRAIN_TRANSFORMERS = {"RayTrainReportCallback", "prepare_trainer"}
 RAY_MLFLOW = {"MLflowLoggerCallback", "setup_mlflow"}
 RAY_WANDB = {"WandbLoggerCallback", "setup_wandb"}
 
+# ray.tune.__all__, ray.tune.schedulers.__all__ and ray.tune.search.__all__ of Ray 2.60.
+RAY_TUNE = {
+    "Callback", "Checkpoint", "CheckpointConfig", "CLIReporter", "Experiment",
+    "ExperimentAnalysis", "FailureConfig", "JupyterNotebookReporter", "PlacementGroupFactory",
+    "ProgressReporter", "Result", "ResultGrid", "ResumeConfig", "RunConfig", "Stopper",
+    "SyncConfig", "Trainable", "TuneConfig", "TuneContext", "TuneError", "Tuner", "choice",
+    "create_scheduler", "create_searcher", "get_checkpoint", "get_context", "grid_search",
+    "lograndint", "loguniform", "qlograndint", "qloguniform", "qrandint", "qrandn", "quniform",
+    "randint", "randn", "register_env", "register_trainable", "report", "run",
+    "run_experiments", "sample_from", "uniform", "with_parameters", "with_resources",
+}
+RAY_TUNE_SCHEDULERS = {
+    "ASHAScheduler", "AsyncHyperBandScheduler", "FIFOScheduler", "HyperBandForBOHB",
+    "HyperBandScheduler", "MedianStoppingRule", "PB2", "PopulationBasedTraining",
+    "PopulationBasedTrainingReplay", "ResourceChangingScheduler", "TrialScheduler",
+    "create_scheduler",
+}
+RAY_TUNE_SEARCH = {
+    "BasicVariantGenerator", "ConcurrencyLimiter", "Repeater", "SearchAlgorithm",
+    "SearchGenerator", "Searcher", "create_searcher",
+}
+
 
 def _table(heading: str) -> dict[str, str]:
     section = PAGE.read_text().split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
@@ -69,7 +94,12 @@ def test_every_ray_name_is_in_the_table_once_and_supported_means_exported():
                                    ("`ray.air.integrations.mlflow` → `hpckit.mlflow`",
                                     RAY_MLFLOW, hpckit.mlflow),
                                    ("`ray.air.integrations.wandb` → `hpckit.wandb`",
-                                    RAY_WANDB, hpckit.wandb)):
+                                    RAY_WANDB, hpckit.wandb),
+                                   ("`ray.tune` → `hpckit.tune`", RAY_TUNE, hpckit.tune),
+                                   ("`ray.tune.schedulers` → `hpckit.tune.schedulers`",
+                                    RAY_TUNE_SCHEDULERS, hpckit.tune.schedulers),
+                                   ("`ray.tune.search` → `hpckit.tune.search`",
+                                    RAY_TUNE_SEARCH, hpckit.tune.search)):
         table = _table(heading)
         assert set(table) == names, set(table) ^ names
         assert set(table.values()) <= {"yes", "yes, differs", "no: not applicable", "not yet"}

@@ -165,7 +165,8 @@ def my_trainable(config, checkpoint_dir=None):
 @pytest.mark.parametrize("arguments,words", [
     ({"checkpoint_score_attr": "avg-auc"}, "use 'max-auc' or 'min-auc'"),
     ({"resume": "SOMETIMES"}, "tune.run(resume='SOMETIMES') is invalid"),
-    ({"scheduler": object()}, "tune.run(scheduler=...) is not supported"),
+    ({"scheduler": object()}, "TuneConfig(scheduler=<object"),
+    ({"resources_per_trial": {"cpu": 2}}, "tune.run(resources_per_trial=...) is not supported"),
     ({"checkpoint_freq": 2}, "needs a tune.Trainable class"),
     ({"sync_config": RunSyncConfig()}, "takes tune.SyncConfig(upload_dir=..., syncer=...)"),
     ({"stop": "soon"}, "RunConfig(stop="),

@@ -2,9 +2,10 @@
 guide, as a thin layer over :class:`~hpckit.sweep.tuner.Tuner` (no second engine).
 
 Each argument becomes its Tuner form (logged once, as Ray logs its deprecations); an argument
-hpckit cannot honour (a scheduler, a search algorithm) is an error naming it, before any
-trial starts. The guide's layout holds: ``{upload_dir or local_dir}/{name}/{trial}/``, each
-trial an ordinary hpckit experiment.
+hpckit cannot honour (Ray's resources, reporters) is an error naming it, before any trial
+starts; ``scheduler``, ``search_alg`` and ``time_budget_s`` go to the TuneConfig. The
+guide's layout holds: ``{upload_dir or local_dir}/{name}/{trial}/``, each trial an ordinary
+hpckit experiment.
 """
 
 from __future__ import annotations
@@ -85,15 +86,16 @@ def run(run_or_experiment: Any, *, name: str | None = None, config: dict[str, An
         keep_checkpoints_num: int | None = None, checkpoint_freq: int = 0,
         checkpoint_at_end: bool = False, resume: str | bool = False, restore: Any = None,
         max_failures: int = 0, max_concurrent_trials: int | None = None, verbose: int = 2,
+        scheduler: Any = None, search_alg: Any = None, time_budget_s: float | None = None,
         **others: Any) -> ExperimentAnalysis:
     """As ``ray.tune.run`` (Ray's older form): run every trial, return the analysis."""
     if mainimport.importing_main:  # a sweep's rank re-running the script stops here
         raise mainimport.MainImported()
     if others:
         first = sorted(others)[0]
-        raise ConfigError(f"tune.run({first}=...) is not supported by hpckit (it has no "
-                          "schedulers, search algorithms or Ray resources); remove it. "
-                          "Multi-rank trials: pass a DataParallelTrainer/TorchTrainer.")
+        raise ConfigError(f"tune.run({first}=...) is not supported by hpckit (it has no Ray "
+                          "resources, reporters or loggers); remove it. Multi-rank trials: pass "
+                          "a DataParallelTrainer/TorchTrainer.")
     if resume not in RESUME:
         raise ConfigError(f"tune.run(resume={resume!r}) is invalid: use 'AUTO' (or True) to "
                           "continue the experiment, 'ERRORED_ONLY', or False for a new one.")
@@ -116,7 +118,9 @@ def run(run_or_experiment: Any, *, name: str | None = None, config: dict[str, An
     tuner = Tuner(trainable, param_space=config or {},
                   tune_config=TuneConfig(metric=metric, mode=mode,  # type: ignore[arg-type]
                                          num_samples=num_samples,
-                                         max_concurrent_trials=max_concurrent_trials),
+                                         max_concurrent_trials=max_concurrent_trials,
+                                         scheduler=scheduler, search_alg=search_alg,
+                                         time_budget_s=time_budget_s),
                   run_config=run_config, _resume_errored=resume == "ERRORED_ONLY")
     _check_resume(tuner, resume)
     current = settings.refresh()
