@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import HERE, HPCKIT, manifest, python, run
+from conftest import HERE, HPCKIT, manifest, metrics_lines, python, run
 from support.wandb_files import offline_runs
 
 TRACKED = HERE / "ranks" / "tracked.py"
@@ -130,3 +130,35 @@ def test_a_sweep_logs_each_trial_as_a_run_of_its_own_under_the_sweeps_name(tmp_p
     assert len({r["name"] for r in runs}) == 3
     assert sorted(r["params"]["lr"] for r in runs) == ["0.1", "0.2", "0.3"]
     assert all([step for step, _ in r["score"]] == [1, 2, 3] for r in runs)
+
+
+def test_an_unreachable_mlflow_costs_the_run_one_warning(tmp_path):
+    """#66: MLflowLoggerCallback(tracking_uri="http://127.0.0.1:9"): nothing was printed for
+    200 s while MLflow retried inside the experiment's opening, on every attempt. The
+    tracker is now opened on a thread of its own with bounded retries: the run trains and
+    commits every step as without it, and says once that MLflow is left out."""
+    out = tracked(tmp_path, "--name", "unreachable", "--tracker", "mlflow", "--uri",
+                  "http://127.0.0.1:9").output
+    warnings = [line for line in out.splitlines() if "mlflow" in line and "WARNING" in line]
+    assert len(warnings) == 1 and "could not open the mlflow run" in warnings[0], out
+    experiment = tmp_path / "runs" / "unreachable"
+    assert [line["step"] for line in metrics_lines(experiment)] == list(range(8))
+    assert manifest(experiment)["tracker_runs"] == {}
+    assert manifest(experiment)["attempts"][-1]["status"] == "finished"
+
+
+def test_a_deleted_mlflow_run_is_replaced_by_a_new_one_that_has_every_step(tmp_path, store):
+    """#66: the MLflow run that the manifest records was deleted between attempts: every
+    later attempt warned "must be in the 'active' state" and logged nothing more. Now the
+    resume makes a new run, records it, says so once, and sends it every committed step."""
+    from mlflow import MlflowClient
+
+    tracked(tmp_path, "--name", "deleted", "--tracker", "mlflow", "--uri", store, "--steps", "4")
+    [first] = mlflow_runs(store, "deleted")
+    MlflowClient(store).delete_run(first["id"])
+    out = tracked(tmp_path, "--name", "deleted", "--tracker", "mlflow", "--uri", store).output
+    assert out.count("was deleted: the experiment goes on in a new run") == 1, out
+    [second] = mlflow_runs(store, "deleted")  # the deleted one is not listed
+    assert second["id"] != first["id"] and second["status"] == "FINISHED"
+    assert second["loss"] == [(step + 1, loss) for step, loss in enumerate(LOSSES)]
+    assert manifest(tmp_path / "runs" / "deleted")["tracker_runs"] == {"mlflow": second["id"]}

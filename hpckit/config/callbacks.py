@@ -82,5 +82,12 @@ class TrackerCallback(UserCallback):
     tracker = ""  # the tracker's name, under which the manifest records its run
 
     def open_run(self, run_id: str | None, experiment: TrackedExperiment) -> TrackerRun:
-        """The tracker run of ``experiment``: ``run_id``'s again, or a new one where None."""
+        """The tracker run of ``experiment``: ``run_id``'s again, or a new one where None (or
+        where the tracker no longer has ``run_id``: it was deleted). Called on the
+        experiment's trackers' thread, off the training loop."""
         raise NotImplementedError
+
+    def new_run_id(self) -> str | None:
+        """The id a new run will have, where the tracker lets the caller choose it (then the
+        manifest records it before the run is opened); None where the tracker assigns it."""
+        return None

@@ -106,6 +106,8 @@ class Experiment:
                 self._metrics.retract_unless_committed(self.location, record.directory)
             raise
         faults.reached("committed", 0)
+        if self._metrics is not None:
+            self._metrics.tracked(record.step, record.metrics)
         if not is_checkpoint_dirname(record.directory):
             self._unmark_pending(record.directory)
         self._purge.start(evicted)
@@ -202,9 +204,24 @@ class Experiment:
             self._mirror.after_commit(self._manifest)
 
     def _replace(self, updated: Manifest) -> None:
+        """Write ``updated`` (with the tracker runs opened since the last write) as the
+        manifest, fenced."""
+        opened = self._metrics.trackers.run_ids if self._metrics and self._metrics.trackers else {}
+        if any(updated.tracker_runs.get(name) != run for name, run in opened.items()):
+            updated = replace(updated, tracker_runs={**updated.tracker_runs, **opened})
+        elif updated is self._manifest:
+            return  # nothing new to write
         self._fence()
         _write(self.location, updated)
         self._manifest = updated
+
+    def _record_tracker_runs(self) -> None:
+        """Tracker runs that opened after the attempt's last manifest write: recorded, so
+        that a resume continues them (best-effort; a resume finds an MLflow run by its tag)."""
+        try:
+            self._replace(self._manifest)  # merges the runs opened since (a no-op write else)
+        except HpckitError as exc:
+            log.warning("could not record the experiment's tracker runs in its manifest: %s", exc)
 
     def _fence(self) -> None:
         """Right before each write of the run's: the lock still holds this run's token, else
@@ -228,6 +245,7 @@ class Experiment:
         if self._metrics is not None:
             self._fence()
             self._metrics.append(step, metrics, None)
+            self._metrics.tracked(step, metrics)
 
     @written
     def history(self) -> list[dict[str, Any]]:
@@ -278,6 +296,8 @@ class Experiment:
             self._purge.close(promptly)
             if self._metrics is not None:  # the tracker runs end as the attempt ended
                 self._metrics.close(None if taken else self._manifest.last_attempt)
+                if not taken:
+                    self._record_tracker_runs()
             if self._mirror is not None and not (promptly or taken):
                 self._mirror.close(self._manifest)
         finally:

@@ -1,6 +1,7 @@
 """metrics.jsonl: one line per report, appended (or, where storage cannot append, its last
-segment replaced: ``experiment.segments``), then handed to the experiment's trackers
-(``experiment.tracking``: TensorBoard scalars where tensorboard is installed, MLflow, W&B)."""
+segment replaced: ``experiment.segments``), and once committed handed to the experiment's
+trackers (``experiment.tracking``: TensorBoard scalars where tensorboard is installed,
+MLflow, W&B)."""
 
 from __future__ import annotations
 
@@ -76,6 +77,10 @@ class MetricsLog:
             files.write_atomic(segment, "".join([*tail, line]).encode())
             self.tail = [*tail, line]
         self.count += 1
+
+    def tracked(self, step: int, metrics: dict[str, Any]) -> None:
+        """A line now committed (its checkpoint's manifest written, or a report without
+        one): to the experiment's trackers, which send it on off the commit."""
         if self.trackers is not None:
             self.trackers.log(step, metrics)
 

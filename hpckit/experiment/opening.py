@@ -20,7 +20,7 @@ from hpckit.experiment.leftovers import put_back_handed, remove_leftovers
 from hpckit.experiment.lock import Lock
 from hpckit.experiment.manifest import CheckpointRecord, Manifest
 from hpckit.experiment.metrics import MetricsLog
-from hpckit.experiment.reading import check_root, read_manifest
+from hpckit.experiment.reading import check_root, parse_line, read_manifest
 from hpckit.experiment.segments import read_log
 from hpckit.experiment.tensorboard import Scalars
 from hpckit.experiment.tracking import Trackers
@@ -111,7 +111,9 @@ def _trackers(location: Location, manifest: Manifest, opening: Opening,
     scalars = Scalars.open(location)
     if scalars is not None and raw_lines:
         scalars.restart(manifest.next_step)
-    return Trackers.open(opening.trackers, manifest.tracker_runs, tracked, scalars)
+    committed = [line for line in map(parse_line, raw_lines)
+                 if line is not None and line["step"] < manifest.next_step]
+    return Trackers.open(opening.trackers, manifest.tracker_runs, tracked, scalars, committed)
 
 
 def begin(root: Location, opening: Opening, settings: Settings,

@@ -8,12 +8,18 @@ import time
 from typing import Any
 
 from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from hpckit.config.callbacks import TrackedExperiment, TrackerCallback
 from hpckit.integrations.tracking import numbers, params
+from hpckit.logs import log
 
 EXPERIMENT_TAG = "hpckit.experiment"  # the experiment directory a run keeps
+# MLflow's own bounds on a request, where the environment sets none: a tracking server that
+# does not answer costs its thread about a minute, not the ~4 of MLflow's defaults.
+BOUNDED = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+           "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
 
 
 class MLflowLoggerCallback(TrackerCallback):
@@ -41,14 +47,21 @@ class MLflowLoggerCallback(TrackerCallback):
     def open_run(self, run_id: str | None, experiment: TrackedExperiment) -> MLflowRun:
         if self.tracking_token:
             os.environ["MLFLOW_TRACKING_TOKEN"] = self.tracking_token
+        for variable, value in BOUNDED.items():  # a server that does not answer: minutes, not
+            os.environ.setdefault(variable, value)  # MLflow's default of about 4 (7 retries)
         client = MlflowClient(self.tracking_uri, self.registry_uri)
-        if run_id is not None:
-            client.update_run(run_id, status="RUNNING")
-            return MLflowRun(client, run_id, experiment, self, _logged_until(client, run_id))
         name = (self.experiment_name or os.environ.get("MLFLOW_EXPERIMENT_NAME")
                 or experiment.group or experiment.name)
         found = client.get_experiment_by_name(name)
         experiment_id = found.experiment_id if found else client.create_experiment(name)
+        if run_id is None:  # a run the manifest did not record yet (killed before it could)
+            run_id = _tagged(client, experiment_id, experiment.path)
+        if run_id is not None:
+            if _active(client, run_id):
+                client.update_run(run_id, status="RUNNING")
+                return MLflowRun(client, run_id, experiment, self, _logged_until(client, run_id))
+            log.warning("the MLflow run %s of experiment %s was deleted: the experiment goes on "
+                        "in a new run, which its manifest records", run_id, experiment.name)
         tags = {**{k: str(v) for k, v in self.tags.items()}, EXPERIMENT_TAG: experiment.path}
         if experiment.trial_id:
             tags["trial_id"] = experiment.trial_id
@@ -57,6 +70,24 @@ class MLflowLoggerCallback(TrackerCallback):
         if not self.log_params_on_trial_end:
             opened.log_params()
         return opened
+
+
+def _active(client: MlflowClient, run_id: str) -> bool:
+    """Whether the tracking store still has ``run_id``, not deleted."""
+    try:
+        return bool(client.get_run(run_id).info.lifecycle_stage != "deleted")
+    except MlflowException as exc:
+        if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return False
+        raise
+
+
+def _tagged(client: MlflowClient, experiment_id: str, path: str) -> str | None:
+    """The newest active run that hpckit tagged with this experiment's path, if any."""
+    quoted = path.replace("\\", "\\\\").replace("'", "\\'")
+    runs = client.search_runs([experiment_id], f"tags.`{EXPERIMENT_TAG}` = '{quoted}'",
+                              max_results=1, order_by=["attributes.start_time DESC"])
+    return runs[0].info.run_id if runs else None
 
 
 def _logged_until(client: MlflowClient, run_id: str) -> int:

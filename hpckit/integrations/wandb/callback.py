@@ -13,6 +13,7 @@ from hpckit.config.callbacks import TrackedExperiment, TrackerCallback
 from hpckit.integrations.tracking import numbers
 
 FINISH_CODES = {"FINISHED": 0, "FAILED": 1, "KILLED": 2}
+INIT_TIMEOUT_S = 30.0  # wandb.init's wait for its service and server, where none is set
 
 
 class WandbLoggerCallback(TrackerCallback):
@@ -41,16 +42,24 @@ class WandbLoggerCallback(TrackerCallback):
         self.upload_timeout = upload_timeout
         self.kwargs = kwargs
 
+    def new_run_id(self) -> str:
+        """W&B takes the id it is given: the manifest records it before the run opens."""
+        return secrets.token_hex(4)
+
     def open_run(self, run_id: str | None, experiment: TrackedExperiment) -> WandbRun:
         use_api_key(self.api_key_file, self.api_key)
+        kwargs = dict(self.kwargs)
+        settings = kwargs.pop("settings", None) or wandb.Settings()
+        if "init_timeout" not in settings.model_fields_set:  # W&B's own bound: 90 s
+            settings.init_timeout = INIT_TIMEOUT_S
         run = wandb.init(**{
-            "id": run_id or secrets.token_hex(4), "resume": "allow",
+            "id": run_id or secrets.token_hex(4), "resume": "allow", "settings": settings,
             "name": experiment.name,
             "project": self.project or os.environ.get("WANDB_PROJECT")
             or experiment.group or experiment.name,
             "group": self.group or experiment.group,
             "config": experiment.config if self.log_config else None,
-            "reinit": "create_new", **self.kwargs})
+            "reinit": "create_new", **kwargs})
         return WandbRun(run, self.excludes)
 
 
