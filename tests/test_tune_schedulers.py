@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import HERE, HPCKIT, manifest, run
+from conftest import HERE, HPCKIT, MPIEXEC, manifest, run
+from support.slurm_jobs import output_of, sbatch, wait
 
 from hpckit import tune
 from hpckit.errors import ConfigError
@@ -81,6 +82,20 @@ def test_hyperband_pauses_trials_at_its_rungs_and_they_resume_bit_identical(tmp_
         assert reference[trial["index"]]["iteration"] == 4
     stopped = [t for t in sweep["trials"] if _events(t, "stopped")]
     assert stopped and all(_events(t, "paused") or t["last"] for t in stopped)
+
+
+@pytest.mark.parametrize("placement", ["mpiexec", "spawned"])
+def test_hyperband_decides_alike_wherever_its_trials_run(placement, tmp_path):
+    alone = _program("hyperband", tmp_path / "alone").result
+    if placement == "mpiexec":  # packed: two groups, their reports decided on rank 0 by MPI
+        env = {"HPCKIT_STORAGE": str(tmp_path / "packed"), "HPCKIT_TENSORBOARD": "0"}
+        packed = run([MPIEXEC, "-n", "2", sys.executable, str(SEEDS / "tune_hyperband.py")],
+                     timeout=TIMEOUT, env=env)
+    else:  # python sweep.py starting two groups of ranks itself
+        packed = _program("hyperband", tmp_path / "packed", "--concurrent", "2")
+    assert packed.result == alone
+    sweep = _sweep(tmp_path / "packed", "hyperband_test")
+    assert any(_events(t, "paused") for t in sweep["trials"])
 
 
 def test_pbt_exploits_and_beats_the_same_population_without_it(tmp_path):
@@ -246,3 +261,24 @@ def test_a_scheduler_on_a_slurm_job_array_is_refused_naming_the_allocation_forms
     with pytest.raises(ConfigError, match=r"AsyncHyperBandScheduler.*job array.*one allocation"):
         tuner.fit()
     assert not (tmp_path / "arrayed").exists()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("program, args", [("hyperband", ["--concurrent", "2"]),
+                                           ("optuna", ["--samples", "6", "--steps", "2"])])
+def test_a_scheduled_sweep_in_a_three_node_allocation_decides_as_on_one_node(
+        program, args, tmp_path, slurm_nodes):
+    """``python sweep.py`` in a three-node allocation: each trial a job step, its reports
+    answered by the batch script's process through the sweep's folder; the same decisions,
+    and the same search, as the sweep on one node."""
+    alone = _program(program, tmp_path / "alone", *args).result
+    script = tmp_path / "sweep.sbatch"
+    script.write_text(f"#!/bin/bash\n{sys.executable} {SEEDS / f'tune_{program}.py'} "
+                      f"{' '.join(args)}\n")
+    job = sbatch(slurm_nodes, tmp_path, script, "--nodes=3", "--ntasks-per-node=1",
+                 HPCKIT_STORAGE=str(tmp_path / "spread"), HPCKIT_TENSORBOARD="0",
+                 HPCKIT_LOCAL_DIR=str(slurm_nodes.local))
+    assert wait(slurm_nodes, tmp_path, job, 240)[job] == "COMPLETED", output_of(tmp_path)
+    output = output_of(tmp_path)
+    assert json.loads(output.split("RESULT ", 1)[1].splitlines()[0]) == alone, output
+    assert "as job steps across the 3 node(s)" in output, output

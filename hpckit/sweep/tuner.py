@@ -127,13 +127,17 @@ class Tuner:
                  len(todo), f" (array task {share[0]} of {share[1]})" if share else "")
         # Array tasks share the sweep: once planned, its trials' own manifests say how each went.
         writer = record if share is None else None
+        # Where this process starts the ranks, they decide: it only waits (and shows).
+        spawning = comm is None and self._spawns(search, bool(todo))
         controller = None
-        if comm is None or comm.rank == 0:
+        if not spawning and (comm is None or comm.rank == 0):
             controller = self._controller(manifest, record, writer, todo, search, location)
         shown = current.progress if comm is None or comm.rank == 0 else False
-        source = (lambda: controller.manifest) if controller is not None else (lambda: manifest)
+        source: Callable[[], SweepManifest] = (
+            (lambda: controller.manifest) if controller is not None
+            else (lambda: record.load() or manifest) if spawning else (lambda: manifest))
         with Progress(location, source, shown):
-            manifest = self._run(comm, controller, manifest, writer, location, search)
+            manifest = self._run(comm, controller, manifest, location, spawning)
         if share is not None:  # the other tasks' trials, as far as they have got
             manifest = _on_root(comm, lambda: _with_finished_trials(manifest, location))
         self._results = self._grid(manifest, self._exact_params(manifest, controller), location)
@@ -155,9 +159,17 @@ class Tuner:
                     search.scheduler.on_trial_add(controller, trial)
         return controller
 
+    def _spawns(self, search: Search | None, todo: bool) -> bool:
+        """Whether ``python sweep.py`` starts groups of ranks on this node for the trials:
+        ``max_concurrent_trials`` of them, or one where a scheduled trial takes several
+        ranks (its reports are decided on the ranks' own rank 0)."""
+        if across_nodes(_settings.current()) or not (todo or (search and search.dynamic)):
+            return False
+        several = ranks_per_trial(self.trainable) > 1
+        return (self._max_concurrent() or 1) > 1 or (search is not None and several)
+
     def _run(self, comm: Comm | None, controller: TuneController | None,
-             manifest: SweepManifest, writer: SweepRecord | None, location: Location,
-             search: Search | None) -> SweepManifest:
+             manifest: SweepManifest, location: Location, spawning: bool) -> SweepManifest:
         """The trials the controller hands out: packed onto ``comm``'s ranks
         (:mod:`hpckit.sweep.packed`), or each a job step across the Slurm allocation this
         process runs in (:mod:`.allocated`), or onto ``max_concurrent_trials`` groups of ranks
@@ -166,18 +178,14 @@ class Tuner:
         if comm is not None:
             return run_packed(comm, ranks_per_trial(self.trainable), concurrent, controller,
                               lambda assignment, group: self._attempt(assignment, location, group))
-        if controller is None or not controller.has_work():  # only rank 0 has one
+        if spawning:  # the ranks decide on their own world rank 0; this process waits
+            run_spawned(self, (concurrent or 1) * ranks_per_trial(self.trainable),
+                        _settings.current())
+            return _with_finished_trials(SweepRecord(location).load() or manifest, location)
+        if controller is None or not controller.has_work():
             return controller.manifest if controller is not None else manifest
-            return controller.manifest
         if allocation := across_nodes(_settings.current()):
             return run_allocated(self, controller, location, allocation, _settings.current())
-        groups = concurrent or 1
-        if groups > 1 or (search is not None and ranks_per_trial(self.trainable) > 1):
-            # The ranks decide on their own world rank 0; this process waits for them.
-            if writer is not None:
-                writer.save(controller.manifest)
-            run_spawned(self, groups * ranks_per_trial(self.trainable), _settings.current())
-            return _with_finished_trials(SweepRecord(location).load() or manifest, location)
         return run_here(controller, lambda a: self._attempt(a, location, None))
 
     def _max_concurrent(self) -> int | None:

@@ -44,6 +44,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--samples", type=int, default=6)
     parser.add_argument("--reference", action="store_true")
+    parser.add_argument("--concurrent", type=int, default=None)
     args, _ = parser.parse_known_args()
 
     hyperband = HyperBandScheduler(max_t=MAX_T, reduction_factor=2)
@@ -58,11 +59,14 @@ if __name__ == "__main__":
             metric="episode_reward_mean",
             mode="max",
             scheduler=None if args.reference else hyperband,
+            max_concurrent_trials=args.concurrent,
             seed=5,
         ),
         param_space={"height": tune.uniform(0, 100), "width": tune.randint(1, 10)},
     )
     results = tuner.fit()
+    if os.environ.get("PMI_RANK", "0") != "0":
+        raise SystemExit(0)  # under mpirun every rank has the results; one prints them
     print("Best hyperparameters found were: ", results.get_best_result().config)
     print("RESULT " + json.dumps([{"config": r.config, "walk": (r.metrics or {}).get("walk"),
                                    "iteration": len(r.metrics_history)} for r in results]))
