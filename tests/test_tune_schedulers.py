@@ -82,6 +82,8 @@ def test_hyperband_pauses_trials_at_its_rungs_and_they_resume_bit_identical(tmp_
         assert reference[trial["index"]]["iteration"] == 4
     stopped = [t for t in sweep["trials"] if _events(t, "stopped")]
     assert stopped and all(_events(t, "paused") or t["last"] for t in stopped)
+    table = run([HPCKIT, "ls", str(tmp_path / "hyperband_test")], timeout=60).output
+    assert "paused at 2" in table and "stopped early" in table, table
 
 
 @pytest.mark.parametrize("placement", ["mpiexec", "spawned"])
@@ -185,6 +187,32 @@ def _no_leftovers(sweep: Path) -> None:
         named = {c["directory"] for c in manifest(experiment)["checkpoints"]}
         on_disk = {p.name for p in experiment.iterdir() if p.name.startswith("checkpoint_")}
         assert on_disk == named, (experiment, on_disk, named)
+
+
+def _constant_loss(config):
+    for _ in range(6):
+        time.sleep(config.get("sleep", 0))
+        tune.report({"loss": config["x"]})
+
+
+def test_the_median_rule_stops_trials_below_the_median_and_a_time_budget_ends_the_sweep(
+        tmp_path):
+    from hpckit.tune.schedulers import MedianStoppingRule
+
+    rule = MedianStoppingRule(time_attr="training_iteration", grace_period=1,
+                              min_samples_required=2)
+    grid = tune.Tuner(_constant_loss, param_space={"x": tune.grid_search([1, 2, 3, 4, 5])},
+                      tune_config=tune.TuneConfig(metric="loss", mode="min", scheduler=rule),
+                      run_config=tune.RunConfig(name="median", storage_path=str(tmp_path))).fit()
+    iterations = {r.config["x"]: len(r.metrics_history) for r in grid}
+    assert iterations[1] == 6 and iterations[5] < 6, iterations  # the worst stopped early
+    started = time.monotonic()
+    grid = tune.Tuner(_constant_loss, param_space={"x": 1, "sleep": 0.2},
+                      tune_config=tune.TuneConfig(metric="loss", mode="min", num_samples=-1,
+                                                  search_alg=_Counting(), time_budget_s=1.5),
+                      run_config=tune.RunConfig(name="budget", storage_path=str(tmp_path))).fit()
+    assert time.monotonic() - started < 20 and 1 <= len(grid) <= 3
+    assert all(len(r.metrics_history) < 6 for r in grid[-1:])  # stopped at the budget
 
 
 class _Counting(Searcher):

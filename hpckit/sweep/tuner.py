@@ -97,7 +97,7 @@ class Tuner:
             raise ManifestError(f"{location.display} holds no sweep ({location.join('sweep.json').display} "
                                 "is missing); pass the directory that Tuner.fit() printed.")
         tune_config = TuneConfig(metric=found.metric, mode=found.mode,  # type: ignore[arg-type]
-                                 num_samples=found.num_samples, seed=found.seed)
+                                 num_samples=max(found.num_samples, 1), seed=found.seed)
         run_config = RunConfig(name=location.name, storage_path=location.parent.path,
                                storage_filesystem=None if location.is_local else location.filesystem)
         return cls(trainable, param_space=param_space, tune_config=tune_config,
