@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import HERE, HPCKIT, MPIEXEC, manifest, run
+from support.once import computed_once
 from support.slurm_jobs import output_of, sbatch, wait
 
 from hpckit import tune
@@ -34,6 +35,14 @@ def _program(name: str, storage: Path, *args: str, env: dict[str, str] | None = 
     return run([sys.executable, str(SEEDS / f"tune_{name}.py"), *args], timeout=TIMEOUT,
                env={"HPCKIT_STORAGE": str(storage), "HPCKIT_TENSORBOARD": "0", **(env or {})},
                expect=expect)
+
+
+@pytest.fixture
+def hyperband_alone(tmp_path_factory) -> list:
+    """The HyperBand example's results, its trials one after another: made once a test run."""
+    def compute() -> list:
+        return _program("hyperband", tmp_path_factory.mktemp("hyperband-alone")).result
+    return computed_once(tmp_path_factory, "tune-hyperband-alone", compute)
 
 
 def _sweep(storage: Path, name: str) -> dict:
@@ -87,8 +96,8 @@ def test_hyperband_pauses_trials_at_its_rungs_and_they_resume_bit_identical(tmp_
 
 
 @pytest.mark.parametrize("placement", ["mpiexec", "spawned"])
-def test_hyperband_decides_alike_wherever_its_trials_run(placement, tmp_path):
-    alone = _program("hyperband", tmp_path / "alone").result
+def test_hyperband_decides_alike_wherever_its_trials_run(placement, tmp_path, hyperband_alone):
+    alone = hyperband_alone
     if placement == "mpiexec":  # packed: two groups, their reports decided on rank 0 by MPI
         env = {"HPCKIT_STORAGE": str(tmp_path / "packed"), "HPCKIT_TENSORBOARD": "0"}
         packed = run([MPIEXEC, "-n", "2", sys.executable, str(SEEDS / "tune_hyperband.py")],
@@ -148,7 +157,7 @@ def test_a_sweep_driver_killed_mid_search_continues_the_same_search(tmp_path):
 
 @pytest.mark.parametrize("phase", ["gathered", "committed"])
 def test_a_kill_in_a_pause_checkpoint_loses_nothing_and_the_search_goes_on(phase, tmp_path):
-    uncut = _program("hyperband", tmp_path / "whole")
+    uncut = _program("hyperband", tmp_path / "whole")  # its output says where the pauses come
     whole = uncut.result
     # The first pause's checkpoint is the commit after the first trial was told to pause.
     before, _ = uncut.output.split(" pauses at iteration ", 1)
@@ -295,11 +304,12 @@ def test_a_scheduler_on_a_slurm_job_array_is_refused_naming_the_allocation_forms
 @pytest.mark.parametrize("program, args", [("hyperband", ["--concurrent", "2"]),
                                            ("optuna", ["--samples", "6", "--steps", "2"])])
 def test_a_scheduled_sweep_in_a_three_node_allocation_decides_as_on_one_node(
-        program, args, tmp_path, slurm_nodes):
+        program, args, tmp_path, slurm_nodes, hyperband_alone):
     """``python sweep.py`` in a three-node allocation: each trial a job step, its reports
     answered by the batch script's process through the sweep's folder; the same decisions,
     and the same search, as the sweep on one node."""
-    alone = _program(program, tmp_path / "alone", *args).result
+    alone = hyperband_alone if program == "hyperband" else _program(
+        program, tmp_path / "alone", *args).result
     script = tmp_path / "sweep.sbatch"
     script.write_text(f"#!/bin/bash\n{sys.executable} {SEEDS / f'tune_{program}.py'} "
                       f"{' '.join(args)}\n")
