@@ -149,6 +149,8 @@ def test_two_ranks_killed_mid_epoch_at_different_steps_end_bit_identical(
     assert status == "FINISHED"
     assert [step for step, _ in history] == list(range(1, 25))
     assert history == reference["history"]
+    # #66: the two ranks' states are one file of their node's, in every checkpoint
+    assert _state_files(tmp_path / name) == {"node-00000"}, run.output
 
 
 def test_a_restart_from_a_partner_copy_in_the_node_caches_ends_bit_identical(
@@ -205,14 +207,14 @@ def test_another_world_size_leaves_the_states_behind_in_one_warning_line(tmp_pat
     why and what resumes exactly; at the same size each keeper gets its state, a loader
     prepared later too."""
     from hpckit.run.session.resumable import RankState
-    from hpckit.run.writing.rankstate import write_state
+    from hpckit.run.writing.rankstate import node_states, write_state
     from hpckit.storage.location import local
 
     checkpoint = local(str(tmp_path))
-    for rank in range(2):
+    for rank in range(2):  # two nodes of one rank each
         saver = RankState(rank, 2, None, streams={"random": _Counter(10 + rank)})
         saver.keep_loader(_Counter(20 + rank))
-        write_state(checkpoint, rank, saver.capture())
+        write_state(checkpoint, rank, node_states([rank], [saver.capture()]))
     resized = RankState(0, 3, checkpoint, streams={"random": _Counter(0)})
     resized.restore()
     assert resized.keepers["random"].value == 0
@@ -246,15 +248,17 @@ def test_a_slurm_job_requeued_mid_epoch_ends_bit_identical_as_one_mlflow_run(
 
 def test_a_run_killed_mid_epoch_and_continued_by_hpckit_resume_ends_bit_identical(
         tmp_path, uninterrupted, store, reference):
-    """The same through ``hpckit resume``, at the kill harness's phase of exact resume: rank 1
-    dies right after its background thread wrote its state file of checkpoint_000002, before
-    rank 0 hears of it, which ends the run (no restarts). That checkpoint is never committed;
-    the command the manifest recorded continues from checkpoint_000001, ends as the
-    uninterrupted run, and the experiment verifies."""
+    """The same through ``hpckit resume``, at the kill harness's phase of exact resume: rank 1,
+    in a node of its own here (a node's first rank writes its states), dies right after its
+    background thread wrote its node's state file of checkpoint_000002, before rank 0 hears
+    of it, which ends the run (no restarts). That checkpoint is never committed; the command
+    the manifest recorded continues from checkpoint_000001 on one node, where rank 1 finds
+    its state in the other node's file, ends as the uninterrupted run, and the experiment
+    verifies."""
     experiment = tmp_path / "resumed"
     killed = python("--storage", str(tmp_path), "--name", "resumed", "--no-restart", "--mlflow",
                     store, script=EXACT, timeout=240, expect=None,
-                    env={"HPCKIT_FAULT": "resume_state:1:3"})
+                    env={"HPCKIT_FAULT": "resume_state:1:3", "HPCKIT_RANKS_PER_NODE": "1"})
     assert killed.returncode != 0, killed.output
     assert [c["directory"] for c in manifest(experiment)["checkpoints"]] == [
         "checkpoint_000000", "checkpoint_000001"], killed.output
@@ -285,15 +289,49 @@ def test_the_loaders_users_write_resume_bit_identical(tmp_path, tmp_path_factory
     markers = tmp_path / "markers"
     markers.mkdir()
     run = python("--storage", str(tmp_path), "--name", "killed", "--kill", "1:11", "--kill",
-                 "0:17", "--markers", str(markers), script=LOADERS, timeout=240)
+                 "0:17", "--markers", str(markers), script=LOADERS, timeout=240,
+                 env={"HPCKIT_RANKS_PER_NODE": "1"})  # two nodes: a states file each
     assert sorted(p.name for p in markers.iterdir()) == ["0-17", "1-11"], run.output
     assert [a.get("resumed_from") for a in manifest(tmp_path / "killed")["attempts"]] == [
         None, "checkpoint_000003", "checkpoint_000006"], run.output
     assert _finals(run.output) == reference
     assert "naively fast-forwarding" not in run.output, run.output
+    assert _state_files(tmp_path / "killed") == {"node-00000", "node-00001"}, run.output
+
+
+def _state_files(experiment) -> set[str]:
+    """The names of the resume state files in every committed checkpoint (one set each)."""
+    found = set()
+    for record in manifest(experiment)["checkpoints"]:
+        folder = experiment / record["directory"] / ".hpckit-resume"
+        found.add(frozenset(p.name for p in folder.iterdir()))
+    assert len(found) == 1, found
+    return set(found.pop())
 
 
 def _finals(output: str) -> dict:
     found = re.search(r"FINAL (\{.*\})", output)
     assert found is not None, f"training did not finish:\n{output}"
     return json.loads(found.group(1))
+
+
+@pytest.mark.quick
+def test_a_nodes_states_are_one_file_found_by_each_rank_whatever_its_node_now(tmp_path):
+    """#66: one resume state file a node (its leader's), not a rank: a rank finds its own in
+    its node's file, in another node's where the ranks lie elsewhere now, and in a
+    checkpoint written before states went by node, in its own ``rank-NNNNN``."""
+    from hpckit.run.writing.rankstate import node_states, read_state, write_state
+    from hpckit.storage.location import local
+
+    checkpoint = local(str(tmp_path / "by-node"))
+    for members in ((0, 1, 2), (3, 4)):
+        write_state(checkpoint, members[0], node_states(members, [b"s%d" % r for r in members]))
+    names = sorted(p.name for p in (tmp_path / "by-node" / ".hpckit-resume").iterdir())
+    assert names == ["node-00000", "node-00003"]
+    assert read_state(checkpoint, 4, 3) == b"s4"
+    assert read_state(checkpoint, 3, 2) == b"s3"  # rank 3 now shares rank 2's node
+    assert read_state(checkpoint, 5, 5) is None
+    legacy = tmp_path / "legacy" / ".hpckit-resume"
+    legacy.mkdir(parents=True)
+    (legacy / "rank-00001").write_bytes(b"old")
+    assert read_state(local(str(tmp_path / "legacy")), 1, 0) == b"old"

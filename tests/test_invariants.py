@@ -46,7 +46,8 @@ WRITERS = {
     "hpckit/storage/": "the storage layer itself",
     "hpckit/experiment/": "the experiment directory's owner and its helpers",
     "hpckit/run/writing/shares.py": "each rank's files inside a pending checkpoint",
-    "hpckit/run/writing/rankstate.py": "each rank's resume state, a file of a pending checkpoint",
+    "hpckit/run/writing/rankstate.py": "a node's ranks' resume states, a file of a pending "
+                                       "checkpoint that the node's leader writes",
     "hpckit/run/writing/writer.py": "a node leader's part of a pending checkpoint's records",
     "hpckit/run/levels/levels.py": "a cached checkpoint's files, copied to storage_path "
                                    "before rank 0 records them there",
@@ -67,7 +68,7 @@ LOCAL_WRITES = frozenset({"makedirs", "mkdir", "rename", "replace", "unlink", "r
 RUN_ROOM = "hpckit/run/"
 LOCAL_WRITERS = {
     "hpckit/run/writing/staging.py": "staging directories and in-place checkpoint directories",
-    "hpckit/run/writing/shares.py": "each rank's files moved into a pending checkpoint",
+    "hpckit/run/writing/shares.py": "each rank's files linked into a pending checkpoint",
     "hpckit/run/levels/cache.py": "a node's checkpoint cache",
     "hpckit/run/levels/restore.py": "a checkpoint assembled in a node's cache for a restart",
     "hpckit/run/mpi/transfer.py": "partner copies received into a node's cache",

@@ -207,7 +207,8 @@ def _session(job: TrainingJob, ranks: Ranks, settings: Settings, number: int,
     watch = HangWatch(job.run_config.failure_config.hang_timeout_s, location, start.recorded_number, rank)
     clock = CheckpointClock(job.run_config.checkpoint_config.mtbf_s)
     rank_state = RankState(rank, ranks.group.size, latest._location if latest else None,
-                           job.run_config.checkpoint_config.exact_resume, job.backend.keepers())
+                           job.run_config.checkpoint_config.exact_resume, job.backend.keepers(),
+                           ranks.group.members[0] if ranks.group.members else rank)
     session = Session(context, protocol, job.resume_from_checkpoint, artifacts, watch, clock,
                       rank_state, job.validation_config)
     return session

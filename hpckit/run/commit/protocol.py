@@ -47,7 +47,7 @@ from hpckit.run.mpi.comm import (
     raise_failures,
 )
 from hpckit.run.mpi.group import Group
-from hpckit.run.mpi.waiting import quiet_everywhere
+from hpckit.run.mpi.waiting import quiet_everywhere, to_root
 from hpckit.run.validation.validator import Validator
 from hpckit.run.writing.assignment import SentFiles, own_part
 from hpckit.run.writing.inflight import InFlight
@@ -60,6 +60,7 @@ from hpckit.run.writing.plan import (
     Persisted,
     Plan,
 )
+from hpckit.run.writing.rankstate import node_states
 from hpckit.run.writing.staging import Handed, Staging, Upload, hand_in, release
 from hpckit.run.writing.uploads import Meeting
 from hpckit.run.writing.writer import ShareWriter, finished_by_node, node_part
@@ -124,7 +125,8 @@ class CommitProtocol:
             REPORT, self.reports, files, failure, stop.received(), handed.in_place,
             self.in_flight.finished(), upload.mode is CheckpointUploadMode.ASYNC, upload.dir_name,
             self._mine if self.callbacks else None, handed.later, handed.upload_fn is not None,
-            same_files_as)), rank, handed.files)
+            same_files_as, upload.keeps)), rank, handed.files)
+        state = self._node_state(plan, upload)
         if self.levels is not None:
             self.levels.tidy(plan)
         if plan.directory is None:
@@ -135,16 +137,27 @@ class CommitProtocol:
         elif plan.asynchronous and plan.level != CACHE:
             self._make_room()
             self.share_writer.in_background(plan, handed, self.location.join(plan.checkpoint()[0]),
-                                      upload.state_for(plan))
+                                      state)
         else:
             if plan.asynchronous:  # cached now, copied to the partner node in the background
                 self._make_room()
             else:
                 self._drain()
-            if self._persist_now(plan, handed, upload.state_for(plan)):
+            if self._persist_now(plan, handed, state):
                 release(handed, self.location.is_local)
         self.callbacks.call_due()
         return Outcome(self.latest if self.latest is not before else None, plan.criterion_met)
+
+    def _node_state(self, plan: Plan, upload: Upload) -> bytes | None:
+        """Where ``plan`` writes a checkpoint and ranks keep resume states: on each node's
+        leader, the states of the node's ranks as the one file it writes of them
+        (collective on the node); None on the others."""
+        if not plan.states or plan.directory is None:
+            return None
+        mine = upload.rank_state() if upload.rank_state is not None else None
+        node = self.group.node
+        gathered = [mine] if node.size == 1 else to_root(node, mine)
+        return node_states(self.group.members, gathered) if gathered is not None else None
 
     def returned(self) -> None:
         """Collective end of the training function: commits what is still in the background,

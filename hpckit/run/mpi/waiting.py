@@ -185,6 +185,15 @@ def gather_bytes(comm: Comm, data: bytes, alarms: Comm | None = None) -> list[me
     return [view[at:at + length] for at, length in zip(offsets, sizes, strict=True)]
 
 
+def to_root(comm: Comm, value: T) -> list[T] | None:
+    """Every rank's ``value`` to rank 0, in rank order (None on the other ranks), as a step of
+    its own: it ends with :func:`left`."""
+    gathered = (root_work(comm, lambda: gather_to_root(comm, value)) if comm.rank == 0
+                else gather_to_root(comm, value))
+    left(comm)
+    return gathered
+
+
 def from_root(comm: Comm, value: Any) -> Any:
     """Rank 0's ``value`` on every rank (``value`` is ignored elsewhere); KeyboardInterrupt
     where Ctrl-C stopped rank 0 in the step instead."""

@@ -1,7 +1,8 @@
 """What a rank keeps for an exact resume beyond its checkpoint files: its random streams and
 its data loaders' positions, each held by a *keeper* (an object with ``state_dict`` and
 ``load_state_dict``). Their states are pickled together at every report that writes a
-checkpoint (the writing room stores them as this rank's file of it) and given back to the
+checkpoint (gathered to the rank's node leader, which stores its node's as one file of it:
+``run.writing.rankstate``) and given back to the
 keepers at the first ``get_checkpoint()`` of a resumed attempt, where the training function
 has built its model and loaders and is about to train. A keeper that registers later (a
 loader prepared after ``get_checkpoint()``) gets its state when it registers.
@@ -51,8 +52,10 @@ class RankState:
     """One rank's keepers for one attempt, and the state it resumes from."""
 
     def __init__(self, rank: int, world_size: int, start: Location | None,
-                 enabled: bool = True, streams: dict[str, Keeper] | None = None) -> None:
+                 enabled: bool = True, streams: dict[str, Keeper] | None = None,
+                 leader: int | None = None) -> None:
         self.rank, self.world_size, self.enabled = rank, world_size, enabled
+        self.leader = rank if leader is None else leader  # its node's first rank
         self.keepers: dict[str, Keeper] = dict(streams or {})
         self._start = start if enabled else None  # the checkpoint this attempt resumes from
         self._waiting: dict[str, Any] = {}  # restored states whose keepers are not here yet
@@ -100,7 +103,7 @@ class RankState:
         start, self._start = self._start, None
         if start is None or not self.keepers:  # nothing kept: nothing to put back or miss
             return
-        data = read_state(start, self.rank)
+        data = read_state(start, self.rank, self.leader)
         saved = pickle.loads(data) if data is not None else None
         if saved is None or saved.get("format") != FORMAT or saved["world_size"] != self.world_size:
             self._say_not_restored(start, saved)

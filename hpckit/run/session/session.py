@@ -172,4 +172,5 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None, *,
     session.report(metrics, checkpoint, Upload(mode, delete, checkpoint_dir_name,
                                                 session.validation(validation, checkpoint),
                                                 checkpoint_upload_fn,
-                                                keeper.capture if keeper.enabled else None))
+                                                keeper.capture if keeper.enabled else None,
+                                                keeper.enabled and bool(keeper.keepers)))

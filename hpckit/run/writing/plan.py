@@ -107,6 +107,7 @@ class Announcement(NamedTuple):
     later: tuple[str, ...] = ()  # in place: files this rank's saves are still writing
     uploading: bool = False  # in place, by this rank's checkpoint_upload_fn
     same_files_as: int | None = None  # files: the same list as this rank sent at that report
+    keeps: bool = False  # this rank keeps a resume state (random streams, loader positions)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return _announcement, (tuple(self),)
@@ -173,6 +174,7 @@ class Plan:
     placed_by: int | None = None  # found: the one rank that handed it, where only one did
     by_nodes: bool = False  # its records are merged and written by the node leaders
     refused: tuple[RankFailure, ...] = ()  # ranks failed to prepare: raised once committed is known
+    states: bool = False  # ranks keep resume states: each node's leader writes its node's
 
     def __getstate__(self) -> dict[str, Any]:
         """The fields that differ from their defaults: rank 0 sends the plan to every rank

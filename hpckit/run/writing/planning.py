@@ -59,7 +59,8 @@ def make_plan(announcements: list[Announcement], step: int, next_index: int,
                  else Placement.HANDED)
     return Plan(step, stop, directory, shared=memory.writers(handed), placement=placement,
                 asynchronous=asynchronous, index=next_index, later=later,
-                placed_by=in_place[0] if len(in_place) == 1 else None)
+                placed_by=in_place[0] if len(in_place) == 1 else None,
+                states=any(a.keeps for a, _ in heard))
 
 
 def _uploaded(heard: Runs) -> bool:

@@ -32,7 +32,6 @@ from hpckit.experiment.journal import Journal
 from hpckit.experiment.manifest import RESERVED_NAMES, STAGING_NAME
 from hpckit.experiment.ownership import inside
 from hpckit.logs import log
-from hpckit.run.writing.plan import Plan
 from hpckit.run.writing.shares import list_source, local_source
 from hpckit.run.writing.uploads import check_returned
 from hpckit.storage.location import Location
@@ -48,12 +47,7 @@ class Upload:
     validation: dict[str, Any] | None = None  # ValidationConfig.task(): rank 0's decides
     upload_fn: Callable[[Checkpoint, str], Checkpoint] | None = None  # checkpoint_upload_fn
     rank_state: Callable[[], bytes | None] | None = None  # this rank's resume state, if any
-
-    def state_for(self, plan: Plan) -> bytes | None:
-        """This rank's resume state where ``plan`` writes a checkpoint."""
-        if self.rank_state is None or plan.directory is None:
-            return None
-        return self.rank_state()
+    keeps: bool = False  # whether it has one to keep (keepers registered)
 
 
 @dataclass(frozen=True)
