@@ -276,8 +276,8 @@ def test_export_into_an_experiment_is_refused_and_its_checkpoints_still_verify(e
 def test_export_into_another_experiment_is_refused(experiment, tmp_path):
     path, _, _, _ = experiment
     other = tmp_path / "other"
-    other.mkdir()
-    (other / "manifest.json").write_text("{}")
+    other.mkdir()  # an experiment: hpckit's own manifest (a file merely so named is none)
+    (other / "manifest.json").write_text('{"format": "hpckit.manifest", "format_version": 8}')
     refused = CliRunner().invoke(main, ["export", path, str(other / "checkpoint_000000")])
     assert refused.exit_code == 1 and "lies inside an experiment" in refused.output
     assert sorted(p.name for p in other.iterdir()) == ["manifest.json"]
