@@ -148,8 +148,27 @@ def job(config: dict) -> None:
          torch_save_s=saved)
 
 
+class _Position:
+    """A keeper of one number, standing for a prepared loader's position: every rank keeps
+    a resume state, as a TorchTrainer's ranks do (their random streams)."""
+
+    def __init__(self) -> None:
+        self.at = 0
+
+    def state_dict(self) -> int:
+        return self.at
+
+    def load_state_dict(self, state: int) -> None:
+        self.at = state
+
+
 def commit(config: dict) -> None:
-    """A sync report() with a 4 KiB file per rank, interleaved with one without a checkpoint."""
+    """A sync report() with a 4 KiB file per rank, interleaved with one without a checkpoint;
+    then the files the last checkpoint created (each rank's, and the resume states' files:
+    one a node)."""
+    from hpckit.run.session.session import keep_loader
+
+    keep_loader(_Position())
     comm = MPI.COMM_WORLD.Dup()
     data = np.random.default_rng(comm.rank).integers(0, 256, 4096, dtype=np.uint8)
     samples: dict[str, list[float]] = {"checkpoint": [], "no_checkpoint": []}
@@ -167,9 +186,15 @@ def commit(config: dict) -> None:
                 samples[variant].append(time.perf_counter() - t)
             if checkpoint is not None:
                 shutil.rmtree(folder, ignore_errors=True)
-    manifest = os.path.join(hpckit.get_context().get_experiment_path(), "manifest.json")
-    emit(mode="commit", ranks=comm.size, manifest_bytes=os.path.getsize(manifest),
-         samples=slowest(comm, samples))
+    experiment = hpckit.get_context().get_experiment_path()
+    with open(os.path.join(experiment, "manifest.json")) as f:
+        latest = os.path.join(experiment, json.load(f)["latest"])
+    created = [os.path.relpath(os.path.join(parent, name), latest)
+               for parent, _, names in os.walk(latest) for name in names]
+    emit(mode="commit", ranks=comm.size,
+         manifest_bytes=os.path.getsize(os.path.join(experiment, "manifest.json")),
+         samples=slowest(comm, samples), files_per_checkpoint=len(created),
+         resume_state_files=sum(1 for name in created if name.startswith(".hpckit-resume")))
 
 
 def dcp_state(mib: int) -> dict:

@@ -41,14 +41,16 @@ def med(values: list[float], scale: float = 1e3) -> float:
     return round(statistics.median(values) * scale, 3)
 
 
-def run_ranks(n: int, mode: str, storage: str, *args: str, timeout: float = 1200) -> tuple[dict, float]:
+def run_ranks(n: int, mode: str, storage: str, *args: str, timeout: float = 1200,
+              env: dict[str, str] | None = None) -> tuple[dict, float]:
     """``mpiexec -n n checkpoint_ranks.py mode``: its one BENCH line and the job's wall time; the
     experiment is removed afterwards (disk space)."""
     name = f"{mode}-{n}-{next(_names)}-{os.getpid()}"
     command = [MPIEXEC, "-n", str(n), sys.executable, RANKS, mode, "--storage", storage, "--name", name,
                *args]
     started = time.perf_counter()
-    out = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=ENV)
+    out = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                         env={**ENV, **(env or {})})
     wall = time.perf_counter() - started
     shutil.rmtree(os.path.join(storage, name), ignore_errors=True)
     if out.returncode != 0:
@@ -188,12 +190,30 @@ def dcp_vs_plain(storage: str, reps: int, mib: int = 64) -> None:
          target_met={k: v <= 1.1 for k, v in ratios.items()})
 
 
+def checkpoint_files(storage: str, counts: tuple[int, ...], per_node: int) -> None:
+    """The files one checkpoint creates, by rank count, the ranks in nodes of ``per_node``
+    (HPCKIT_RANKS_PER_NODE): each rank's own, and the ranks' resume states, one file a node
+    (#66; before, one a rank)."""
+    rows = []
+    for n in counts:
+        line, _ = run_ranks(n, "commit", storage, "--reps", "1",
+                            env={"HPCKIT_RANKS_PER_NODE": str(per_node)})
+        rows.append({"ranks": n, "nodes": -(-n // per_node),
+                     "files_per_checkpoint": line["files_per_checkpoint"],
+                     "resume_state_files": line["resume_state_files"]})
+    emit(figure="checkpoint_files", ranks_per_node=per_node, by_ranks=rows,
+         description="files a sync checkpoint of one 4 KiB file per rank creates, every rank "
+         "keeping a resume state: the ranks' files and the resume states' (one a node)",
+         target_met=all(r["resume_state_files"] == r["nodes"] for r in rows))
+
+
 def run_all(storage: str, quick: bool) -> None:
     sizes = [(64, 5 if quick else 8, 0.5, 3)] + ([] if quick else [(1024, 4, 4.0, 2)])
     for mib, reps, sleep, block in sizes:
         report_blocking(storage, mib, reps, sleep, block)
     job_overhead(storage, 2 if quick else 3)
     commit_latency(storage, (2, 4, 8, 16) if quick else (2, 4, 8, 16, 32), 15 if quick else 30)
+    checkpoint_files(storage, (4, 8) if quick else (4, 8, 16), 2)
     dcp_vs_plain(storage, 4 if quick else 8)
 
 

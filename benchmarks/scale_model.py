@@ -17,9 +17,11 @@ from each node, which that node's leader made from its ranks' values with
 are alike; its ranks' file records are not), and places each node's values by rank with
 ``leaders.place`` (the leader's work is timed too, as ``leader_ms``: the leaders work in
 parallel, before rank 0 receives). Each report's steps are MPI collectives: an Igather of sizes and an
-Igatherv of pickles on the node and again among the leaders, two Ibcasts from rank 0, so
-rank 0 starts 6 collectives per step, after the Iallreduce that asks whether every rank is
-quiet; a report with a checkpoint has two steps. Network time
+Igatherv of pickles on the node and again among the leaders, two Ibcasts from rank 0, and
+the Ibarrier that keeps MPI progressing until every rank has left the step (#64), so rank 0
+starts 7 collectives per step, after the Iallreduce that asks whether every rank is quiet; a
+report with a checkpoint has two steps, and where ranks keep resume states, a gather of
+them to each node's leader (3 collectives over the node's ranks; #66). Network time
 uses a stated alpha-beta model of a binomial tree: ``ceil(log2 N) * alpha`` per collective,
 plus the bytes through rank 0 over beta.
 
@@ -255,13 +257,25 @@ def durable(path: str, data: bytes) -> None:
 
 def modelled(ranks: int, kind: str, work: dict, alpha_s: float, beta_bps: float) -> dict:
     steps = 2 if kind == "checkpoint" else 1  # a background checkpoint commits in one step
-    collectives = 1 + steps * COLLECTIVES_PER_STEP  # the quiet check first
+    # the quiet check first; each step ends with the barrier that keeps MPI progressing (#64)
+    collectives = 1 + steps * (COLLECTIVES_PER_STEP + 1)
+    per_node = work["per_node"]
+    # a checkpoint of ranks that keep resume states: each node's gather to its leader (rank 0
+    # leads its node), an Igather, an Igatherv and the barrier, over the node's ranks (#66)
+    node_collectives = 3 if kind != "metrics" else 0
     cpu_s = sum(work["seconds"].values())
-    network_s = collectives * math.ceil(math.log2(ranks)) * alpha_s + work["bytes"] / beta_bps
+    network_s = (collectives * math.ceil(math.log2(ranks)) * alpha_s
+                 + node_collectives * math.ceil(math.log2(max(per_node, 2))) * alpha_s
+                 + work["bytes"] / beta_bps)
     rank0_ms = 1000 * (cpu_s + network_s)
     goal = GOALS.get((kind, ranks))
-    # a quiet report: one Iallreduce of 24 bytes, up the tree and down again
+    # a quiet report: one Iallreduce of 24 bytes, up the tree and down again, and its barrier
+    # (in the background: a rank waits for none of it after the Iallreduce)
     quiet_ms = 1000 * (2 * math.ceil(math.log2(ranks)) * alpha_s + 24 / beta_bps)
+    nodes = math.ceil(ranks / per_node)
+    # files a checkpoint creates: the two each rank hands, a resume states file and a records
+    # part a node (the index beside the manifest)
+    files = 2 * ranks + 2 * nodes if kind != "metrics" else 0
     if goal is None:
         met = None
     elif kind == "metrics":  # the common report; the full step is shown beside it
@@ -269,7 +283,8 @@ def modelled(ranks: int, kind: str, work: dict, alpha_s: float, beta_bps: float)
     else:
         met = rank0_ms <= goal["rank0_ms"] and work["bytes"] / 1e6 <= goal["rank0_mb"]
     return {"benchmark": "scale_model", "ranks": ranks, "report": kind, "quiet_ms": quiet_ms,
-            "rank0_collectives": collectives,
+            "rank0_collectives": collectives + node_collectives,
+            "files_per_checkpoint": files, "resume_state_files": nodes if files else 0,
             "rank0_mb_through": round(work["bytes"] / 1e6, 3),
             "plan_bytes": work["plan_bytes"],
             "rank0_cpu_ms": {k: round(1000 * v, 2) for k, v in work["seconds"].items()},
