@@ -64,6 +64,7 @@ class ReportAsker:
         self.user_stop = user_stop
         self._last = time.monotonic()
         self._since_restore = 0
+        self.said = "RunConfig(stop=...) is met"  # why the last report ended the trial's run
 
     def __call__(self, name: str, metrics: dict[str, Any]) -> bool:
         if _channel is None:
@@ -76,7 +77,12 @@ class ReportAsker:
         sent = {**metrics, "time_this_iter_s": now - self._last,
                 "iterations_since_restore": self._since_restore}
         self._last = now
-        return _channel.result(self.index, sent, criterion) in (PAUSE, STOP)
+        decision = _channel.result(self.index, sent, criterion)
+        self.said = {PAUSE: "the sweep's scheduler pauses this trial",
+                     STOP: "the sweep's scheduler stops this trial"}.get(
+                         decision, "RunConfig(stop=...) is met") if not criterion else \
+            "RunConfig(stop=...) is met"
+        return decision in (PAUSE, STOP)
 
 
 class Direct:

@@ -72,8 +72,9 @@ class Session:
         if stop and outcome.committed is not None:
             raise StopRequested(stop)
         if outcome.criterion_met:
-            if self.context.get_world_rank() == 0:
-                log.info("RunConfig(stop=...) is met: the run ends after this report")
+            if self.context.get_world_rank() == 0:  # a sweep's scheduler says why it decided
+                said = getattr(self.protocol.stop_when, "said", "RunConfig(stop=...) is met")
+                log.info("%s: the run ends after this report", said)
             raise CriterionMet()
 
 
