@@ -98,6 +98,26 @@ class LaunchError(HpckitError):
     """Ranks could not be started, or the launched world disagrees with the config."""
 
 
+class NoSpareNode(LaunchError):
+    """A node of the run was lost and the allocation has none left to take its place."""
+
+
+class ExperimentClosedError(HpckitError):
+    """A change asked of an experiment after its attempt closed it: refused. Raised in the
+    thread that asked (a validation that outlived its attempt), never at a report."""
+
+
+class AttemptFailed(Exception):
+    """The training function failed on this rank (or every rank) during an attempt: what
+    the attempt raises to the loop that may start another (not one of hpckit's errors
+    itself: it carries the ``cause``, which is what the user sees)."""
+
+    def __init__(self, cause: BaseException, collective: bool) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.collective = collective
+
+
 class TrainingFailedError(HpckitError):
     """Training failed (after any retries); the message names the failed ranks."""
 

@@ -117,6 +117,51 @@ def test_the_review_list_finds_what_is_long():
     assert any(":" not in name for name in long) and any(":" in name for name in long), long
 
 
+# Exceptions defined outside errors.py, each with why: signals that are not errors (they
+# derive from BaseException so that no ``except Exception`` of the user's catches them), and
+# click's own exception types, which the CLI layer raises to click.
+EXCEPTIONS_ELSEWHERE = {
+    "hpckit/run/ending/stop.py:StopRequested": "a stop the ranks agreed on, not an error",
+    "hpckit/run/ending/stop.py:CriterionMet": "RunConfig(stop=...) met, not an error",
+    "hpckit/launch/mainimport.py:MainImported": "the user's script stopped at its fit()",
+    "hpckit/cli/app.py:CommandError": "click's ClickException, what click prints",
+    "hpckit/cli/app.py:_UsageFailure": "click's ClickException, what click prints",
+    "hpckit/cli/app.py:_StorageFailure": "click's ClickException, what click prints",
+}
+EXCEPTION_BASES = {"Exception", "BaseException", "ValueError", "RuntimeError", "OSError",
+                   "ClickException", "KeyError", "TypeError", "LookupError"}
+
+
+def _exception_classes(source: str, path: str) -> list[str]:
+    """``path:Name`` of every class in ``source`` that derives from an exception: a built-in
+    one, or a class whose name ends in Error, Exception or Failure (hpckit's own)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef):
+            bases = [b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "")
+                     for b in node.bases]
+            if any(b in EXCEPTION_BASES or b.endswith(("Error", "Exception", "Failure"))
+                   for b in bases):
+                found.append(f"{path}:{node.name}")
+    return found
+
+
+def test_every_exception_is_in_errors_py():
+    """#68: one hierarchy in one module, so a reader finds every error hpckit raises there;
+    what stays elsewhere says why (EXCEPTIONS_ELSEWHERE)."""
+    found = [name for path in _sources() if path.name != "errors.py" or path.parent != PACKAGE
+             for name in _exception_classes(path.read_text(), str(path.relative_to(ROOT)))]
+    unexplained = sorted(set(found) - set(EXCEPTIONS_ELSEWHERE))
+    assert not unexplained, f"exceptions outside hpckit/errors.py: {unexplained}"
+    stale = sorted(set(EXCEPTIONS_ELSEWHERE) - set(found))
+    assert not stale, f"EXCEPTIONS_ELSEWHERE names classes that are gone: {stale}"
+
+
+def test_the_exception_check_finds_a_planted_one():
+    planted = "class Lost(HpckitError):\n    pass\nclass Halted(RuntimeError):\n    pass\n"
+    assert _exception_classes(planted, "x.py") == ["x.py:Lost", "x.py:Halted"]
+
+
 def test_the_tests_folder_holds_test_modules_and_their_helpers_live_in_support():
     """#54: beside the test modules only conftest.py; every helper module in tests/support/,
     imported as ``support.X`` (never as a top-level name that could shadow a package's)."""

@@ -20,7 +20,8 @@ from hpckit.config.callbacks import TrainRunContext, UserCallback
 from hpckit.experiment.attempts import AttemptStatus
 from hpckit.experiment.experiment import Experiment
 from hpckit.experiment.validation import VALIDATED, Validation
-from hpckit.experiment.writer import ExperimentClosedError, Writer
+from hpckit.errors import ExperimentClosedError
+from hpckit.experiment.writer import Writer
 from hpckit.run.commit.callbacks import Callbacks
 from hpckit.run.commit.ledger import Ledger
 from hpckit.storage.location import resolve

@@ -19,7 +19,13 @@ from typing import Any
 
 from hpckit import faults
 from hpckit.config import CheckpointConfig, SyncConfig
-from hpckit.errors import CheckpointError, ExperimentTakenError, HpckitError, StorageError
+from hpckit.errors import (
+    CheckpointError,
+    ExperimentClosedError,
+    ExperimentTakenError,
+    HpckitError,
+    StorageError,
+)
 from hpckit.experiment import encoding
 from hpckit.experiment.attempts import AttemptStatus
 from hpckit.experiment.leftovers import free, put_back_handed
@@ -41,7 +47,7 @@ from hpckit.experiment.reading import read_manifest, require_manifest
 from hpckit.experiment.records import RECORDS_DIR, filed, filed_apart
 from hpckit.experiment.retention import recorded_config, select_evictions
 from hpckit.experiment.validation import Validation
-from hpckit.experiment.writer import ExperimentClosedError, Writer, written
+from hpckit.experiment.writer import Writer, written
 from hpckit.logs import log
 from hpckit.settings import Settings
 from hpckit.storage import files

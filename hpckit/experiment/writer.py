@@ -31,14 +31,9 @@ from typing import Any, TypeVar
 
 from hpckit import interrupts
 from hpckit.background import NORMAL, Worker
-from hpckit.errors import HpckitError
+from hpckit.errors import ExperimentClosedError
 
 T = TypeVar("T")
-
-
-class ExperimentClosedError(HpckitError):
-    """A change asked of an experiment after its attempt closed it: refused. Raised in the
-    thread that asked (a validation that outlived its attempt), never at a report."""
 
 
 class Writer:

@@ -19,6 +19,7 @@ from hpckit import exits, uncaught
 from hpckit.errors import (
     ExperimentTakenError,
     HpckitError,
+    NoSpareNode,
     PreemptionError,
     TrainingFailedError,
     WorkerGroupError,
@@ -33,7 +34,6 @@ from hpckit.launch import elastic, heartbeat
 from hpckit.launch.process import Launch, run_process, started_for
 from hpckit.launch.steps import (
     Next,
-    NoSpareNode,
     Steps,
     after_failure,
     requeued_instead,

@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from hpckit.errors import LaunchError
+from hpckit.errors import NoSpareNode
 from hpckit.launch import heartbeat, lost
 from hpckit.launch.allocation import Allocation, current, srun_command
 from hpckit.launch.process import Launch, mpiexec
@@ -24,10 +24,6 @@ from hpckit.run.ending import stop
 from hpckit.run.ending.retry import RetryPolicy
 from hpckit.run.mpi.library import srun_plugin
 from hpckit.settings import Settings
-
-
-class NoSpareNode(LaunchError):
-    """A node of the run was lost and the allocation has none left to take its place."""
 
 
 class Steps:

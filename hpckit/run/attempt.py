@@ -15,7 +15,7 @@ import pyarrow.fs
 
 from hpckit.checkpoint import Checkpoint
 from hpckit.config.callbacks import TrackerCallback, TrainRunContext
-from hpckit.errors import ExperimentTakenError, StorageError
+from hpckit.errors import AttemptFailed, ExperimentTakenError, StorageError
 from hpckit.experiment import retention
 from hpckit.experiment.artifacts import Artifacts
 from hpckit.experiment.attempts import Attempt, AttemptStatus, previous_failure
@@ -60,15 +60,6 @@ class Start:
     next_index: int
     marker: str
     recorded_number: int  # the attempt's number in the manifest, across every run
-
-
-class AttemptFailed(Exception):
-    """The training function failed on this rank (or every rank) during an attempt."""
-
-    def __init__(self, cause: BaseException, collective: bool) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
-        self.collective = collective
 
 
 @dataclass(frozen=True)

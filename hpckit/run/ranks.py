@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 
 from hpckit import exits, logs
 from hpckit.config.scaling import ScalingConfig
-from hpckit.errors import ExperimentTakenError, LaunchError, PreemptionError
+from hpckit.errors import AttemptFailed, ExperimentTakenError, LaunchError, PreemptionError
 from hpckit.logs import log
 from hpckit.result import Result
-from hpckit.run.attempt import AttemptFailed, Ranks, run_attempt
+from hpckit.run.attempt import Ranks, run_attempt
 from hpckit.run.ending import exit as rank_exit
 from hpckit.run.ending import pmi, stop
 from hpckit.run.ending.retry import RetryPolicy

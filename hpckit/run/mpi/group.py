@@ -51,10 +51,6 @@ class Group:
     def size(self) -> int:
         return self.topology.world_size
 
-    @property
-    def leads_node(self) -> bool:
-        return self.leaders is not None
-
     def free(self) -> None:
         """Collective over the world: the node's and the leaders' communicators (the world is
         whoever made it's to free)."""

@@ -15,11 +15,10 @@ from hpckit import faults
 from hpckit.background import IDLE, Worker
 from hpckit.checkpoint import Checkpoint
 from hpckit.config import CheckpointConfig, ValidationConfig
-from hpckit.errors import CommitError, ConfigError
+from hpckit.errors import CommitError, ConfigError, ExperimentClosedError
 from hpckit.experiment.experiment import Experiment
 from hpckit.experiment.manifest import STAGING_NAME, CheckpointRecord
 from hpckit.experiment.validation import VALIDATED, Validation
-from hpckit.experiment.writer import ExperimentClosedError
 from hpckit.logs import log
 from hpckit.run.job import TrainingJob
 from hpckit.run.validation import child
