@@ -115,6 +115,7 @@ class Trackers:
         is queued; waited for at most ``wait`` seconds."""
         ended = ENDED_AS.get(status, "KILLED")
         self._feed.put(lambda: self._end(ended))
+        self._feed.stop()  # its thread ends once it has done what it holds
         if not self._feed.drained(wait):
             log.warning("the experiment trackers (%s) did not take the last %d step(s) and the "
                         "end of the attempt within %.0f s; they are left as they are",
@@ -142,15 +143,22 @@ class _Feed:
         self._work: deque[Callable[[], None]] = deque()
         self._changed = threading.Condition()
         self._busy = False
+        self._stopping = False
         self._thread: threading.Thread | None = None
 
     def put(self, work: Callable[[], None]) -> None:
         with self._changed:
             self._work.append(work)
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="hpckit-trackers",
                                                 daemon=True)
                 self._thread.start()
+            self._changed.notify_all()
+
+    def stop(self) -> None:
+        """The thread ends once it has done what it holds (a later ``put`` starts another)."""
+        with self._changed:
+            self._stopping = True
             self._changed.notify_all()
 
     def pending(self) -> int:
@@ -165,7 +173,10 @@ class _Feed:
     def _run(self) -> None:
         while True:
             with self._changed:
-                self._changed.wait_for(lambda: bool(self._work))
+                self._changed.wait_for(lambda: bool(self._work) or self._stopping)
+                if not self._work:
+                    self._stopping = False
+                    return
                 work = self._work.popleft()
                 self._busy = True
             try:
