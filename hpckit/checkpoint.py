@@ -5,17 +5,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import tempfile
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow.fs
 
-from hpckit import settings
+from hpckit import settings, writes
 from hpckit.errors import CheckpointError
+from hpckit.experiment.manifest import MANIFEST_NAME
+from hpckit.experiment.ownership import experiment_of, inside
 from hpckit.storage import files
 from hpckit.storage.copy import download_dir
 from hpckit.storage.downloads import shared_copy
@@ -24,7 +24,6 @@ from hpckit.storage.location import Location, resolve
 __all__ = ["Checkpoint"]
 
 METADATA_NAME = ".metadata.json"
-MANIFEST_NAME = "manifest.json"  # the experiment's (experiment.manifest), beside its checkpoints
 
 
 class Checkpoint:
@@ -57,12 +56,6 @@ class Checkpoint:
                 f"Checkpoint.from_directory({local!r}) is a file; pass the directory that "
                 "holds it (e.g. its parent).")
         return cls(local)
-
-    @classmethod
-    def _at(cls, location: Location) -> Checkpoint:
-        checkpoint = cls.__new__(cls)
-        checkpoint._location = location  # noqa: SLF001 (the class's own constructor)
-        return checkpoint
 
     @property
     def path(self) -> str:
@@ -186,7 +179,7 @@ class Checkpoint:
                 "would overwrite its manifest or a committed checkpoint's files. Choose a "
                 "directory outside every experiment.")
 
-    def _written_when(self, wait: Callable[[], Any]) -> Checkpoint:
+    def _whose_files_are_written_when(self, wait: Callable[[], Any]) -> Checkpoint:
         """This checkpoint, whose files are complete once ``wait()`` returns (a save still
         running, e.g. torch DCP's ``async_save``): ``report()`` waits for it before it reads
         them, in the background when the upload is asynchronous."""
@@ -201,9 +194,7 @@ class Checkpoint:
         if wait is not None:
             waits.append(wait)
         if self._location.is_local:
-            with _writes_lock:
-                waits += [pending for _, pending in
-                          _writes.pop(os.path.realpath(self._location.path), [])]
+            waits += writes.waits_for(self._location.path)
         errors: list[Exception] = []
         for pending in waits:  # every one, so that none is left writing, and none unheard
             try:
@@ -225,63 +216,33 @@ class Checkpoint:
             raise CheckpointError(f"checkpoint directory {self.uri} does not exist.")
 
 
-_writes: dict[str, list[tuple[str, Callable[[], Any]]]] = {}
-_writes_lock = threading.Lock()
+def checkpoint_at(location: Location) -> Checkpoint:
+    """The checkpoint at ``location`` (hpckit's own: a committed checkpoint, the latest)."""
+    checkpoint = Checkpoint.__new__(Checkpoint)
+    checkpoint._location = location
+    return checkpoint
 
 
-def writing_into(directory: str, name: str, wait: Callable[[], Any]) -> None:
-    """A save that is still writing the file ``name`` into the local ``directory``
-    (``hpckit.torch.save_state``): ``report()`` calls ``wait()`` before it reads a checkpoint
-    of that directory."""
-    with _writes_lock:
-        _writes.setdefault(os.path.realpath(directory), []).append((name, wait))
+def location_of(checkpoint: Checkpoint) -> Location:
+    """Where ``checkpoint`` is: its filesystem and path, and the form shown to users."""
+    return checkpoint._location
 
 
-def claim(directory: str, name: str) -> None:
-    """The file ``name`` in the local ``directory`` (a checkpoint written in place) is this
-    rank's own, written before ``report()``: this rank hashes it, and the manifest records it
-    as its writer, whichever other ranks hand the same directory."""
-    writing_into(directory, name, lambda: None)
+def require_directory(checkpoint: Checkpoint) -> None:
+    """Refuse a checkpoint that is a file, or a local directory that does not exist."""
+    checkpoint._require_dir()
 
 
-def written_later(directory: str) -> tuple[str, ...]:
-    """The files this process's saves write into ``directory`` after ``report()`` returns:
-    in a directory that every rank shares, only this rank may hash them."""
-    with _writes_lock:
-        return tuple(name for name, _ in _writes.get(os.path.realpath(directory), []))
+def wait_until_written(checkpoint: Checkpoint) -> None:
+    """Until every save still writing into ``checkpoint``'s directory has finished."""
+    checkpoint._wait_until_written()
 
 
-_MANIFEST_HEAD = re.compile(rb'\A\{\s*"format":\s*"hpckit\.manifest",\s*"format_version":\s*\d+')
-
-
-def is_experiment(directory: str) -> bool:
-    """Whether the local ``directory`` is an hpckit experiment: it holds hpckit's own
-    manifest (``manifest.json`` that opens with hpckit's format and its version), not merely
-    a file of that name, which many projects have."""
-    try:
-        with open(os.path.join(directory, MANIFEST_NAME), "rb") as f:
-            return _MANIFEST_HEAD.match(f.read(256)) is not None
-    except OSError:
-        return False
-
-
-def experiment_of(path: str) -> str | None:
-    """The experiment directory (:func:`is_experiment`) that the local ``path`` lies in,
-    itself or above, links resolved; None where there is none. ``path`` may not exist."""
-    current = os.path.realpath(path)
-    while True:
-        if is_experiment(current):
-            return current
-        parent = os.path.dirname(current)
-        if parent == current:
-            return None
-        current = parent
-
-
-def inside(path: str, directory: str) -> bool:
-    """Whether ``path`` is ``directory`` or below it (local paths, links resolved)."""
-    path, directory = os.path.realpath(path), os.path.realpath(directory)
-    return os.path.commonpath([path, directory]) == directory
+def written_when(checkpoint: Checkpoint, wait: Callable[[], Any]) -> Checkpoint:
+    """``checkpoint``, whose files are complete once ``wait()`` returns (a save still
+    running, e.g. torch DCP's ``async_save``): ``report()`` waits for it before it reads
+    them, in the background when the upload is asynchronous."""
+    return checkpoint._whose_files_are_written_when(wait)
 
 
 def _local_dir() -> str | None:

@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow
 import pyarrow.fs
 
-from hpckit.checkpoint import Checkpoint
+from hpckit.checkpoint import Checkpoint, checkpoint_at
 from hpckit.errors import CheckpointError, ConfigError, TrainingFailedError
 from hpckit.experiment import retention as _retention
 from hpckit.experiment.attempts import AttemptStatus
@@ -77,9 +77,9 @@ class Result:
                      default=None)
         result = cls(
             metrics=_last_metrics(manifest, history),
-            checkpoint=Checkpoint._at(experiment.join(latest.directory)) if latest else None,
+            checkpoint=checkpoint_at(experiment.join(latest.directory)) if latest else None,
             error=_attempt_error(manifest), path=experiment.path,
-            best_checkpoints=[(Checkpoint._at(experiment.join(r.directory)), r.metrics)
+            best_checkpoints=[(checkpoint_at(experiment.join(r.directory)), r.metrics)
                               for r in _worst_to_best(manifest) if r.on_storage],
             _storage_filesystem=experiment.filesystem, return_value=return_value)
         result._validated = {r.directory: r.validation.metrics for r in manifest.checkpoints
@@ -157,3 +157,15 @@ def _last_metrics(manifest: Manifest, history: list[dict[str, Any]]) -> dict[str
     return {**metrics, **(record.validation.metrics or {})} if record and record.validation \
         else metrics
 
+
+def result_of(experiment: Location, manifest: Manifest, history: list[dict[str, Any]],
+              return_value: Any = None) -> Result:
+    """The :class:`Result` of a run that just ended, from what its ranks hold (the manifest
+    and metrics that rank 0 sent every rank)."""
+    return Result._build(experiment, manifest, history, return_value)
+
+
+def result_read(experiment: Location, return_value: Any = None) -> Result:
+    """The :class:`Result` of ``experiment``, read from storage (by the process that started
+    the ranks, once they ended)."""
+    return Result._read(experiment, return_value)

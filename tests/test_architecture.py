@@ -75,7 +75,7 @@ def test_no_import_cycles():
 
 def test_the_cycle_check_finds_a_cycle():
     graph = grimp.build_graph("hpckit")
-    graph.add_import(importer="hpckit.storage.files", imported="hpckit.experiment.manifest")
+    graph.add_import(importer="hpckit.storage.files", imported="hpckit.experiment.experiment")
     assert any("hpckit.storage.files" in cycle for cycle in _cycles(graph))
 
 

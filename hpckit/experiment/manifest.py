@@ -13,13 +13,13 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
-from hpckit.checkpoint import MANIFEST_NAME as MANIFEST_NAME
 from hpckit.experiment.attempts import Attempt, AttemptStatus
 from hpckit.experiment.kept import KeptApart
 from hpckit.experiment.records import PARTS_DIR, RECORDS_DIR, RecordsFile
 from hpckit.experiment.records import FileRecord as FileRecord
 from hpckit.experiment.validation import Validation
 
+MANIFEST_NAME = "manifest.json"  # the experiment's one source of truth, beside its checkpoints
 STAGING_NAME = ".staging"  # asynchronous checkpoints' files, waiting for the background
 METRICS_NAME = "metrics.jsonl"
 SWEEP_NAME = "sweep.json"  # beside its trials' experiments: the sweep manifest (sweep.record)

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import stat
 
-from hpckit.checkpoint import experiment_of, inside, is_experiment
+from hpckit.experiment.manifest import MANIFEST_NAME
 
 
 def may_take(directory: str, name: str) -> bool:
@@ -96,3 +97,36 @@ def names_in(directory: str) -> list[str]:
 
 def _holds_name(directory: str, path: str) -> bool:
     return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
+
+
+_MANIFEST_HEAD = re.compile(rb'\A\{\s*"format":\s*"hpckit\.manifest",\s*"format_version":\s*\d+')
+
+
+def is_experiment(directory: str) -> bool:
+    """Whether the local ``directory`` is an hpckit experiment: it holds hpckit's own
+    manifest (``manifest.json`` that opens with hpckit's format and its version), not merely
+    a file of that name, which many projects have."""
+    try:
+        with open(os.path.join(directory, MANIFEST_NAME), "rb") as f:
+            return _MANIFEST_HEAD.match(f.read(256)) is not None
+    except OSError:
+        return False
+
+
+def experiment_of(path: str) -> str | None:
+    """The experiment directory (:func:`is_experiment`) that the local ``path`` lies in,
+    itself or above, links resolved; None where there is none. ``path`` may not exist."""
+    current = os.path.realpath(path)
+    while True:
+        if is_experiment(current):
+            return current
+        parent = os.path.dirname(current)
+        if parent == current:
+            return None
+        current = parent
+
+
+def inside(path: str, directory: str) -> bool:
+    """Whether ``path`` is ``directory`` or below it (local paths, links resolved)."""
+    path, directory = os.path.realpath(path), os.path.realpath(directory)
+    return os.path.commonpath([path, directory]) == directory

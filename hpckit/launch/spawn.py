@@ -41,7 +41,7 @@ from hpckit.launch.steps import (
     warn_of_idle_spares,
 )
 from hpckit.logs import log
-from hpckit.result import Result
+from hpckit.result import Result, result_read
 from hpckit.run.ending import stop
 from hpckit.run.ending.exit import ERRORS, read_errors
 from hpckit.run.ending.retry import RetryPolicy
@@ -84,7 +84,7 @@ def spawn(job: TrainingJob, settings: Settings) -> Result:
                 _interrupted(experiment, exc, not job.timestamped)
             launches += 1
             if code == exits.OK:
-                return Result._read(experiment, _returned(payload))
+                return result_read(experiment, _returned(payload))
             if not exits.restarts_after(code):
                 _ended_on_purpose(code, payload, experiment, job)
             if steps.growing:  # given up on to grow: no failure, as Ray's resize

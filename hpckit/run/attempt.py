@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow.fs
 
-from hpckit.checkpoint import Checkpoint
+from hpckit.checkpoint import checkpoint_at, location_of
 from hpckit.config.callbacks import TrackerCallback, TrainRunContext
 from hpckit.errors import AttemptFailed, ExperimentTakenError, StorageError
 from hpckit.experiment import retention
@@ -23,7 +23,7 @@ from hpckit.experiment.experiment import Experiment
 from hpckit.experiment.manifest import Manifest
 from hpckit.experiment.opening import Opening
 from hpckit.logs import log
-from hpckit.result import Result
+from hpckit.result import Result, result_of
 from hpckit.run.commit.callbacks import Callbacks
 from hpckit.run.commit.protocol import CommitProtocol
 from hpckit.run.ending import stop
@@ -89,7 +89,7 @@ def run_attempt(job: TrainingJob, ranks: Ranks, settings: Settings, number: int)
             experiment.end_attempt(AttemptStatus.FINISHED, None, session.protocol.reports)
             summary = (experiment.manifest, experiment.history(), sendable(returned))
         manifest, history, returned = from_root(comm, summary)
-        return Result._build(location, manifest, history, returned)
+        return result_of(location, manifest, history, returned)
     except KeyboardInterrupt:
         opened, experiment = experiment, None
         if opened is not None:
@@ -181,8 +181,8 @@ def _session(job: TrainingJob, ranks: Ranks, settings: Settings, number: int,
     artifacts = Artifacts(location, rank, settings.local_dir,
                           sync.sync_artifacts and (rank == 0 or sync.sync_artifacts_all_ranks))
     levels, restored = leveled
-    latest = (Checkpoint._at(local(restored.path)) if restored.path and start.latest == restored.directory
-              else Checkpoint._at(location.join(start.latest)) if start.latest else None)
+    latest = (checkpoint_at(local(restored.path)) if restored.path and start.latest == restored.directory
+              else checkpoint_at(location.join(start.latest)) if start.latest else None)
     staging = Staging(location, rank, settings.local_dir)
     staging.remove()  # what an earlier attempt of this rank left
     protocol = CommitProtocol(ranks.group, location, job.run_config.checkpoint_config,
@@ -197,7 +197,7 @@ def _session(job: TrainingJob, ranks: Ranks, settings: Settings, number: int,
                                ranks.group.world, clock, lambda: session.stop_requested is not None))
     watch = HangWatch(job.run_config.failure_config.hang_timeout_s, location, start.recorded_number, rank)
     clock = CheckpointClock(job.run_config.checkpoint_config.mtbf_s)
-    rank_state = RankState(rank, ranks.group.size, latest._location if latest else None,
+    rank_state = RankState(rank, ranks.group.size, location_of(latest) if latest else None,
                            job.run_config.checkpoint_config.exact_resume, job.backend.keepers(),
                            ranks.group.members[0] if ranks.group.members else rank)
     session = Session(context, protocol, job.resume_from_checkpoint, artifacts, watch, clock,

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hpckit.checkpoint import Checkpoint
+from hpckit.checkpoint import Checkpoint, checkpoint_at
 from hpckit.errors import ConfigError, ManifestError
 from hpckit.experiment.nested import flatten
 from hpckit.experiment.reading import read_manifest
@@ -80,7 +80,7 @@ class Trial:
         manifest = read_manifest(self.location)
         if manifest is None or manifest.latest is None:
             return None
-        return Checkpoint._at(self.location.join(manifest.latest.directory))  # noqa: SLF001
+        return checkpoint_at(self.location.join(manifest.latest.directory))  # noqa: SLF001
 
     def is_finished(self) -> bool:
         return self.status in (rec.TERMINATED, rec.ERROR)

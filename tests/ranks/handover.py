@@ -12,6 +12,7 @@ import time
 
 import hpckit
 from hpckit import Checkpoint, CheckpointUploadMode, DataParallelTrainer, RunConfig, ScalingConfig
+from hpckit.checkpoint import written_when
 
 
 def seen(name: str, value: object) -> None:
@@ -89,7 +90,7 @@ def failing(parent: str) -> None:
         if ctx.get_world_rank() == ctx.get_world_size() - 1:
             raise OSError(28, "No space left on device")
 
-    checkpoint = Checkpoint.from_directory(d)._written_when(broken)
+    checkpoint = written_when(Checkpoint.from_directory(d), broken)
     hpckit.report({"n": 0}, checkpoint, checkpoint_upload_mode="async")
     time.sleep(0.5)  # an epoch of training: the background has failed by the next report
     try:
@@ -107,7 +108,7 @@ def slow(parent: str) -> None:
         d = ctx.get_checkpoint_dir()
         with open(os.path.join(d, f"part-{ctx.get_world_rank()}.bin"), "wb") as f:
             f.write(bytes([n]) * 100)
-        checkpoint = Checkpoint.from_directory(d)._written_when(lambda: time.sleep(0.3))
+        checkpoint = written_when(Checkpoint.from_directory(d), lambda: time.sleep(0.3))
         hpckit.report({"n": n}, checkpoint, checkpoint_upload_mode="async")
 
 
@@ -150,7 +151,7 @@ def mixed(parent: str) -> None:
 
     saving = threading.Thread(target=late_write)
     saving.start()
-    checkpoint = Checkpoint.from_directory(d)._written_when(saving.join)
+    checkpoint = written_when(Checkpoint.from_directory(d), saving.join)
     hpckit.report({"n": 0}, checkpoint, checkpoint_upload_mode="async" if rank == 0 else "sync")
     seen("committed_at_once", hpckit.get_checkpoint() is not None)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pyarrow.fs
 
-from hpckit import Result
+from hpckit.result import result_read
 from hpckit.experiment import verify as _verify
 from hpckit.experiment.leftovers import stray_records
 from hpckit.experiment.manifest import (
@@ -146,7 +146,7 @@ def check_metrics(location, manifest: Manifest) -> None:
     validated = (latest.validation.metrics if latest.validation else None) or {}
     assert own and {**own[-1]["metrics"], **validated} == latest.metrics, \
         f"metrics.jsonl lacks step {latest.step} of {latest.directory}: {lines[-3:]}"
-    shown = Result._read(location)
+    shown = result_read(location)
     last = next((r for r in manifest.checkpoints if r.directory == lines[-1]["checkpoint"]), None)
     merged = (last.validation.metrics if last and last.validation else None) or {}
     assert shown.metrics == {**lines[-1]["metrics"], **merged} and \

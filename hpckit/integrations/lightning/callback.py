@@ -10,8 +10,9 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 import hpckit
-from hpckit.checkpoint import Checkpoint, claim
+from hpckit.checkpoint import Checkpoint
 from hpckit.errors import ConfigError
+from hpckit.writes import claim
 
 
 class RayTrainReportCallback(Callback):

@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-from hpckit.checkpoint import Checkpoint
+from hpckit.checkpoint import Checkpoint, written_when
 from hpckit.errors import CheckpointError
 from hpckit.integrations.torch.pending import PendingWrite
 from hpckit.run.session.session import get_checkpoint, get_context
@@ -56,7 +56,7 @@ def save_state_dcp(state_dict: dict[str, Any], *, async_: bool = False,
                              lambda exc: CheckpointError(
                                  f"rank {rank}: save_state_dcp could not write {directory}: "
                                  f"{exc}"))
-    return checkpoint._written_when(_previous.outcome)
+    return written_when(checkpoint, _previous.outcome)
 
 
 def load_state_dcp(state_dict: dict[str, Any], checkpoint: Checkpoint | None = None, *,

@@ -7,7 +7,7 @@ import pickle
 from typing import Any
 
 from hpckit import settings
-from hpckit.checkpoint import Checkpoint
+from hpckit.checkpoint import Checkpoint, location_of
 from hpckit.errors import CheckpointError, HpckitError
 from hpckit.experiment.manifest import FileRecord, is_rank_state, is_safe_relpath
 from hpckit.experiment.reading import read_manifest
@@ -60,7 +60,7 @@ def load_state(checkpoint: Checkpoint, filename: str = "state.pt", *, map_locati
 
 def _expected(checkpoint: Checkpoint, filename: str) -> FileRecord | None:
     """The manifest's record of the file, if the checkpoint is one of an experiment's."""
-    location = checkpoint._location
+    location = location_of(checkpoint)
     rank = settings.current().launched_rank
     try:
         manifest = read_manifest(location.parent)

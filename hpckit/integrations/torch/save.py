@@ -24,11 +24,12 @@ import torch
 
 from hpckit import faults
 from hpckit.background import IDLE, Worker
-from hpckit.checkpoint import Checkpoint, writing_into
+from hpckit.checkpoint import Checkpoint
 from hpckit.errors import CheckpointError
 from hpckit.experiment.manifest import is_safe_relpath
 from hpckit.integrations.torch.pending import PendingWrite
 from hpckit.run.session.session import get_context
+from hpckit.writes import writing_into
 
 __all__ = ["save_state"]
 

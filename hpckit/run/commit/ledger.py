@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
-from hpckit.checkpoint import Checkpoint
+from hpckit.checkpoint import checkpoint_at
 from hpckit.config import CheckpointConfig
 from hpckit.errors import HpckitError
 from hpckit.experiment.experiment import Experiment
@@ -253,7 +253,7 @@ class Ledger:
         if self.callbacks:
             at = (self.cached_at(directory) if plan.level == CACHE and self.cached_at
                   else target)
-            self.callbacks.recorded(plan.step, Checkpoint._at(at))
+            self.callbacks.recorded(plan.step, checkpoint_at(at))
         where = ", node-local caches" if plan.level == CACHE else ""
         if plan.asynchronous:
             log.info("step %d: committed %s (%s in %d file(s)%s), %.0f ms after its report",

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from hpckit.checkpoint import Checkpoint
+from hpckit.checkpoint import Checkpoint, checkpoint_at
 from hpckit.config import CheckpointConfig, CheckpointUploadMode
 from hpckit.errors import CommitError, ControllerError, HpckitError, ProtocolError
 from hpckit.experiment.experiment import Experiment
@@ -298,7 +298,7 @@ class CommitProtocol:
 
     def _now_latest(self, location: Location) -> None:
         """The one place that moves ``latest``: a checkpoint every rank knows is committed."""
-        self.latest = Checkpoint._at(location)
+        self.latest = checkpoint_at(location)
 
     def _coordinated(self, announcements: list[Announcement]) -> Plan:
         """Rank 0's plan for the step every rank announced."""

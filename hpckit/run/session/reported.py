@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from hpckit.checkpoint import Checkpoint
+from hpckit.checkpoint import Checkpoint, checkpoint_at
 from hpckit.errors import ConfigError
 from hpckit.experiment import retention
 from hpckit.experiment.manifest import CheckpointRecord
@@ -70,7 +70,7 @@ def get_all_reported_checkpoints(
         while manifest.awaiting_validation and (deadline is None or time.monotonic() < deadline):
             time.sleep(POLL_S)
             manifest = require_manifest(location)
-    return [ReportedCheckpoint(Checkpoint._at(location.join(r.directory)), r.metrics, _status(r))
+    return [ReportedCheckpoint(checkpoint_at(location.join(r.directory)), r.metrics, _status(r))
             for r in reversed(retention.ranked(manifest))]
 
 

@@ -13,7 +13,7 @@ from concurrent.futures import wait as wait_for
 
 from hpckit import faults
 from hpckit.background import IDLE, Worker
-from hpckit.checkpoint import Checkpoint
+from hpckit.checkpoint import Checkpoint, checkpoint_at
 from hpckit.config import CheckpointConfig, ValidationConfig
 from hpckit.errors import CommitError, ConfigError, ExperimentClosedError
 from hpckit.experiment.experiment import Experiment
@@ -125,7 +125,7 @@ class Validator:
         record = _awaiting(self.experiment, directory)
         if record is None or record.validation is None:
             return  # evicted, or ended already
-        checkpoint = Checkpoint._at(self.experiment.location.join(directory))
+        checkpoint = checkpoint_at(self.experiment.location.join(directory))
         if self._cancelled:
             return
         # Outside the lock: a start may wait seconds (sbatch until Slurm answers, a send to a

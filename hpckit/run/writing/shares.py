@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from hpckit import faults
-from hpckit.checkpoint import Checkpoint
+from hpckit.checkpoint import Checkpoint, location_of, require_directory
 from hpckit.errors import CheckpointError, ProtocolError
 from hpckit.experiment.manifest import (
     PENDING_MARKER,
@@ -37,11 +37,11 @@ def local_source(checkpoint: Any, rank: int) -> str:
         raise CheckpointError(
             f"rank {rank}: report(checkpoint={checkpoint!r}) must be an hpckit.Checkpoint, e.g. "
             "Checkpoint.from_directory(tmpdir).")
-    if not checkpoint._location.is_local:
+    if not location_of(checkpoint).is_local:
         raise CheckpointError(
             f"rank {rank}: report() persists local files, but {checkpoint!r} is remote; download "
             "it first (checkpoint.to_directory()) or hand a local directory.")
-    checkpoint._require_dir()
+    require_directory(checkpoint)
     return checkpoint.path
 
 

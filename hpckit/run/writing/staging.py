@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpckit import faults
-from hpckit.checkpoint import Checkpoint, written_later
+from hpckit.checkpoint import Checkpoint, location_of, wait_until_written
 from hpckit.config import CheckpointUploadMode
 from hpckit.errors import CheckpointError
 from hpckit.experiment import journal, ownership
@@ -35,6 +35,7 @@ from hpckit.logs import log
 from hpckit.run.writing.shares import list_source, local_source
 from hpckit.run.writing.uploads import check_returned
 from hpckit.storage.location import Location
+from hpckit.writes import written_later
 
 
 @dataclass(frozen=True)
@@ -92,9 +93,9 @@ def hand_in(checkpoint: Checkpoint, upload: Upload, rank: int, pending: str,
     if in_place:
         later = written_later(source)
         if upload.mode is not CheckpointUploadMode.ASYNC:
-            checkpoint._wait_until_written()
+            wait_until_written(checkpoint)
         return Handed(checkpoint, source, None, True, later=later)
-    checkpoint._wait_until_written()
+    wait_until_written(checkpoint)
     # Files inside the experiment (a pending checkpoint before the first manifest) are never
     # hpckit's to move or delete; nor are any experiment's (ownership.why_kept).
     owned = upload.delete_local and not (
@@ -137,7 +138,7 @@ def _for_upload(checkpoint: Checkpoint, upload: Upload, rank: int, experiment: L
     if not isinstance(checkpoint, Checkpoint):
         raise CheckpointError(f"rank {rank}: report(checkpoint={checkpoint!r}) must be an "
                               "hpckit.Checkpoint, which checkpoint_upload_fn is then given.")
-    local = checkpoint._location.is_local
+    local = location_of(checkpoint).is_local
     owned = upload.delete_local and local and not (
         experiment.is_local and inside(checkpoint.path, experiment.path)) and deletable(
             checkpoint.path, rank)

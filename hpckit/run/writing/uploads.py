@@ -17,7 +17,7 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any
 
-from hpckit.checkpoint import Checkpoint
+from hpckit.checkpoint import Checkpoint, location_of
 from hpckit.errors import CheckpointError, ProtocolError
 from hpckit.run.mpi.comm import for_background, free_background, retire_background
 from hpckit.run.mpi.waiting import wait_for_all
@@ -35,7 +35,7 @@ def check_returned(returned: Any, target: Location, rank: int) -> None:
     if not isinstance(returned, Checkpoint):
         raise CheckpointError(f"rank {rank}: checkpoint_upload_fn returned {returned!r}; it must "
                               "return a Checkpoint, as in Ray.")
-    if not _same_place(returned._location, target):
+    if not _same_place(location_of(returned), target):
         how = ("Checkpoint.from_directory() of it" if target.is_local else
                "Checkpoint(path, get_context().get_storage_filesystem()) of it")
         raise CheckpointError(

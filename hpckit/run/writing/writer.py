@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from hpckit import faults
+from hpckit.checkpoint import wait_until_written
 from hpckit.errors import CheckpointError
 from hpckit.experiment import ownership
 from hpckit.experiment.records import PARTS_DIR, part_name, render_records
@@ -54,7 +55,7 @@ class ShareWriter:
             persisted = self._uploaded(handed, target, background=False)
         elif plan.placement is Placement.IN_PLACE:
             if handed.checkpoint is not None:  # an asynchronous save made synchronous
-                handed.checkpoint._wait_until_written()
+                wait_until_written(handed.checkpoint)
             persisted = sync_in_place(self._in_place_source(plan, handed), target, self.rank,
                                       self.size, later=plan.later)
         else:
@@ -97,7 +98,7 @@ class ShareWriter:
 
     def _in_place(self, plan: Plan, handed: Handed, target: Location) -> Persisted:
         if handed.checkpoint is not None:
-            handed.checkpoint._wait_until_written()
+            wait_until_written(handed.checkpoint)
         source = self._in_place_source(plan, handed)
         persisted = sync_in_place(source, target, self.rank, self.size, "background", plan.later)
         if not target.is_local:
