@@ -53,9 +53,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hpckit.experiment import encoding  # noqa: E402
 from hpckit.experiment.manifest import CheckpointRecord, FileRecord, Manifest  # noqa: E402
 from hpckit.experiment.records import indexed, records_name, render_records  # noqa: E402
+from hpckit.run.commit.planning import HandedFiles, check_nodes, finished_everywhere, make_plan  # noqa: E402  # noqa: E402
 from hpckit.run.mpi.leaders import of_node, placed  # noqa: E402
 from hpckit.run.mpi.waiting import collection_paused  # noqa: E402
-from hpckit.run.writing.assignment import HandedFiles, SentFiles, check_nodes  # noqa: E402
+from hpckit.run.writing.assignment import SentFiles
 from hpckit.run.writing.plan import (  # noqa: E402
     REPORT,
     Announcement,
@@ -64,7 +65,6 @@ from hpckit.run.writing.plan import (  # noqa: E402
     Persisted,
     Plan,
 )
-from hpckit.run.writing.planning import finished_everywhere, make_plan  # noqa: E402
 from hpckit.run.writing.writer import node_part  # noqa: E402
 from hpckit.storage.checksum import checksum_of  # noqa: E402
 from hpckit.storage.location import local  # noqa: E402

@@ -16,9 +16,9 @@ from hpckit import CheckpointConfig, CheckpointUploadMode, ConfigError
 from hpckit.errors import CommitError
 from hpckit.experiment.manifest import FileRecord
 from hpckit.run.mpi.comm import RankFailure
-from hpckit.run.writing.assignment import attributed, merge, unrecorded
+from hpckit.run.commit.planning import attributed, merge, unrecorded
 from hpckit.run.writing.plan import Announcement, Persisted, Placement, Plan, Finished
-from hpckit.run.writing.planning import raise_background_failure, finished_everywhere
+from hpckit.run.commit.planning import raise_background_failure, finished_everywhere
 from hpckit.run.writing.rankstate import state_name
 from hpckit.run.writing.shares import share_hashing
 from hpckit.storage import files

@@ -13,7 +13,7 @@ import pytest
 from conftest import HERE, HPCKIT, checkpoint_dirs, mpiexec, run
 
 from hpckit.errors import CheckpointError
-from hpckit.run.writing.assignment import assign_writers as _assign_writers
+from hpckit.run.commit.planning import assign_writers as _assign_writers
 
 SHARDED = HERE / "ranks" / "sharded.py"
 

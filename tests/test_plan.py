@@ -11,9 +11,10 @@ from hpckit.errors import CheckpointError, ProtocolError, ReportMismatchError
 from hpckit.experiment.manifest import FileRecord
 from hpckit.run.ending.retry import RetryPolicy
 from hpckit.run.mpi.comm import RankFailure
-from hpckit.run.writing.assignment import HandedFiles, SentFiles, every_part, merge, own_part
+from hpckit.run.writing.assignment import SentFiles, own_part
+from hpckit.run.commit.planning import HandedFiles, every_part, merge
 from hpckit.run.writing.plan import REPORT, RETURNED, Announcement, Persisted, Plan, in_background
-from hpckit.run.writing.planning import make_plan, mixed_modes
+from hpckit.run.commit.planning import make_plan, mixed_modes
 
 pytestmark = pytest.mark.quick
 
@@ -119,12 +120,12 @@ def test_the_same_files_again_travel_as_a_report_number_and_reuse_the_assignment
     and rank 0 reuses the last assignment; a rank whose list changed sends it, and rank 0
     assigns again. The ranks that hand their lists at the same report then announce alike,
     which is what lets a node's leader send one announcement for all its ranks."""
-    from hpckit.run.writing import assignment
+    from hpckit.run.commit import planning
 
     lists = [[("m0.pt", 8), ("cfg.json", 2)], [("m1.pt", 8), ("cfg.json", 2)], None]
     sent, memory = [SentFiles() for _ in lists], HandedFiles()
     made = []
-    monkeypatch.setattr(assignment, "assign_writers",
+    monkeypatch.setattr(planning, "assign_writers",
                         lambda handed: made.append(handed) or {"cfg.json": 0})
 
     announced = []

@@ -269,9 +269,9 @@ def test_an_index_can_name_only_parts_of_records(tmp_path):
 
 def test_names_several_ranks_hand_are_kept_once_and_compared_across_nodes(tmp_path):
     """A name every rank hands is in its writer's part only; rank 0 compares every node's
-    hash of it (``assignment.check_nodes``), and refuses a checkpoint where they differ."""
+    hash of it (``planning.check_nodes``), and refuses a checkpoint where they differ."""
     from hpckit.errors import CheckpointError
-    from hpckit.run.writing.assignment import check_nodes
+    from hpckit.run.commit.planning import check_nodes
     from hpckit.run.writing.plan import Plan
 
     other = "xxh3-128:" + "1e" * 16

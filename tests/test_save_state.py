@@ -113,7 +113,7 @@ def test_outside_a_run_save_state_says_where_to_call_it():
 def test_in_a_shared_directory_a_file_still_being_saved_is_hashed_by_its_own_rank(tmp_path):
     """Three ranks' view of one pending checkpoint: rank 1's save is still writing a.pt when
     the others hash their shares, so only rank 1 may hash it (once its write is done)."""
-    from hpckit.run.writing.assignment import unrecorded
+    from hpckit.run.commit.planning import unrecorded
     from hpckit.run.writing.plan import Persisted
     from hpckit.run.writing.shares import sync_in_place
     from hpckit.storage.checksum import checksum_of

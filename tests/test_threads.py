@@ -23,7 +23,7 @@ from hpckit.experiment.validation import VALIDATED, Validation
 from hpckit.errors import ExperimentClosedError
 from hpckit.experiment.writer import Writer
 from hpckit.run.commit.callbacks import Callbacks
-from hpckit.run.commit.ledger import Ledger
+from hpckit.run.commit.coordinator import Coordinator
 from hpckit.storage.location import resolve
 
 
@@ -214,16 +214,16 @@ def test_a_metrics_only_report_hands_its_line_over_and_returns():
                 raise OSError(5, "Input/output error")
             lines.append(step)
 
-    ledger = Ledger(SlowExperiment(), CheckpointConfig())  # type: ignore[arg-type]
+    coordinator = Coordinator(SlowExperiment(), CheckpointConfig())  # type: ignore[arg-type]
     try:
-        ledger.log(0, {"loss": 1.0})
-        ledger.log(1, {"loss": 0.5})
-        ledger.log(2, {"fail": True})
+        coordinator.log(0, {"loss": 1.0})
+        coordinator.log(1, {"loss": 0.5})
+        coordinator.log(2, {"fail": True})
         assert lines == [], "a report waited for its metrics line"
         release.set()
-        ledger.committer.wait()
+        coordinator.committer.wait()
         assert lines == [0, 1]
-        assert isinstance(ledger.committer.newly_committed()[1], OSError)
+        assert isinstance(coordinator.committer.newly_committed()[1], OSError)
     finally:
         release.set()
         SlowExperiment.writer.close()

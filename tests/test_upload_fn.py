@@ -19,7 +19,7 @@ from hpckit import Checkpoint, DataParallelTrainer, RunConfig
 from hpckit.errors import CheckpointError, HpckitError
 from hpckit.experiment.reading import read_manifest
 from hpckit.run.writing.plan import REPORT, Announcement, Placement
-from hpckit.run.writing.planning import make_plan
+from hpckit.run.commit.planning import make_plan
 from hpckit.storage.location import resolve
 
 SHARDED = HERE / "ranks" / "sharded.py"

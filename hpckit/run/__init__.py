@@ -8,7 +8,7 @@ contract in pyproject.toml holds them to it):
 - ``session``: what the training function calls (``report``, ``get_checkpoint``,
   ``get_context``, ``should_checkpoint``, ``get_preemption_info``, reported checkpoints).
 - ``commit``: the commit protocol behind ``report()``: the collective steps, rank 0's
-  ledger of reports not yet written, the UserCallbacks.
+  plan, commits and reports not yet written, the UserCallbacks.
 - ``validation``: rank 0 validating committed checkpoints in a process of its own while the
   ranks train (Ray 2.60's ``ValidationConfig``).
 - ``levels``: node-local checkpoint caches, partner copies, restart from a cache.

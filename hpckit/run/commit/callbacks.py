@@ -1,6 +1,6 @@
 """Rank 0's calls of the run's UserCallbacks, in report order, outside the collectives.
 
-The ledger notes each report as it is recorded (inside rank 0's commit step); the calls are
+The coordinator notes each report as it is recorded (inside rank 0's commit step); the calls are
 made once the step is over, so a slow or failing callback cannot leave a commit half told.
 A callback that raises is reported at the next ``report()`` (or at the end of the training
 function) as a ``ControllerError`` on every rank, as Ray reports its controller's failures.

@@ -36,7 +36,6 @@ from hpckit.experiment.values import to_json_metrics
 from hpckit.logs import log
 from hpckit.run.commit.callbacks import Callbacks
 from hpckit.run.commit.coordinator import Coordinator
-from hpckit.run.commit.ledger import Ledger
 from hpckit.run.ending import stop
 from hpckit.run.levels.levels import Levels
 from hpckit.run.mpi.comm import (
@@ -92,10 +91,9 @@ class CommitProtocol:
         self.callbacks = callbacks
         self.stop_when = stop_when  # RunConfig.stop
         self.levels = levels  # CheckpointConfig(cache_dir)
-        self.coordinator = (Coordinator(Ledger(
-            experiment, config, callbacks, levels.nodes.hosts if levels else (),
-            levels.cache.location if levels else None, validator), callbacks, levels, stop_when,
-            location.name) if experiment is not None else None)
+        self.coordinator = (Coordinator(experiment, config, callbacks, levels, validator,
+                                        stop_when, location.name)
+                            if experiment is not None else None)
         self.latest = latest
         self.stop: str | None = None  # the stop every rank agreed on; stop.received() is a rank's
         self.staging = staging

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING
 
 from hpckit.errors import HpckitError
 from hpckit.logs import log
+from hpckit.run.commit.planning import check_agreed
 from hpckit.run.ending import stop
 from hpckit.run.mpi.comm import all_reduce
 from hpckit.run.mpi.waiting import quiet_everywhere
-from hpckit.run.writing.planning import check_agreed
 
 if TYPE_CHECKING:
     from mpi4py.MPI import Comm

@@ -1,6 +1,6 @@
 """One checkpoint on the ranks: the values that cross between them (``plan``: announcements,
-plans, what a rank persisted), the plan rank 0 makes from every rank's announcement
-(``planning``, with who writes each name several ranks hand: ``assignment``), what a rank
+plans, what a rank persisted), a rank's part of the names several ranks hand and the list
+it sent last (``assignment``; rank 0's plan is ``run.commit.planning``'s), what a rank
 hands to ``report()`` and where its files wait (``staging``; a committed checkpoint handed
 again is read from links: ``writer.pinned``), each rank's resume state (``rankstate``),
 the files each rank writes or hashes (``shares``), this rank writing its share now or in

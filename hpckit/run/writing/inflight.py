@@ -1,7 +1,7 @@
 """This rank's checkpoints in flight: persisted one after another on a background thread,
 oldest first, until the training thread learns at a collective point that every rank has
 finished one and rank 0 committed it. :class:`InFlight` is the one owner of that set on a
-rank: rank 0's ledger keeps only the order in which the reports are written, and the
+rank: rank 0's coordinator keeps only the order in which the reports are written, and the
 levels ask it where a committed checkpoint lies. The background thread touches MPI only for
 a cached checkpoint's partner copy, on a communicator of its own (``run.levels``)."""
 
