@@ -72,3 +72,14 @@ def test_the_recorder_keeps_every_json_line_a_benchmark_or_its_ranks_print():
     assert record.figures(printed) == [{"figure": "a"}, {"figure": "b"}]
     assert record.results_name("benchmarks/core.py", ["--quick"]) == "core-quick"
     assert record.results_name("benchmarks/core.py", []) == "core"
+
+
+def test_the_suite_time_stands_beside_the_calibration_recorded_on_its_machine():
+    """README.md and docs/development.md give the suite's time with the figure a reader
+    compares a machine by: benchmarks/calibrate.py's, as recorded."""
+    recorded = report.load()["calibrate"]
+    assert len(recorded) == 1, recorded
+    cpu = f"{recorded[0]['linear_cpu_s']:.2f} s of CPU"
+    for page in (ROOT / "README.md", ROOT / "docs" / "development.md"):
+        text = " ".join(page.read_text().split())
+        assert "benchmarks/calibrate.py" in text and cpu in text, f"{page.name} does not say {cpu}"
