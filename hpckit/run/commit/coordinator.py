@@ -280,6 +280,19 @@ class Coordinator:
         """A checkpoint that failed before its commit."""
         self.experiment.discard(directory)
 
+    def cached_latest(self) -> tuple[CheckpointRecord | None, list[str]]:
+        """The newest checkpoint if it is in the node-local caches only, and every checkpoint
+        the manifest names."""
+        manifest = self.experiment.manifest
+        latest = manifest.latest
+        return (latest.read() if latest is not None and not latest.on_storage else None,
+                [r.directory for r in manifest.checkpoints])
+
+    def reached_storage(self, directory: str, why: str) -> None:
+        """The cached checkpoint ``directory`` is complete on storage_path now: recorded so."""
+        self.experiment.reached_storage(directory)
+        log.info("persisted %s to storage_path (%s)", directory, why)
+
     def finish(self) -> None:
         """A run that finished: every validation ends before the run does."""
         if self.validator is not None:

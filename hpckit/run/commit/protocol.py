@@ -23,6 +23,7 @@ What retention evicts is deleted after the commit, in the background (``experime
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -43,6 +44,7 @@ from hpckit.run.mpi.comm import (
     all_reduce,
     all_reduce_by_nodes,
     captured,
+    on_root,
     raise_failures,
 )
 from hpckit.run.mpi.group import Group
@@ -87,7 +89,7 @@ class CommitProtocol:
         self.location = location
         self.config = config
         self.next_step, self.next_index = progress
-        self.experiment = experiment
+        self.experiment = experiment  # rank 0's, which its coordinator alone changes
         self.callbacks = callbacks
         self.stop_when = stop_when  # RunConfig.stop
         self.levels = levels  # CheckpointConfig(cache_dir)
@@ -130,8 +132,7 @@ class CommitProtocol:
         if plan.directory is None:
             if plan.stop:
                 self._drain()
-                if self.levels is not None:  # what the drain committed must reach storage
-                    self.levels.persist_latest(self.experiment, f"the stop ({plan.stop})")
+                self._persist_latest(f"the stop ({plan.stop})")  # what the drain committed
         elif plan.asynchronous and plan.level != CACHE:
             self._make_room()
             self.share_writer.in_background(plan, handed, self.location.join(plan.checkpoint()[0]),
@@ -167,8 +168,8 @@ class CommitProtocol:
         failure = self._callback_failure()
         if failure is not None:  # a callback of the last reports: every rank must hear of it
             self._announce(Announcement(RETURNED, self.reports, failure=failure))
+        self._persist_latest("the last checkpoint of the run")
         if self.levels is not None:
-            self.levels.persist_latest(self.experiment, "the last checkpoint of the run")
             self.levels.release()
         self.share_writer.meeting.release()
         if self.coordinator is not None:
@@ -264,14 +265,16 @@ class CommitProtocol:
         """Whether this rank's files are safe (persisted, or cached for the background)."""
         directory = plan.checkpoint()[0]
         started = time.perf_counter()
-        target = self.location.join(directory)
+        write: Callable[[], Persisted]
         if plan.level == CACHE and self.levels is not None:
-            cached, safe = self.levels.write(plan, handed.source, lambda per_rank: self._rank0()
-                                             .commit(plan, per_rank, self.last_metrics, started),
-                                             self.in_flight, state)
-            if cached is not None:
-                self._now_latest(cached)
-            return safe
+            target, write = self.levels.write(plan, handed.source, state)
+            if self.levels.partnered:
+                return self.levels.copy_to_partner(plan, write, self.in_flight)
+            what = f"caching {directory} on each node"
+        else:
+            target = self.location.join(directory)
+            write = partial(self.share_writer.now, plan, handed, target, state)
+            what = f"persisting {directory}"
 
         def commit(per_rank: list[Persisted]) -> None:
             self._rank0().commit(plan, per_rank, self.last_metrics, started)
@@ -279,13 +282,9 @@ class CommitProtocol:
         def commit_nodes(nodes: list[NodeRecords]) -> None:
             self._rank0().commit_nodes(plan, nodes, self.last_metrics, started)
 
-        def write() -> Persisted:
-            return self.share_writer.now(plan, handed, target, state)
-
         def undo() -> None:
-            self._rank0().discard(target.name)
+            self._rank0().discard(directory)
 
-        what = f"persisting {directory}"
         if plan.by_nodes:
             all_reduce_by_nodes(self.group, what, write, partial(node_part, plan, target),
                                 commit_nodes, CommitError, undo)
@@ -293,6 +292,26 @@ class CommitProtocol:
             all_reduce(self.group, what, write, commit, CommitError, undo)
         self._now_latest(target)
         return True
+
+    def _persist_latest(self, why: str) -> None:
+        """Collective, with node-local caches: when the newest checkpoint is cached only, copy
+        it to storage_path (each file from one node that holds it) and record it there, in a
+        commit step as any other; then the caches keep only what the manifest names."""
+        levels = self.levels
+        if levels is None:
+            return
+        _, (record, kept) = on_root(self.comm, lambda: (None, self._rank0().cached_latest()),
+                                    "finding the newest checkpoint", CommitError)
+        if record is not None:
+            copy, check = levels.persisting(record)
+
+            def commit(per_rank: list[dict[str, str]]) -> None:
+                check(per_rank)
+                self._rank0().reached_storage(record.directory, why)
+
+            all_reduce(self.comm, f"persisting {record.directory} to storage_path", copy, commit,
+                       CommitError, undo=lambda: self._rank0().discard(record.directory))
+        levels.tidy_after_persist(kept)
 
     def _now_latest(self, location: Location) -> None:
         """The one place that moves ``latest``: a checkpoint every rank knows is committed."""

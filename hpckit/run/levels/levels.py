@@ -1,8 +1,13 @@
 """Checkpoint levels on the rank side (``CheckpointConfig(cache_dir)``, docs/multilevel.md):
 which level rank 0 sends a checkpoint to, writing it into each node's cache and copying it to
-the partner node in the background before it commits, persisting a cached checkpoint to
-storage_path at the end of a run, finding a cached checkpoint's files on the nodes of this
-job, and removing from the caches what the manifest no longer names."""
+the partner node in the background before it commits, copying a cached checkpoint to
+storage_path, finding a cached checkpoint's files on the nodes of this job, and removing from
+the caches what the manifest no longer names.
+
+The levels say what to write and copy and what was copied; they commit nothing. Every commit
+of a cached checkpoint, and its record once it reached storage_path, is a step of
+:class:`~hpckit.run.commit.protocol.CommitProtocol` decided by rank 0's
+:class:`~hpckit.run.commit.coordinator.Coordinator`, as any other checkpoint's."""
 
 from __future__ import annotations
 
@@ -13,18 +18,15 @@ from typing import TYPE_CHECKING
 
 from hpckit import faults
 from hpckit.config import CheckpointConfig
-from hpckit.errors import CheckpointError, CommitError, ProtocolError
-from hpckit.experiment.experiment import Experiment
+from hpckit.errors import CheckpointError, ProtocolError
 from hpckit.experiment.manifest import CACHE, STORAGE, CheckpointRecord, is_checkpoint_dirname
 from hpckit.logs import log
 from hpckit.run.levels.cache import OWN, PARTNER, RESTORE, NodeCache, Nodes
 from hpckit.run.mpi.comm import (
-    all_reduce,
     captured,
     everywhere,
     for_background,
     free_background,
-    on_root,
     retire_background,
 )
 from hpckit.run.mpi.transfer import Receive, Received, Send, exchange
@@ -79,22 +81,23 @@ class Levels:
         if self.leader and plan.kept is not None:
             self.cache.keep_only(plan.kept)
 
-    def write(self, plan: Plan, source: str | None, commit: Callable[[list[Persisted]], None],
-              in_flight: InFlight, state: bytes | None = None) -> tuple[Location | None, bool]:
-        """Write this rank's files of ``plan`` (and its resume ``state``) into the node's
-        cache. Without partners, a collective step in which rank 0 ``commit``s it (its
-        location is returned). With them, the partner copy starts in the ``in_flight``, where
-        a failed write is raised too (as a failed hand-over of an asynchronous checkpoint is),
-        and a later report commits it or raises on every rank. Also: whether this rank's files
-        are in the cache."""
+    def write(self, plan: Plan, source: str | None, state: bytes | None = None
+              ) -> tuple[Location, Callable[[], Persisted]]:
+        """Where ``plan`` lies in this node's cache, and the write of this rank's files of it
+        (and its resume ``state``) there: the ``local`` of the commit step that
+        :class:`~hpckit.run.commit.protocol.CommitProtocol` runs, as for storage_path."""
         rank, directory = self.comm.rank, plan.checkpoint()[0]
         target = self.cache.location(directory)
-        write = with_state(lambda: Persisted(write_share(plan, target, source, rank)), target,
-                           rank, state)
+        return target, with_state(lambda: Persisted(write_share(plan, target, source, rank)),
+                                  target, rank, state)
 
-        if not self.partnered:
-            all_reduce(self.comm, f"caching {directory} on each node", write, commit, CommitError)
-            return target, True
+    def copy_to_partner(self, plan: Plan, write: Callable[[], Persisted],
+                        in_flight: InFlight) -> bool:
+        """Write this rank's files into the cache now and start their copy to the partner
+        node in ``in_flight``, where a failed write is raised too (as a failed hand-over of
+        an asynchronous checkpoint is); a later report commits it or raises on every rank.
+        Whether this rank's files are in the cache."""
+        rank, directory = self.comm.rank, plan.checkpoint()[0]
         mine, failure = captured(rank, write)
 
         def copy() -> Persisted:
@@ -104,8 +107,9 @@ class Levels:
                                       f"{failure.error if failure else 'failed'}")
             return mine._replace(copies=tuple((r.name, r.checksum) for r in copies))
 
-        in_flight.start(directory, target, copy if self._copies is not None else done_now(copy))
-        return None, mine is not None
+        in_flight.start(directory, self.cache.location(directory),
+                        copy if self._copies is not None else done_now(copy))
+        return mine is not None
 
     def _partner_copy(self, plan: Plan) -> list[Received]:
         """This rank's files (and its resume state, where it has one) to the partner node, and
@@ -141,18 +145,18 @@ class Levels:
             free_background(self._copies)
             self._copies = None
 
-    def persist_latest(self, experiment: Experiment | None, why: str) -> None:
-        """Collective: when the newest checkpoint is cached only, copy it to storage_path
-        (each file from one node that holds it) and record it there; then the caches keep
-        only what the manifest names."""
-        _, (record, kept) = on_root(self.comm, lambda: (None, _cached_latest(experiment)),
-                                    "finding the newest checkpoint", CommitError)
-        if record is not None:
-            self._persist(experiment, record, why)
+    def tidy_after_persist(self, kept: list[str]) -> None:
+        """Once the newest checkpoint is on storage_path: the caches keep only what the
+        manifest names (``kept``)."""
         if self.leader:
             self.cache.keep_only(kept)
 
-    def _persist(self, experiment: Experiment | None, record: CheckpointRecord, why: str) -> None:
+    def persisting(self, record: CheckpointRecord
+                   ) -> tuple[Callable[[], dict[str, str]], Callable[[list[dict[str, str]]], None]]:
+        """The copy of the cached checkpoint ``record`` to storage_path, each file from one
+        node that holds it (the ``local`` of a commit step: its digests), and rank 0's check
+        of every rank's digests against the record, before the commit records it there.
+        Collective (the nodes say what they hold)."""
         where = locate(self.comm, self.cache, self.nodes, record, self.leader)[0]
         missing = [f.path for f in record.files if f.path not in where]
         if missing:
@@ -173,7 +177,7 @@ class Levels:
                 fsync_tree(target.path, [f.path for f in mine])
             return digests
 
-        def commit(per_rank: list[dict[str, str]]) -> None:
+        def check(per_rank: list[dict[str, str]]) -> None:
             copied = {name: digest for d in per_rank for name, digest in d.items()}
             bad = [f.path for f in record.files if copied.get(f.path) != f.checksum]
             if bad:
@@ -182,11 +186,8 @@ class Levels:
                     f"{record.directory}/{bad[0]} read back from the node-local cache ({level} "
                     f"copy) of {self.nodes.hosts[rank]} differs from its checksum (a damaged "
                     f"local disk?); it stays cached only, and {target.display} is not recorded")
-            _rank0(experiment).reached_storage(record.directory)
-            log.info("persisted %s to storage_path (%s)", record.directory, why)
 
-        all_reduce(self.comm, f"persisting {record.directory} to storage_path", copy, commit,
-                   CommitError, undo=lambda: _rank0(experiment).discard(record.directory))
+        return copy, check
 
 
 def _copies_comm(comm: Comm) -> Comm | None:
@@ -199,21 +200,6 @@ def _copies_comm(comm: Comm) -> Comm | None:
                     "MPI4PY_RC_THREAD_LEVEL?), so partner copies run inside report() instead "
                     "of in the background")
     return copies
-
-
-def _rank0(experiment: Experiment | None) -> Experiment:
-    """Rank 0's experiment, where only rank 0 may act."""
-    if experiment is None:
-        raise ProtocolError("a rank other than 0 asked for rank 0's experiment in the checkpoint "
-                            "levels")
-    return experiment
-
-
-def _cached_latest(experiment: Experiment | None) -> tuple[CheckpointRecord | None, list[str]]:
-    """The newest checkpoint if it is cached only, and every checkpoint the manifest names."""
-    latest = _rank0(experiment).manifest.latest
-    return (latest.read() if latest is not None and not latest.on_storage else None,
-            [r.directory for r in _rank0(experiment).manifest.checkpoints])
 
 
 def locate(comm: Comm, cache: NodeCache, nodes: Nodes, record: CheckpointRecord, leader: bool
