@@ -192,7 +192,7 @@ def test_resume_of_something_that_is_not_an_experiment(tmp_path):
 
 def test_resume_takes_job_options_only_for_a_job_script(tmp_path):
     out = run([HPCKIT, "resume", "--time", "02:00:00", str(tmp_path)], timeout=30, expect=2)
-    assert "--time and --slurm are options of the job script: add --sbatch FILE" in out.output
+    assert "--time, --slurm and --dry-run are options of the job script: add --sbatch FILE" in out.output
     out = run([HPCKIT, "resume", "--sbatch", str(tmp_path / "x.sbatch"), "--slurm", "gpu",
                str(tmp_path)], timeout=30, expect=2)
     assert "'gpu': give KEY=VALUE" in out.output, out.output
