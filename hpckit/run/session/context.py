@@ -13,7 +13,27 @@ __all__ = ["TrainContext"]
 
 @dataclass(frozen=True)
 class TrainContext:
-    """This rank's place in the job and where the experiment is stored."""
+    """This rank's place in the job and where the experiment is stored.
+
+    hpckit builds one for each rank as it starts the training function; a program gets it
+    from ``hpckit.get_context()`` and reads it through the ``get_*`` methods, as in Ray.
+
+    Args:
+        topology: This rank's world and local rank and size, node rank and hostname.
+        experiment_name: The experiment's name (``RunConfig(name)``).
+        experiment: The experiment's directory on its storage.
+        attempt: 0 for the first attempt, then one more for each restart after a failure.
+        launcher: The launcher that started this process: ``mpiexec``, ``srun``, ``hpckit``
+            (ranks hpckit started itself), or None (none: ``python train.py``).
+        slurm: The Slurm job's variables that :meth:`get_slurm_info` returns; empty outside
+            Slurm.
+        artifact_dir: Returns this rank's artifact directory (:meth:`get_artifact_dir`).
+        stop_requested: Returns whether the ranks agreed to stop (:meth:`should_stop`).
+        checkpoint_dir: Returns the directory to write the next checkpoint into, in place
+            (:meth:`get_checkpoint_dir`).
+        checkpoint_due: Returns whether to checkpoint at the next report
+            (:meth:`should_checkpoint`).
+    """
 
     topology: Topology
     experiment_name: str

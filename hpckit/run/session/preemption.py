@@ -33,7 +33,15 @@ if TYPE_CHECKING:
 class PreemptionInfo:
     """The job will end: by ``deadline_ms`` (milliseconds since the epoch; None where Slurm
     does not say), on the nodes in ``preempted_node_to_ranks`` (every node of the job, since
-    the whole job ends), each with its world ranks."""
+    the whole job ends), each with its world ranks.
+
+    Args:
+        deadline_ms: When the job ends, in milliseconds since the epoch: its time limit, or
+            the preemption time plus the partition's grace time, as ``squeue`` gives it.
+            None outside Slurm, or where Slurm does not say.
+        preempted_node_to_ranks: Each node's hostname mapped to the world ranks that run on
+            it.
+    """
 
     deadline_ms: int | None
     preempted_node_to_ranks: dict[str, list[int]]
@@ -50,7 +58,12 @@ class PreemptionInfo:
 def get_preemption_info() -> PreemptionInfo | None:
     """None until a rank of the job has received the stop signal; from then on, on every
     rank, the same :class:`PreemptionInfo`. Collective: every rank calls it the same number
-    of times. The next ``report()`` still stops the run after its checkpoint, as always."""
+    of times. The next ``report()`` still stops the run after its checkpoint, as always.
+
+    Raises:
+        HpckitError: Called outside a training run, or the ranks could not agree (the
+            message names the ranks that failed).
+    """
     session = current("get_preemption_info")
     topology = session.context.topology
     return all_reduce(session.protocol.comm, "get_preemption_info()",

@@ -37,7 +37,15 @@ class CheckpointConsistencyMode(Enum):
 
 @dataclass(frozen=True)
 class ReportedCheckpoint:
-    """A committed checkpoint with its metrics (a validation's merged in) and status."""
+    """A committed checkpoint with its metrics (a validation's merged in) and status.
+
+    Args:
+        checkpoint: The committed checkpoint, in the experiment's directory.
+        metrics: Its report's metrics as the manifest stores them (JSON values), with a
+            validation's metrics merged over them.
+        status: ``COMMITTED`` (the default) where no validation was asked, else the
+            validation's status.
+    """
 
     checkpoint: Checkpoint
     metrics: dict[str, Any]
@@ -59,6 +67,20 @@ def get_all_reported_checkpoints(
     With ``VALIDATED`` (the default, as in Ray) it first waits until no kept checkpoint
     awaits validation, or ``timeout_s`` has passed (then it returns what stands, as Ray
     does); rank 0's validation thread records each outcome while the ranks train.
+
+    Args:
+        consistency_mode: ``VALIDATED`` (the default) waits for every kept checkpoint's
+            validation to end; ``COMMITTED`` lists the committed checkpoints at once.
+        timeout_s: With ``VALIDATED``, the most seconds to wait; None (the default) waits
+            as long as a validation is pending. Ignored with ``COMMITTED``.
+
+    Returns:
+        The kept checkpoints, worst to best.
+
+    Raises:
+        ConfigError: ``consistency_mode`` is not a ``CheckpointConsistencyMode``.
+        ManifestError: The experiment's manifest cannot be read.
+        HpckitError: Called outside a training run.
     """
     if not isinstance(consistency_mode, CheckpointConsistencyMode):
         raise ConfigError(f"get_all_reported_checkpoints(consistency_mode={consistency_mode!r}) "

@@ -104,7 +104,11 @@ def keep_loader(loader: Keeper) -> str:
 
 
 def get_context() -> TrainContext:
-    """This rank's :class:`TrainContext`: ranks, topology, experiment, stop requests."""
+    """This rank's :class:`TrainContext`: ranks, topology, experiment, stop requests.
+
+    Raises:
+        HpckitError: Called outside a training run.
+    """
     return current("get_context").context
 
 
@@ -123,7 +127,11 @@ def get_checkpoint() -> Checkpoint | None:
     The first call of a resumed run also restores this rank's random streams and its
     loaders' positions as they were when that checkpoint was reported
     (``CheckpointConfig(exact_resume=True)``, the default): call it once the model and
-    loaders are built, right before the training loop."""
+    loaders are built, right before the training loop.
+
+    Raises:
+        HpckitError: Called outside a training run.
+    """
     session = current("get_checkpoint")
     session.rank_state.restore()
     return session.protocol.latest or session.seed
@@ -142,21 +150,49 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None, *,
     it could not be. With ``ASYNC`` it returns once the files are handed over (the directory
     may then be deleted); they are persisted in the background and committed at a later
     report, when the training function returns, or when a stop is agreed; a failure is raised
-    on every rank there. ``NO_UPLOAD`` commits the files already written in place into
-    ``get_context().get_checkpoint_dir()``. ``delete_local_checkpoint_after_upload`` (default:
-    True for ``ASYNC`` only, as in Ray) lets hpckit move the handed files instead of copying
-    them, and remove the handed directory. ``checkpoint_dir_name`` names the checkpoint's
-    directory in the experiment (the same on every rank) instead of ``checkpoint_NNNNNN``.
-    ``validation`` (True, or a ``ValidationTaskConfig`` whose ``fn_kwargs`` are merged over
-    the trainer's) has the trainer's ``ValidationConfig.fn`` validate this checkpoint once it
-    is committed, in a process of its own on rank 0's node, while training goes on; rank 0's
-    report decides. ``checkpoint_upload_fn(checkpoint, checkpoint_dir_name) -> Checkpoint``
-    uploads this rank's files itself, straight into the checkpoint's directory
-    ``<experiment>/<checkpoint_dir_name>`` (on POSIX or S3 storage), and returns a checkpoint
-    of that directory (anything else is refused); once every rank's has returned, hpckit
-    hashes (reading back), records and commits what it finds there, as for a checkpoint
-    written in place. With ``ASYNC`` it runs on the background thread, and must not run
-    collectives on the training's process group; it is not called with ``NO_UPLOAD``.
+    on every rank there.
+
+    Args:
+        metrics: This report's metrics: JSON values (numbers, strings, booleans, None, and
+            lists and dicts of them). Rank 0's are recorded; the other ranks' are not, as in
+            Ray.
+        checkpoint: This rank's files for the checkpoint, or None when this rank hands none
+            (a report where every rank passes None records metrics only). Any rank may hand a
+            directory; all of them become one checkpoint.
+        checkpoint_dir_name: The checkpoint's directory in the experiment, the same on every
+            rank. None (the default) names it ``checkpoint_NNNNNN``. Two reports that name the
+            same directory are an error (Ray merges them).
+        checkpoint_upload_mode: ``SYNC`` (the default), ``ASYNC`` or ``NO_UPLOAD``, or its
+            name as a string. ``NO_UPLOAD`` commits the files already written in place into
+            ``get_context().get_checkpoint_dir()``, synchronously. The mode is taken from the
+            ranks that hand a checkpoint; where they ask for different ones, the report is
+            synchronous.
+        delete_local_checkpoint_after_upload: True lets hpckit move the handed files instead
+            of copying them, and remove the handed directory; False keeps it. None (the
+            default) means True for ``ASYNC`` only, as in Ray.
+        checkpoint_upload_fn: ``fn(checkpoint, checkpoint_dir_name) -> Checkpoint`` that
+            uploads this rank's files itself, straight into the checkpoint's directory
+            ``<experiment>/<checkpoint_dir_name>`` (on POSIX or S3 storage), and returns a
+            checkpoint of that directory (Ray allows anywhere in the run's storage; hpckit
+            refuses anything else). Once every rank's has returned, hpckit hashes (reading
+            back), records and commits what it finds there, as for a checkpoint written in
+            place. With ``ASYNC`` it runs on the background thread and must not run
+            collectives on the training's process group; with ``NO_UPLOAD`` it is not called.
+            None (the default): hpckit writes the files.
+        validation: True, or a ``ValidationTaskConfig`` whose ``fn_kwargs`` are merged over
+            the trainer's, has the trainer's ``ValidationConfig.fn`` validate this checkpoint
+            once it is committed, in a process of its own on rank 0's node, while training
+            goes on; rank 0's report decides. Needs ``checkpoint``. False (the default)
+            validates nothing.
+
+    Raises:
+        ConfigError: An argument is invalid, or ``validation`` is asked without a checkpoint
+            or without the trainer's ``validation_config``.
+        MetricsError: This rank's metrics cannot be stored as JSON (the message names
+            the key).
+        CommitError: The checkpoint could not be committed (``ReportMismatchError`` when the
+            ranks called ``report()`` different numbers of times); raised on every rank.
+        HpckitError: Called outside a training run.
     """
     if checkpoint_upload_fn is not None and not callable(checkpoint_upload_fn):
         raise ConfigError(f"report(checkpoint_upload_fn={checkpoint_upload_fn!r}) must be a "
