@@ -31,6 +31,19 @@ class Checkpoint:
 
     ``Checkpoint("/lustre/runs/exp/checkpoint_000003")``, ``Checkpoint("s3://bucket/...")`` or
     ``Checkpoint("bucket/exp/checkpoint_000003", filesystem=fs)``.
+
+    Args:
+        path: The checkpoint directory: a local path, or a URI (``file://``, ``s3://`` with
+            hpckit's S3 options in its query, or another scheme pyarrow opens). With
+            ``filesystem``, a path on that filesystem, without a scheme.
+        filesystem: The pyarrow filesystem that ``path`` is on; None (the default) finds it
+            from ``path``.
+
+    Raises:
+        CheckpointError: ``path`` is not a non-empty path or URI.
+        ConfigError: A URI names no bucket or directory, or carries hpckit's S3 options on
+            another scheme.
+        StorageError: The URI's storage cannot be opened.
     """
 
     def __init__(self, path: str | os.PathLike[str],
@@ -41,7 +54,14 @@ class Checkpoint:
 
     @classmethod
     def from_directory(cls, path: str | os.PathLike[str]) -> Checkpoint:
-        """A checkpoint of a local directory, as handed to ``hpckit.report``."""
+        """A checkpoint of a local directory, as handed to ``hpckit.report``.
+
+        Args:
+            path: An existing local directory; a relative path is made absolute.
+
+        Raises:
+            CheckpointError: ``path`` is not a path, does not exist, or is a file.
+        """
         if not isinstance(path, (str, os.PathLike)):
             raise CheckpointError(
                 f"Checkpoint.from_directory({path!r}) needs a directory path, got "
@@ -97,7 +117,22 @@ class Checkpoint:
 
     def to_directory(self, path: str | os.PathLike[str] | None = None) -> str:
         """Copy the checkpoint's files into ``path`` (a new temporary directory by default);
-        never into the checkpoint itself or into any experiment."""
+        never into the checkpoint itself or into any experiment.
+
+        Args:
+            path: A local directory, created if missing; a file already there is overwritten
+                where the checkpoint has one of the same name. None (the default) makes
+                a new directory in ``$HPCKIT_LOCAL_DIR`` (else the system's temporary
+                directory), which the caller removes.
+
+        Returns:
+            The local directory that holds the copy.
+
+        Raises:
+            CheckpointError: The checkpoint is not a directory, or ``path`` lies inside the
+                checkpoint or in an experiment.
+            StorageError: The checkpoint's remote storage could not be read.
+        """
         target = os.fspath(path) if path is not None else tempfile.mkdtemp(
             prefix="hpckit-checkpoint-", dir=_local_dir())
         self._require_dir()
@@ -130,7 +165,16 @@ class Checkpoint:
         return metadata
 
     def set_metadata(self, metadata: dict[str, Any]) -> None:
-        """Replace the metadata; it is stored as ``.metadata.json`` beside the files."""
+        """Replace the metadata; it is stored as ``.metadata.json`` beside the files.
+
+        Args:
+            metadata: A dict of JSON values (NaN and infinity are refused).
+
+        Raises:
+            CheckpointError: ``metadata`` is not a dict of JSON values, the checkpoint is not
+                a directory, or it is a committed checkpoint of an experiment (its files are
+                checksummed in the manifest: set metadata before ``report()``, or on a copy).
+        """
         if not isinstance(metadata, dict):
             raise CheckpointError(f"checkpoint metadata must be a dict, got {type(metadata).__name__}.")
         try:
@@ -142,7 +186,14 @@ class Checkpoint:
         files.write_bytes(self._location.join(METADATA_NAME), data)
 
     def update_metadata(self, metadata: dict[str, Any]) -> None:
-        """Merge ``metadata`` into the existing metadata."""
+        """Merge ``metadata`` into the existing metadata.
+
+        Args:
+            metadata: A dict of JSON values; its keys replace those already set.
+
+        Raises:
+            CheckpointError: As :meth:`set_metadata`.
+        """
         self._refuse_if_committed()
         self.set_metadata({**self.get_metadata(), **metadata})
 
