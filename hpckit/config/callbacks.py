@@ -8,7 +8,16 @@ from typing import Any, Protocol
 
 @dataclass(frozen=True)
 class TrainRunContext:
-    """What a callback knows of the run (Ray's name): its configs and where it is stored."""
+    """What a callback knows of the run (Ray's name): its configs and where it is stored.
+
+    hpckit builds it and passes it to each :class:`UserCallback` call.
+
+    Args:
+        run_config: The run's ``RunConfig``.
+        train_loop_config: The trainer's ``train_loop_config``; empty by default.
+        scaling_config: The run's ``ScalingConfig``, or None where it has none.
+        experiment_path: The experiment's directory, credentials redacted.
+    """
 
     run_config: Any
     train_loop_config: dict[str, Any] = field(default_factory=dict)
@@ -40,11 +49,24 @@ class UserCallback:
 
     def after_report(self, run_context: TrainRunContext, metrics: list[dict[str, Any]],
                      checkpoint: Any) -> None:
-        """Called after every rank has reported and the report is recorded."""
+        """Called after every rank has reported and the report is recorded.
+
+        Args:
+            run_context: The run's configs and where it is stored.
+            metrics: What each rank reported: ``metrics[i]`` is rank i's, as stored (JSON
+                values).
+            checkpoint: The committed ``Checkpoint``, or None for a report without one (an
+                asynchronous one is passed when it is committed).
+        """
 
     def after_exception(self, run_context: TrainRunContext,
                         worker_exceptions: dict[int, BaseException]) -> None:
-        """Called after the training function raised, with each failed rank's exception."""
+        """Called after the training function raised, with each failed rank's exception.
+
+        Args:
+            run_context: The run's configs and where it is stored.
+            worker_exceptions: Each failed world rank mapped to its exception.
+        """
 
 
 @dataclass(frozen=True)

@@ -42,56 +42,64 @@ class CheckpointUploadMode(enum.Enum):
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    """Which committed checkpoints to keep. The latest one is always kept: a resume needs it."""
+    """Which committed checkpoints to keep. The latest one is always kept: a resume needs it.
+
+    Args:
+        num_to_keep: Keep this many checkpoints (the best, or the most recent without a
+            score), an integer >= 1; None (the default) keeps all.
+        checkpoint_score_attribute: The reported metric that ranks checkpoints; a missing or
+            NaN score ranks worst in either order (Ray ranks a missing one best under
+            ``"min"``). None (the default) ranks by recency.
+        checkpoint_score_order: Whether a higher (``"max"``, the default) or lower
+            (``"min"``) score is better.
+        verify_on_resume: Before resuming, read the newest checkpoint back and check every
+            file's size and SHA-256 against the manifest; a damaged one is skipped (loudly)
+            for the newest that verifies. True by default; hpckit's own.
+        max_checkpoints_in_flight: Asynchronous checkpoints persisted in the background and
+            not yet committed, at most (an integer >= 1, default 1); when as many are in
+            flight, the next ``report()`` with a checkpoint waits for the oldest.
+        mtbf_s: Mean time between failures of the job, in seconds (> 0), for
+            ``get_context().should_checkpoint()`` (Young/Daly's interval √(2·C·MTBF)). One
+            day by default; a job on many nodes fails more often: about a node's MTBF
+            divided by the nodes.
+        checkpoint_frequency: For a ``tune.Trainable`` class: checkpoint every this many
+            iterations (an integer >= 0; 0, the default, never).
+        checkpoint_at_end: For a ``tune.Trainable`` class: checkpoint after its last
+            iteration too (True or False; None, the default, does not).
+        cache_dir: An absolute path on a node-local disk (NVMe, ``$TMPDIR``, ``/dev/shm``)
+            where checkpoints are written first; only every ``persist_every``-th goes to
+            ``storage_path`` too. None (the default): every checkpoint goes to
+            ``storage_path`` alone. hpckit's own; see docs/multilevel.md.
+        persist_every: With ``cache_dir``: every Nth checkpoint also goes to
+            ``storage_path`` (an integer >= 1, default 1: every one), and so do the last one
+            of a run and the one taken at a stop signal.
+        redundancy: With ``cache_dir``: ``"partner"`` copies each node's cached files to
+            the next node over MPI before the checkpoint commits, so that a node whose disk
+            is lost restarts from its partner's copy. None (the default): a cached
+            checkpoint lives on its own node alone.
+        exact_resume: Save every rank's random streams (Python, NumPy, torch, each CUDA
+            device) and the positions of its loaders from ``prepare_data_loader`` with every
+            checkpoint, and restore them at the first ``get_checkpoint()`` of a resumed run,
+            so that it continues as the uninterrupted run would have (True, the default).
+            False: a resumed run's loaders start their epoch afresh and its random streams
+            are left as the script sets them. hpckit's own; see docs/resume.md.
+
+    Raises:
+        ConfigError: A value is invalid; the message names it and what is accepted.
+    """
 
     num_to_keep: int | None = None
-    """Keep this many checkpoints (the best, or the most recent without a score); None keeps all."""
-
     checkpoint_score_attribute: str | None = None
-    """Metric that ranks checkpoints; a missing or NaN score ranks worst. None ranks by recency."""
-
     checkpoint_score_order: Literal["max", "min"] = "max"
-    """Whether a higher (``"max"``) or lower (``"min"``) score is better."""
-
     verify_on_resume: bool = True
-    """Before resuming, read the newest checkpoint back and check every file's size and SHA-256
-    against the manifest; a damaged one is skipped (loudly) for the newest that verifies."""
-
     max_checkpoints_in_flight: int = 1
-    """Asynchronous checkpoints persisted in the background and not yet committed, at most;
-    when as many are in flight, the next ``report()`` with a checkpoint waits for the oldest."""
-
     mtbf_s: float = 86400.0
-    """Mean time between failures of the job, in seconds, for
-    ``get_context().should_checkpoint()`` (Young/Daly's interval √(2·C·MTBF)). One day by
-    default; a job on many nodes fails more often: about a node's MTBF divided by the nodes."""
-
     checkpoint_frequency: int = 0
-    """For a ``tune.Trainable`` class: checkpoint every this many iterations (0: never)."""
-
     checkpoint_at_end: bool | None = None
-    """For a ``tune.Trainable`` class: checkpoint after its last iteration too."""
-
     cache_dir: str | None = None
-    """A node-local directory (NVMe, ``$TMPDIR``, ``/dev/shm``) where checkpoints are written
-    first; only every ``persist_every``-th goes to ``storage_path`` too. None: every
-    checkpoint goes to ``storage_path`` alone. See docs/multilevel.md."""
-
     persist_every: int = 1
-    """With ``cache_dir``: every Nth checkpoint also goes to ``storage_path``, and so do the
-    last one of a run and the one taken at a stop signal."""
-
     redundancy: Literal["partner"] | None = None
-    """With ``cache_dir``: ``"partner"`` copies each node's cached files to the next node over
-    MPI before the checkpoint commits, so that a node whose disk is lost restarts from its
-    partner's copy. None: a cached checkpoint lives on its own node alone."""
-
     exact_resume: bool = True
-    """Save every rank's random streams (Python, NumPy, torch, each CUDA device) and the
-    positions of its loaders from ``prepare_data_loader`` with every checkpoint, and restore
-    them at the first ``get_checkpoint()`` of a resumed run, so that it continues as the
-    uninterrupted run would have. False: a resumed run's loaders start their epoch afresh
-    and its random streams are left as the script sets them. See docs/resume.md."""
 
     def __post_init__(self) -> None:
         _check_levels(self)

@@ -18,21 +18,30 @@ from hpckit.errors import ConfigError
 
 @dataclass(frozen=True)
 class FailureConfig:
-    """How often a failed run is started again, resuming from its last committed checkpoint."""
+    """How often a failed run is started again, resuming from its last committed checkpoint.
+
+    Args:
+        max_failures: Restarts allowed after failures: an integer >= 0 (0, the default,
+            never restarts), or -1 without limit. A lost node and an elastic shrink spend
+            one each.
+        max_preemption_failures: Requeues after the job was told to end (Slurm's time-limit
+            warning, a preemption), counted apart from ``max_failures``: -1 (the default, as
+            in Ray) requeues without limit, 0 never.
+        hang_timeout_s: End a rank on which no ``report()`` completes within this many
+            seconds (from the start of the training function, then from each report),
+            leaving every thread's stack in ``{experiment}/logs/``; the attempt is recorded
+            as ``hung`` and, where hpckit started the ranks, restarted as ``max_failures``
+            allows. None (the default) never does: choose several times the longest gap
+            between two reports, checkpoint included. hpckit's own (Ray's controller has
+            no such watchdog).
+
+    Raises:
+        ConfigError: A value is invalid; the message names it and what is accepted.
+    """
 
     max_failures: int = 0
-    """Restarts allowed after failures; 0 never restarts, -1 restarts without limit."""
-
     max_preemption_failures: int = -1
-    """Requeues after the job was told to end (Slurm's time-limit warning, a preemption),
-    counted apart from ``max_failures``; -1 (as in Ray) requeues without limit, 0 never."""
-
     hang_timeout_s: float | None = None
-    """End a rank on which no ``report()`` completes within this many seconds (from the
-    start of the training function, then from each report), leaving every thread's stack in
-    ``{experiment}/logs/``; the attempt is recorded as ``hung`` and, where hpckit started
-    the ranks, restarted as ``max_failures`` allows. None (the default) never does: choose
-    several times the longest gap between two reports, checkpoint included."""
 
     def __post_init__(self) -> None:
         for name in ("max_failures", "max_preemption_failures"):
@@ -50,26 +59,36 @@ class FailureConfig:
 
 @dataclass(frozen=True)
 class SyncConfig:
-    """What else is copied where: each rank's artifacts, and a mirror of the experiment."""
+    """What else is copied where: each rank's artifacts, and a mirror of the experiment.
+
+    hpckit's own meaning: Ray 2.60 deprecated its ``ray.train.SyncConfig``.
+
+    Args:
+        sync_artifacts: Persist rank 0's ``get_context().get_artifact_dir()`` to
+            ``{experiment}/artifacts/rank-0/`` at every report (only files that changed).
+            False by default.
+        sync_artifacts_all_ranks: With ``sync_artifacts``, every rank's artifacts, each to
+            its own ``rank-N/``. False by default.
+        mirror: A second storage root (a path or URI) that receives a copy of the
+            experiment: manifest, metrics and kept checkpoints. For scratch filesystems that
+            are purged. None (the default): no mirror.
+        mirror_command: Copy with this command instead of pyarrow, e.g.
+            ``"rclone copy {source} {target}"`` (both placeholders required); ``{source}`` is
+            the experiment directory, ``{target}`` the mirror's ``{mirror}/{name}``. A
+            function ``(source, target)`` is called instead (Ray Tune's syncer). Needs
+            ``mirror``; None (the default) copies with pyarrow.
+        sync_period: Mirror at most once per this many seconds (>= 0, default 300) after a
+            commit, and once at the end.
+
+    Raises:
+        ConfigError: A value is invalid; the message names it and what is accepted.
+    """
 
     sync_artifacts: bool = False
-    """Persist rank 0's ``get_context().get_artifact_dir()`` to ``{experiment}/artifacts/rank-0/``
-    at every report (only files that changed)."""
-
     sync_artifacts_all_ranks: bool = False
-    """With ``sync_artifacts``, every rank's artifacts, each to its own ``rank-N/``."""
-
     mirror: str | None = None
-    """A second storage root (a path or URI) that receives a copy of the experiment: manifest,
-    metrics and kept checkpoints. For scratch filesystems that are purged."""
-
     mirror_command: str | Callable[[str, str], Any] | None = None
-    """Copy with this command instead of pyarrow, e.g. ``"rclone copy {source} {target}"``;
-    ``{source}`` is the experiment directory, ``{target}`` the mirror's ``{mirror}/{name}``.
-    A function ``(source, target)`` is called instead (Ray Tune's syncer)."""
-
     sync_period: float = 300.0
-    """Mirror at most once per this many seconds (after a commit), and once at the end."""
 
     def __post_init__(self) -> None:
         for name in ("sync_artifacts", "sync_artifacts_all_ranks"):
@@ -101,7 +120,16 @@ class LoggingConfig:
     """hpckit's own log lines (Ray's name). ``log_level`` is rank 0's level; the other ranks
     log warnings and errors (and debug lines too at "DEBUG"). ``encoding`` "JSON" writes one
     object per line (time, level, rank, message) for log collectors. ``HPCKIT_LOG_LEVEL``,
-    where set, wins over ``log_level``."""
+    where set, wins over ``log_level``.
+
+    Args:
+        log_level: Rank 0's level, a name of Python's logging levels in any case
+            (``"DEBUG"``, ``"INFO"``, the default, ``"WARNING"``, ...).
+        encoding: ``"TEXT"`` (the default) or ``"JSON"``, in any case; JSON is hpckit's own.
+
+    Raises:
+        ConfigError: A value is invalid; the message names it and what is accepted.
+    """
 
     log_level: str = "INFO"
     encoding: str = "TEXT"
@@ -119,39 +147,46 @@ class LoggingConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Where the experiment lives and how it is checkpointed and retried."""
+    """Where the experiment lives and how it is checkpointed and retried.
+
+    Args:
+        name: The experiment's directory under ``storage_path``: one directory name (no
+            ``/``, ``\\``, ``.`` or ``..``). None (the default): the script's name and the
+            Slurm job id (so a requeued job resumes), or a timestamp.
+        storage_path: A path, ``file://``, ``s3://`` or any pyarrow URI; with
+            ``storage_filesystem``, a path inside it with no scheme. None (the default):
+            ``$HPCKIT_STORAGE``, else ``~/hpckit_results``.
+        storage_filesystem: A pyarrow filesystem to store into (wrap an fsspec one with
+            ``PyFileSystem(FSSpecHandler(fs))``); None (the default) finds it from
+            ``storage_path``.
+        checkpoint_config: Retention of committed checkpoints; the default keeps all.
+        failure_config: Restarts after failures; the default never restarts.
+        sync_config: Artifacts and mirrors (hpckit's ``SyncConfig``); the default copies
+            neither.
+        logging_config: hpckit's log level and encoding; None (the default): INFO on rank
+            0, text.
+        callbacks: :class:`UserCallback` instances, called on rank 0 after each report and
+            on failure (Ray calls them on its controller). None (the default): none.
+        stop: When the run ends early, as Ray Tune's ``RunConfig(stop=...)``: a dict of
+            metric thresholds (the run ends after the first report in which any metric
+            reaches its value; ``training_iteration`` counts reports), or
+            ``fn(name, metrics) -> bool``. Decided on rank 0's metrics and agreed by every
+            rank; the report's checkpoint is committed first. None (the default) never
+            stops early.
+
+    Raises:
+        ConfigError: A value is invalid; the message names it and what is accepted.
+    """
 
     name: str | None = None
-    """Experiment directory name under storage_path. Default: the script's name and the Slurm
-    job id (so a requeued job resumes) or a timestamp."""
-
     storage_path: str | os.PathLike[str] | None = None
-    """A path, ``file://``, ``s3://`` or any pyarrow URI; default ``$HPCKIT_STORAGE`` or
-    ``~/hpckit_results``. With ``storage_filesystem``, a path inside it with no scheme."""
-
     storage_filesystem: pyarrow.fs.FileSystem | None = None
-    """A pyarrow filesystem to store into (wrap fsspec ones with ``PyFileSystem(FSSpecHandler(fs))``)."""
-
     checkpoint_config: CheckpointConfig = field(default_factory=CheckpointConfig)
-    """Retention of committed checkpoints."""
-
     failure_config: FailureConfig = field(default_factory=FailureConfig)
-    """Restarts after failures."""
-
     sync_config: SyncConfig = field(default_factory=SyncConfig)
-    """Artifacts and mirrors."""
-
     logging_config: LoggingConfig | None = None
-    """hpckit's log level and encoding (default: INFO on rank 0, text)."""
-
     callbacks: list[UserCallback] | None = None
-    """:class:`UserCallback` instances, called on rank 0 after each report and on failure."""
-
     stop: dict[str, float] | Callable[[str, dict[str, Any]], bool] | None = None
-    """When the run ends early, as Ray Tune's ``RunConfig(stop=...)``: a dict of metric
-    thresholds (the run ends after the first report in which any metric reaches its value;
-    ``training_iteration`` counts reports), or ``fn(name, metrics) -> bool``. Decided on rank
-    0's metrics and agreed by every rank; the report's checkpoint is committed first."""
 
     def __post_init__(self) -> None:
         if self.name is not None:

@@ -12,25 +12,37 @@ _RESOURCE_KEYS = ("CPU", "GPU")
 
 @dataclass(frozen=True)
 class ScalingConfig:
-    """How many ranks to run and what each one uses."""
+    """How many ranks to run and what each one uses.
+
+    Ray's placement options (``placement_strategy``, ``trainer_resources``, ...) do not
+    apply: the ranks are MPI processes that the launcher or the Slurm allocation places.
+
+    Args:
+        num_workers: Number of ranks (world size), an integer >= 1 (default 1). Under
+            ``mpirun``/``srun`` it must equal the launched world; with ``python train.py``
+            hpckit starts this many ranks (on this node, or across the Slurm allocation it
+            runs in). ``(min_workers, max_workers)``, as Ray's elastic training: hpckit
+            starts up to ``max_workers`` ranks, goes on with fewer (never under
+            ``min_workers``) after a node is lost with no spare, and grows back when it
+            returns.
+        use_gpu: Train on CUDA devices with NCCL; False (the default) on CPUs with Gloo.
+        resources_per_worker: ``{"GPU": n, "CPU": m}``, each > 0: GPUs per rank (may be
+            fractional to share a device; needs ``use_gpu=True``) and a whole number of CPU
+            threads per rank (sets ``torch.set_num_threads``). None (the default): one GPU
+            per rank with ``use_gpu``, and as threads the rank's CPUs (its affinity mask,
+            shared with the local ranks bound to the same CPUs).
+        elastic_resize_monitor_interval_s: An elastic run with fewer than ``max_workers``
+            ranks asks this often (seconds >= 0, default 60, as in Ray) whether the nodes it
+            lost are back, and grows back to them.
+
+    Raises:
+        ConfigError: A value is invalid; the message names it and what is accepted.
+    """
 
     num_workers: int | tuple[int, int] = 1
-    """Number of ranks (world size). Under ``mpirun``/``srun`` it must equal the launched
-    world; with ``python train.py`` hpckit starts this many ranks (on this node, or across the
-    Slurm allocation it runs in). ``(min_workers, max_workers)``, as Ray's elastic training:
-    hpckit starts up to ``max_workers`` ranks, goes on with fewer (never under
-    ``min_workers``) after a node is lost with no spare, and grows back when it returns."""
-
     use_gpu: bool = False
-    """Train on CUDA devices with NCCL; otherwise on CPUs with Gloo."""
-
     resources_per_worker: dict[str, float] | None = None
-    """``{"GPU": n, "CPU": m}``: GPUs per rank (may be fractional to share a device) and
-    CPU threads per rank (sets ``torch.set_num_threads``)."""
-
     elastic_resize_monitor_interval_s: float = 60.0
-    """An elastic run with fewer than ``max_workers`` ranks asks this often whether the
-    nodes it lost are back, and grows back to them (as Ray)."""
 
     def __post_init__(self) -> None:
         _check_workers(self.num_workers)
@@ -79,7 +91,11 @@ class ScalingConfig:
 
     def resized(self, ranks: int) -> ScalingConfig:
         """This config for a run of ``ranks`` ranks (``hpckit resume -n``): that many, and
-        for an elastic run, no more and at most as few as it allowed."""
+        for an elastic run, no more and at most as few as it allowed.
+
+        Args:
+            ranks: The new world size, an integer >= 1.
+        """
         workers: int | tuple[int, int] = (
             (min(self.min_workers, ranks), ranks) if self.elastic and ranks > 1 else ranks)
         return replace(self, num_workers=workers)

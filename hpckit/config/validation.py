@@ -14,13 +14,34 @@ from hpckit.errors import ConfigError
 class ValidationFn(Protocol):
     """``fn(checkpoint, **fn_kwargs) -> dict`` of metrics, merged into the checkpoint's."""
 
-    def __call__(self, checkpoint: Any, **kwargs: Any) -> dict[str, Any]: ...
+    def __call__(self, checkpoint: Any, **kwargs: Any) -> dict[str, Any]:
+        """Validate one committed checkpoint.
+
+        Args:
+            checkpoint: The committed ``Checkpoint`` to validate.
+            **kwargs: The ``fn_kwargs`` of the trainer's ``ValidationConfig.task_config``,
+                with those of the report's ``ValidationTaskConfig`` merged over them.
+
+        Returns:
+            Metrics (JSON values), merged over the checkpoint's reported ones.
+        """
+        ...
 
 
 @dataclass(frozen=True)
 class ValidationTaskConfig:
     """One validation's arguments: ``fn_kwargs`` (JSON values: the manifest keeps them, so a
-    resumed run validates with the same) and ``timeout_s`` (None: no limit)."""
+    resumed run validates with the same) and ``timeout_s`` (None: no limit).
+
+    Args:
+        fn_kwargs: Keyword arguments for ``ValidationConfig.fn``, a dict of JSON values
+            (Ray allows any object); None (the default) is ``{}``.
+        timeout_s: The most seconds one validation may take (> 0), after which its status is
+            ``VALIDATION_TIMEOUT``; None (the default): no limit.
+
+    Raises:
+        ConfigError: A value is invalid; the message names it and what is accepted.
+    """
 
     fn_kwargs: dict[str, Any] | None = None
     timeout_s: float | None = None
@@ -56,7 +77,26 @@ class ValidationConfig:
     ``num_workers + N`` ranks), each validating one checkpoint at a time on its own node; with
     ``sbatch={"partition": "cpu", ...}`` each validation is a Slurm job of its own, submitted
     with these ``sbatch`` options (e.g. on cheaper nodes), which needs a POSIX storage_path
-    that the job's node sees."""
+    that the job's node sees.
+
+    Args:
+        fn: ``fn(checkpoint, **fn_kwargs) -> dict`` of metrics, defined at module level (the
+            validation process imports the script to find it).
+        task_config: The default ``fn_kwargs`` and ``timeout_s`` of every validation; a
+            report's ``ValidationTaskConfig`` is merged over it. None is the default
+            ``ValidationTaskConfig()``.
+        ray_remote_kwargs: Ray's task options; hpckit reads ``num_cpus`` only (a whole number
+            >= 1, default 1: the validation process's threads) and ignores the rest.
+        ranks: How many of the launched ranks validate instead of training (>= 0); 0 (the
+            default) validates in a process on rank 0's node. hpckit's own.
+        sbatch: sbatch long options (``{"partition": "cpu", "time": "30"}``, with or without
+            the leading ``--``) that make each validation a Slurm job of its own; hpckit sets
+            ``wait``, ``wrap``, ``parsable``, ``output``, ``error`` and ``cpus-per-task``
+            itself. Not with ``ranks``. None (the default): no Slurm job. hpckit's own.
+
+    Raises:
+        ConfigError: A value is invalid; the message names it and what is accepted.
+    """
 
     fn: ValidationFn
     task_config: ValidationTaskConfig = field(default_factory=ValidationTaskConfig)
@@ -94,7 +134,15 @@ class ValidationConfig:
 
     def task(self, validation: bool | ValidationTaskConfig) -> dict[str, Any] | None:
         """What one report's ``validation=`` asks for, merged over the defaults (the report's
-        ``fn_kwargs`` win, and its ``timeout_s``); None for no validation."""
+        ``fn_kwargs`` win, and its ``timeout_s``); None for no validation.
+
+        Args:
+            validation: What ``report(validation=...)`` was given: True (this config's
+                ``task_config``), False, or a ``ValidationTaskConfig``.
+
+        Raises:
+            ConfigError: ``validation`` is none of these.
+        """
         if validation is False:
             return None
         if validation is True:
