@@ -124,7 +124,13 @@ class TrainingFailedError(HpckitError):
 
 class WorkerGroupError(TrainingFailedError):
     """Training failed on one or more ranks (Ray's name): ``worker_failures`` maps each failed
-    world rank to its exception (as raised there, where it could be sent)."""
+    world rank to its exception (as raised there, where it could be sent).
+
+    Args:
+        error_message: The message: ``training failed on ...``, naming the failed ranks.
+        worker_failures: Each failed world rank mapped to its exception; empty where none
+            could be named (a hung run).
+    """
 
     def __init__(self, error_message: str, worker_failures: dict[int, BaseException]) -> None:
         super().__init__(error_message)
@@ -136,7 +142,12 @@ class WorkerGroupError(TrainingFailedError):
 
 class ControllerError(TrainingFailedError):
     """hpckit's own machinery failed, not the training function (Ray's name; raised where
-    the process that started the ranks fails): ``controller_failure`` is the cause."""
+    the process that started the ranks fails): ``controller_failure`` is the cause.
+
+    Args:
+        controller_failure: The exception hpckit's machinery raised (such as a
+            ``UserCallback``'s).
+    """
 
     def __init__(self, controller_failure: BaseException) -> None:
         super().__init__(f"hpckit failed, not the training function: {controller_failure}")
@@ -149,7 +160,13 @@ class ControllerError(TrainingFailedError):
 class PreemptionError(TrainingFailedError):
     """The job was told to end (Slurm's time-limit warning, a preemption) and was not
     requeued (Ray's name): ``preemption_info`` says when and which ranks. Uncaught, it ends
-    the program with status 75 ("stopped, continue later"), as a stopped run always has."""
+    the program with status 75 ("stopped, continue later"), as a stopped run always has.
+
+    Args:
+        preemption_info: The :class:`~hpckit.PreemptionInfo` of the stop.
+        drain_timed_out: Ray's flag for a drain of the nodes that timed out; hpckit drains
+            nothing and leaves it False (the default).
+    """
 
     exit_status = exits.STOPPED
 

@@ -32,6 +32,21 @@ class Result:
     ``return_value`` is what the training function returned on rank 0 (None when it did not
     finish, or for a Result read back from storage); ``metrics_history`` is every report's
     metrics, oldest first (hpckit's own); ``config`` a sweep trial's params (else empty).
+
+    ``fit()`` builds it, and :meth:`from_path` reads one back; the arguments are Ray's.
+
+    Args:
+        metrics: The last report's metrics (Ray: the latest checkpoint's), or None where
+            nothing was reported.
+        checkpoint: The latest committed checkpoint on storage, or None.
+        error: Why the run failed, or None where it did not.
+        path: The experiment directory, as a path on the storage filesystem.
+        metrics_dataframe: What :attr:`metrics_dataframe` returns; None (the default) builds
+            it from the metrics log (or from ``metrics_history``) when read.
+        best_checkpoints: The kept checkpoints with their metrics, worst to best, at most
+            ``num_to_keep``; None (the default) is ``[]``.
+        return_value: What the training function returned on rank 0; None (the default)
+            where it did not finish, or for a Result read from storage.
     """
 
     def __init__(self, metrics: dict[str, Any] | None, checkpoint: Checkpoint | None,
@@ -60,7 +75,19 @@ class Result:
     def from_path(cls, path: str | os.PathLike[str],
                   storage_filesystem: pyarrow.fs.FileSystem | None = None) -> Result:
         """Read an experiment directory (local or remote) written by an earlier run; a path
-        that is not one raises a ``ManifestError`` (a ``RuntimeError``, as in Ray)."""
+        that is not one raises a ``ManifestError`` (a ``RuntimeError``, as in Ray).
+
+        Args:
+            path: The experiment directory: a local path or a URI; with
+                ``storage_filesystem``, a path on it without a scheme.
+            storage_filesystem: The pyarrow filesystem ``path`` is on; None (the default)
+                finds it from ``path``.
+
+        Raises:
+            ManifestError: ``path`` is not an experiment directory, or its manifest cannot
+                be read.
+            StorageError: The storage cannot be opened or read.
+        """
         return cls._read(resolve(path, storage_filesystem))
 
     @classmethod
@@ -114,7 +141,18 @@ class Result:
     def get_best_checkpoint(self, metric: str, mode: str = "max") -> Checkpoint:
         """The checkpoint of ``best_checkpoints`` with the best ``metric`` (``mode`` "max" or
         "min"; ``a/b`` names a nested metric). As in Ray: a ``RuntimeError`` when there is no
-        checkpoint, or when none reported ``metric``."""
+        checkpoint, or when none reported ``metric``.
+
+        Args:
+            metric: The metric to rank by (``a/b`` for a nested one); a NaN score is not a
+                best checkpoint.
+            mode: ``"max"`` (the default: higher is better) or ``"min"``.
+
+        Raises:
+            ConfigError: ``mode`` is neither.
+            CheckpointError: The run has no kept checkpoint, or none reported ``metric``
+                (a ``RuntimeError``, as in Ray).
+        """
         if mode not in ("max", "min"):
             raise ConfigError(f"get_best_checkpoint(mode={mode!r}) must be 'max' or 'min'.")
         if not self.best_checkpoints:

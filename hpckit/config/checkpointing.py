@@ -53,7 +53,7 @@ class CheckpointConfig:
         checkpoint_score_order: Whether a higher (``"max"``, the default) or lower
             (``"min"``) score is better.
         verify_on_resume: Before resuming, read the newest checkpoint back and check every
-            file's size and SHA-256 against the manifest; a damaged one is skipped (loudly)
+            file's size and checksum against the manifest; a damaged one is skipped (loudly)
             for the newest that verifies. True by default; hpckit's own.
         max_checkpoints_in_flight: Asynchronous checkpoints persisted in the background and
             not yet committed, at most (an integer >= 1, default 1); when as many are in

@@ -16,7 +16,19 @@ class HDF5Dataset(Dataset):
 
     The file is opened lazily in each process that reads (h5py handles must not cross a
     fork), so the dataset is cheap to pickle into DataLoader workers. Combined with
-    ``prepare_data_loader`` each rank reads only its own share of the indexes.
+    ``prepare_data_loader`` each rank reads only its own share of the indexes. hpckit's own
+    (Ray Data has its readers).
+
+    Args:
+        path: The HDF5 file, on a filesystem every rank sees.
+        keys: The names of its datasets to read, at least one, all of the same length;
+            sample ``i`` is the tuple of their ``i``-th rows, as tensors.
+        transform: A function applied to each sample's tuple; None (the default) returns it
+            as is.
+
+    Raises:
+        ConfigError: No key is given, the file cannot be opened, a dataset is missing, or
+            the datasets differ in length.
     """
 
     def __init__(self, path: str | os.PathLike[str], keys: tuple[str, ...] | list[str],

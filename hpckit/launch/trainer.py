@@ -26,6 +26,29 @@ class DataParallelTrainer:
     :class:`hpckit.torch.TorchTrainer` adds the torch.distributed process group and devices.
     ``fit()`` works the same under ``mpirun``/``srun`` (the launched processes are the ranks)
     and from ``python train.py`` (hpckit starts ``num_workers`` ranks on this node itself).
+
+    Ray's ``backend_config``, ``datasets``, ``dataset_config`` and ``metadata`` are not
+    accepted: hpckit has no Ray Data, and its framework set-up is the trainer's class.
+
+    Args:
+        train_loop_per_worker: The training function that every rank runs: it takes
+            ``train_loop_config`` as its one argument, or none.
+        train_loop_config: A dict passed to the training function (and recorded with the
+            experiment's config); None (the default) passes ``{}`` to a function that takes
+            an argument.
+        scaling_config: How many ranks and what each uses; None (the default) is
+            ``ScalingConfig()``: one rank, on CPUs.
+        run_config: Where the experiment is stored and how it is checkpointed and retried;
+            None (the default) is ``RunConfig()``.
+        resume_from_checkpoint: A checkpoint (of another run, or anywhere) that
+            ``get_checkpoint()`` returns until this experiment has committed its own. None
+            (the default): a new experiment starts from nothing.
+        validation_config: How checkpoints reported with ``validation=`` are validated; None
+            (the default): ``report(validation=...)`` is an error.
+
+    Raises:
+        ConfigError: An argument is not of the type named, or the training function takes
+            more than one argument.
     """
 
     def __init__(self, train_loop_per_worker: Callable[..., Any], *,
@@ -57,7 +80,19 @@ class DataParallelTrainer:
         self.validation_config = validation_config
 
     def fit(self) -> Result:
-        """Train on every rank; return the :class:`Result` (on every rank under a launcher)."""
+        """Train on every rank; return the :class:`Result` (on every rank under a launcher).
+
+        Raises:
+            TrainingFailedError: Training failed after any restarts ``FailureConfig``
+                allows: a ``WorkerGroupError`` naming each failed rank's exception, or a
+                ``ControllerError`` where a ``UserCallback`` or hpckit itself failed.
+            PreemptionError: The job was told to end and was not requeued.
+            ExperimentLockedError: Another live run holds the experiment
+                (``ExperimentTakenError`` where one took it over from this run).
+            LaunchError: The ranks could not be started, or the launched world disagrees
+                with ``scaling_config``.
+            ConfigError: A setting is invalid (the storage path, an environment variable).
+        """
         if mainimport.importing_main:
             raise mainimport.MainImported()
         current = settings.refresh()

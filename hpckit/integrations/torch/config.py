@@ -17,6 +17,17 @@ class TorchConfig:
     ``init_method`` is accepted as Ray accepts it ("env" or "tcp"): hpckit's ranks always meet
     through a TCP store whose address rank 0 sends them over MPI. ``timeout_s`` bounds every
     collective of the process group.
+
+    Args:
+        backend: ``"nccl"`` or ``"gloo"``; None (the default) picks NCCL with
+            ``ScalingConfig(use_gpu=True)`` and Gloo otherwise.
+        init_method: ``"env"`` (the default) or ``"tcp"``, accepted for Ray's programs; the
+            ranks meet through the same TCP store either way.
+        timeout_s: Seconds (> 0, default 1800) after which a collective that has not
+            completed fails, applied when the process group starts.
+
+    Raises:
+        ConfigError: A value is invalid; the message names it and what is accepted.
     """
 
     backend: str | None = None

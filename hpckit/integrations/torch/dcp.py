@@ -35,6 +35,24 @@ def save_state_dcp(state_dict: dict[str, Any], *, async_: bool = False,
     state is staged into host memory (pinned and reused between saves for CUDA tensors) before
     this returns, so training may change it at once; the files are written by DCP's thread,
     and ``report(..., checkpoint_upload_mode="async")`` waits for them in the background.
+    hpckit's own (Ray has no such call).
+
+    Args:
+        state_dict: What ``dcp.save`` takes: a dict of tensors, DTensors (FSDP2's shards)
+            and objects with ``state_dict()``, such as
+            ``torch.distributed.checkpoint.state_dict.get_state_dict``'s.
+        async_: Save with ``dcp.async_save`` and return once the state is staged; False (the
+            default) returns once the files are written.
+        process_group: The group that saves, as DCP takes it; None (the default) is the
+            default group, or for an asynchronous save a Gloo group of its own made once,
+            so that its collectives do not interleave with training's.
+
+    Returns:
+        The pending checkpoint, to pass to ``hpckit.report()``.
+
+    Raises:
+        CheckpointError: The previous asynchronous save failed where no report took it.
+        HpckitError: Called outside a training run.
     """
     context = get_context()
     directory = context.get_checkpoint_dir()
@@ -62,7 +80,20 @@ def save_state_dcp(state_dict: dict[str, Any], *, async_: bool = False,
 def load_state_dcp(state_dict: dict[str, Any], checkpoint: Checkpoint | None = None, *,
                    process_group: Any = None) -> None:
     """Load a DCP checkpoint into ``state_dict`` in place (resharding to this world size);
-    collective. ``checkpoint`` defaults to ``hpckit.get_checkpoint()``."""
+    collective. ``checkpoint`` defaults to ``hpckit.get_checkpoint()``.
+
+    Args:
+        state_dict: The state to load into, as ``dcp.load`` takes it: shaped as this run's
+            model and optimizer are (its tensors give the shards this rank reads).
+        checkpoint: A checkpoint saved with :func:`save_state_dcp`; None (the default) is
+            ``hpckit.get_checkpoint()``.
+        process_group: The group that loads, as DCP takes it; None (the default) is the
+            default group.
+
+    Raises:
+        CheckpointError: There is no checkpoint to load (a fresh run).
+        HpckitError: Called outside a training run without ``checkpoint``.
+    """
     checkpoint = checkpoint or get_checkpoint()
     if checkpoint is None:
         raise CheckpointError(

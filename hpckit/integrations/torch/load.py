@@ -21,10 +21,29 @@ def load_state(checkpoint: Checkpoint, filename: str = "state.pt", *, map_locati
                weights_only: bool = True) -> Any:
     """``torch.load`` one file of ``checkpoint``, onto this rank's device by default.
 
-    When the checkpoint belongs to an experiment, the file's size and SHA-256 are checked
+    When the checkpoint belongs to an experiment, the file's size and checksum are checked
     against the manifest first, so a damaged file is an error rather than a silently wrong
     model. ``weights_only=True`` (the default) refuses pickled code; pass ``False`` only for
-    files you trust.
+    files you trust. hpckit's own (Ray has no such call).
+
+    Args:
+        checkpoint: The checkpoint to read from, such as ``hpckit.get_checkpoint()`` or
+            ``result.checkpoint``; local or on remote storage (then downloaded once per
+            node).
+        filename: The file's path inside the checkpoint, relative (default ``"state.pt"``,
+            what :func:`save_state` writes by default).
+        map_location: As ``torch.load``'s; None (the default) loads onto this rank's device
+            (``hpckit.torch.get_device()``).
+        weights_only: As ``torch.load``'s: True (the default) loads tensors and plain
+            containers only; False unpickles anything.
+
+    Returns:
+        The object ``torch.load`` returns.
+
+    Raises:
+        CheckpointError: ``checkpoint`` is not a ``Checkpoint``, ``filename`` is not a
+            relative path inside it or is missing, the file is damaged (its size or
+            checksum differs from the manifest's), or weights-only loading refuses it.
     """
     import torch
 

@@ -42,7 +42,34 @@ def prepare_model(model: torch.nn.Module, move_to_device: bool | torch.device = 
 
     ``parallel_strategy_kwargs`` go to DDP, or to ``fully_shard`` for every sharded module
     (see :func:`~hpckit.integrations.torch.sharding.fully_sharded`). Keywords beyond Ray's
-    are DDP's, as in earlier hpckit releases."""
+    are DDP's, as in earlier hpckit releases.
+
+    Ray wraps in FSDP1's ``FullyShardedDataParallel`` on GPUs only; hpckit shards with
+    FSDP2, on GPUs and on CPUs (Gloo). Save and resume sharded state with
+    ``save_state_dcp``/``load_state_dcp``.
+
+    Args:
+        model: The model to prepare.
+        move_to_device: True (the default) moves the model to this rank's device
+            (``get_device()``); a ``torch.device`` moves it there; False leaves it where it
+            is.
+        parallel_strategy: ``"ddp"`` (the default), ``"fsdp"`` or None (no wrapper). At
+            world size 1 the model is not wrapped.
+        parallel_strategy_kwargs: Keywords for ``DistributedDataParallel``, or for
+            ``fully_shard`` plus ``auto_wrap_policy`` (module classes, or a function of a
+            module) with ``"fsdp"``; FSDP1's keywords are an error naming FSDP2's. None (the
+            default): none. On a GPU, DDP gets ``device_ids`` and ``output_device`` unless
+            given.
+        **ddp_kwargs: More keywords for ``DistributedDataParallel`` (with ``"ddp"`` only);
+            they win over ``parallel_strategy_kwargs``.
+
+    Returns:
+        The model, moved and wrapped.
+
+    Raises:
+        ConfigError: ``parallel_strategy`` is none of these, DDP's keywords are given with
+            another strategy, or ``fully_shard`` is given FSDP1's keywords.
+    """
     if parallel_strategy not in PARALLEL_STRATEGIES:
         raise ConfigError(f"prepare_model(parallel_strategy={parallel_strategy!r}): give "
                           "'ddp', 'fsdp' or None, as in Ray.")
@@ -82,6 +109,20 @@ def prepare_data_loader(loader: DataLoader, add_dist_sampler: bool = True,
     to a GPU either way. The loader's worker processes ignore SIGTERM: Slurm sends it to
     every process of the job step when it preempts the job, and the rank stops at its next
     report (the workers end with it), where a worker would die at once.
+
+    Args:
+        loader: The ``DataLoader`` to prepare.
+        add_dist_sampler: At world size > 1, give each rank its share of the dataset through
+            a ``DistributedSampler`` (True, the default); False keeps the loader's sampler,
+            which then gives every rank the whole dataset unless it shards itself.
+        move_to_device: Move each batch's tensors to this rank's device (True, the default);
+            False leaves them on the CPU.
+        auto_transfer: Accepted for Ray's signature; batches go to a GPU with non-blocking
+            copies either way.
+
+    Returns:
+        A loader that iterates as ``loader`` did, over this rank's share, and whose position
+        every checkpoint keeps.
     """
     if not isinstance(loader.worker_init_fn, _IgnoringTerm):
         loader.worker_init_fn = _IgnoringTerm(loader.worker_init_fn)

@@ -48,6 +48,24 @@ def save_state(obj: Any, filename: str = "state.pt") -> Checkpoint:
     names, e.g. ``f"model-rank{rank}.pt"`` where ranks hold different state), then
     ``report(metrics, checkpoint=..., checkpoint_upload_mode="async")`` to keep the whole
     checkpoint off the training loop (a synchronous report waits for the write first).
+    hpckit's own (Ray has no such call).
+
+    Args:
+        obj: What to save: a state dict, or any structure of dicts, lists, tuples and
+            tensors; tensors are copied into reused staging buffers, anything else is
+            deep-copied.
+        filename: The file's path inside the checkpoint, relative (default
+            ``"state.pt"``); give each rank's file its own name where ranks hold different
+            state. A second save of the same name waits for the first to be written.
+
+    Returns:
+        The pending checkpoint (``get_context().get_checkpoint_dir()``), to pass to
+        ``hpckit.report()``.
+
+    Raises:
+        CheckpointError: ``filename`` is not a relative path inside the checkpoint, or the
+            previous save of this file failed where no report took it.
+        HpckitError: Called outside a training run.
     """
     if not is_safe_relpath(filename):
         raise CheckpointError(f"save_state(filename={filename!r}) must be a relative path inside "

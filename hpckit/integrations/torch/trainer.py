@@ -17,7 +17,28 @@ from hpckit.run.job import Backend
 class TorchTrainer(DataParallelTrainer):
     """Data-parallel PyTorch training on the ranks of an MPI job: every rank joins one
     torch.distributed process group (NCCL on GPUs with ``use_gpu``, Gloo on CPUs) and gets
-    its device before the training function runs."""
+    its device before the training function runs.
+
+    Sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``NODE_RANK``,
+    ``MASTER_ADDR`` and ``MASTER_PORT`` on each rank, as Ray does, and on CPUs
+    ``OMP_NUM_THREADS`` to the rank's threads. Ray's ``datasets``, ``dataset_config`` and
+    ``metadata`` are not accepted.
+
+    Args:
+        train_loop_per_worker: As for :class:`~hpckit.DataParallelTrainer`.
+        train_loop_config: As for :class:`~hpckit.DataParallelTrainer`.
+        torch_config: The process group's back-end and timeout; None (the default) is
+            ``TorchConfig()``: NCCL with ``use_gpu``, else Gloo, 30 minutes. A second
+            ``fit()`` in the same process keeps the first one's process group.
+        scaling_config: As for :class:`~hpckit.DataParallelTrainer`.
+        run_config: As for :class:`~hpckit.DataParallelTrainer`.
+        resume_from_checkpoint: As for :class:`~hpckit.DataParallelTrainer`.
+        validation_config: As for :class:`~hpckit.DataParallelTrainer`.
+
+    Raises:
+        ConfigError: As for :class:`~hpckit.DataParallelTrainer`, or ``torch_config`` is
+            not a ``TorchConfig``.
+    """
 
     def __init__(self, train_loop_per_worker: Callable[..., Any], *,
                  train_loop_config: dict[str, Any] | None = None,
