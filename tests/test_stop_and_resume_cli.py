@@ -328,3 +328,56 @@ def test_hpckit_sweep_writes_an_array_job_whose_tasks_share_the_trials(tmp_path)
     bad = run([HPCKIT, "sweep", "--array", "2", "--slurm", "gpu", str(script)], timeout=30,
               expect=2)
     assert "give KEY=VALUE, e.g. partition=gpu" in bad.output
+
+
+@pytest.mark.quick
+def test_resume_of_a_sweep_refuses_what_its_command_cannot_do_again(tmp_path):
+    """``hpckit resume SWEEP`` runs the command sweep.json recorded; what that cannot be is
+    said in one line before anything starts: -n and --max-failures (a trial's are its
+    trainer's), --sbatch (the sweep's job script is the user's), an array task's sweep, and
+    a sweep planned by an hpckit that recorded no command."""
+    from click.testing import CliRunner
+
+    from hpckit.cli import main
+
+    def resume(command: dict | None, *options: str) -> str:
+        sweep = tmp_path / "sweep"
+        sweep.mkdir(exist_ok=True)
+        body = {"format": 1, "name": "sweep", "seed": 1, "num_samples": 1, "metric": None,
+                "mode": None, "trials": [], **({"command": command} if command else {})}
+        (sweep / "sweep.json").write_text(json.dumps(body))
+        out = CliRunner().invoke(main, ["resume", str(sweep), *options])
+        assert out.exit_code == 2, out.output
+        return " ".join(out.output.split())
+
+    started = {"argv": ["sweep.py"], "cwd": str(tmp_path), "launcher": "python", "ranks": 1,
+               "array": False}
+    assert "resume it without -n and --max-failures" in resume(started, "-n", "2")
+    assert "resume it without -n and --max-failures" in resume(started, "--max-failures", "1")
+    assert "submit that again (sbatch FILE)" in resume(started, "--sbatch", str(tmp_path / "x"))
+    assert "submit the array job again" in resume({**started, "array": True})
+    assert "records no command" in resume(None)
+    assert "started in" in resume({**started, "cwd": str(tmp_path / "gone")})
+
+
+@pytest.mark.quick
+def test_resume_of_a_sweep_continues_that_sweep_whatever_its_script_now_names(tmp_path, caplog):
+    """Under ``hpckit resume SWEEP`` (``HPCKIT_RESUME=<sweep>``) the Tuner continues SWEEP even
+    where the script's RunConfig now names another, saying so; no trial's trainer is
+    redirected to it (that value names no training function)."""
+    from hpckit import tune
+    from hpckit import ScalingConfig
+    from hpckit.run.job import RESUMED_SWEEP, Backend, TrainingJob
+
+    def train(config):
+        pass
+
+    tuner = tune.Tuner(train, run_config=RunConfig(name="renamed", storage_path=str(tmp_path)))
+    resumed = Settings(resume=RESUMED_SWEEP, name="sweep", storage=str(tmp_path / "there"))
+    assert tuner._location(resumed).display == str(tmp_path / "there" / "sweep")
+    assert f"not {tmp_path / 'renamed'}" in caplog.text
+    assert tuner._location(Settings(name="sweep")).display == str(tmp_path / "renamed")
+    job = TrainingJob(train, None, ScalingConfig(), RunConfig(name="trial_00000",
+                                                             storage_path=str(tmp_path)),
+                      None, Backend())
+    assert job.resumed(resumed) == (job, None)

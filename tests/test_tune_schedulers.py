@@ -130,7 +130,11 @@ def test_optuna_finds_the_optimum_of_a_known_function_behind_a_concurrency_limit
     assert len({json.dumps(c, sort_keys=True) for c in found["configs"]}) == 20
 
 
-def test_a_sweep_driver_killed_mid_search_continues_the_same_search(tmp_path):
+@pytest.mark.parametrize("again", ["the script", "hpckit resume"])
+def test_a_sweep_driver_killed_mid_search_continues_the_same_search(again, tmp_path):
+    """Run again as it was started, or with ``hpckit resume SWEEP``, which runs the command
+    sweep.json recorded (from another directory, with nothing of the first run's
+    environment but the tracker switch)."""
     whole = _program("optuna", tmp_path / "whole", "--samples", "10", "--steps", "2").result
     command = [sys.executable, str(SEEDS / "tune_optuna.py"), "--samples", "10", "--steps", "2"]
     env = {**os.environ, "HPCKIT_STORAGE": str(tmp_path / "cut"), "HOLD_AT_TRIAL": "00004",
@@ -145,8 +149,13 @@ def test_a_sweep_driver_killed_mid_search_continues_the_same_search(tmp_path):
     process.communicate()
     sweep = _sweep(tmp_path / "cut", "optuna_example")
     assert [t["status"] for t in sweep["trials"]] == ["TERMINATED"] * 4 + ["RUNNING"], sweep
-    again = _program("optuna", tmp_path / "cut", "--samples", "10", "--steps", "2").result
-    assert again["configs"] == whole["configs"]  # the same search, no trial repeated
+    if again == "the script":
+        resumed = _program("optuna", tmp_path / "cut", "--samples", "10", "--steps", "2").result
+    else:
+        assert sweep["command"]["argv"][1:] == ["--samples", "10", "--steps", "2"], sweep
+        resumed = run([HPCKIT, "resume", str(tmp_path / "cut" / "optuna_example")],
+                      timeout=TIMEOUT, env={"HPCKIT_TENSORBOARD": "0"}, cwd=tmp_path).result
+    assert resumed["configs"] == whole["configs"]  # the same search, no trial repeated
     sweep = _sweep(tmp_path / "cut", "optuna_example")
     with open(tmp_path / "cut" / "optuna_example" / sweep["state"], "rb") as f:
         state = pickle.load(f)

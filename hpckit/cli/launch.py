@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from typing import NoReturn
 
 import click
 
@@ -16,13 +17,17 @@ from hpckit.cli.common import require
 from hpckit.errors import LaunchError
 from hpckit.experiment import resizing
 from hpckit.experiment.manifest import Manifest
+from hpckit.experiment.reading import read_manifest
 from hpckit.launch import allocation
 from hpckit.launch.script import run_script
 from hpckit.launch.slurm import Layout, render_array_job, render_resume_job
 from hpckit.run.ending.retry import RetryPolicy
+from hpckit.run.job import RESUMED_SWEEP
 from hpckit.run.mpi.library import srun_plugin
 from hpckit.settings import variable
+from hpckit.storage.location import Location, resolve
 from hpckit.storage.uris import parent, redact, restore_credentials
+from hpckit.sweep.record import SweepManifest, SweepRecord
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -62,6 +67,9 @@ def resume(experiment: str, ranks: int | None, max_failures: int | None, sbatch_
            time_limit: str | None, directives: tuple[str, ...], dry_run: bool) -> None:
     """Continue EXPERIMENT with the command, arguments and world size in its manifest.
 
+    EXPERIMENT may be a sweep's directory: the command that started the sweep runs again,
+    as it was started, and continues the same search.
+
     Example: hpckit resume /lustre/me/runs/resnet --sbatch resume-resnet.sbatch --time 04:00:00
     --slurm partition=gpu --slurm gpus-per-task=1
     """
@@ -69,6 +77,10 @@ def resume(experiment: str, ranks: int | None, max_failures: int | None, sbatch_
     if (options or dry_run) and not sbatch_file:
         raise click.UsageError("--time, --slurm and --dry-run are options of the job script: "
                                "add --sbatch FILE, or leave them out to resume here.")
+    sweep = _sweep_at(experiment)
+    if sweep is not None:
+        _resume_sweep(experiment, *sweep, ranks=ranks, max_failures=max_failures,
+                      sbatch_file=sbatch_file)
     location, manifest = require(experiment)
     if max_failures is None:
         max_failures = int((manifest.config.get("failure_config") or {}).get("max_failures") or 0)
@@ -101,6 +113,59 @@ def resume(experiment: str, ranks: int | None, max_failures: int | None, sbatch_
     click.echo(f"resuming {location.display} with {world} rank(s){aside}: "
                f"{redact(' '.join(argv))}", err=True)
     sys.exit(run_script(launched, argv, RetryPolicy(max_failures), cwd=cwd, extra_env=env))
+
+
+def _sweep_at(path: str) -> tuple[Location, SweepManifest] | None:
+    """The sweep at ``path`` (a directory with sweep.json and no manifest.json), if it is one."""
+    location = resolve(path)
+    if read_manifest(location) is not None:
+        return None
+    sweep = SweepRecord(location).load()
+    return None if sweep is None else (location, sweep)
+
+
+def _resume_sweep(path: str, location: Location, sweep: SweepManifest, *, ranks: int | None,
+                  max_failures: int | None, sbatch_file: str | None) -> NoReturn:
+    """Run again the command that started the sweep at ``path``, as it was started: it
+    continues the same search (finished trials kept, interrupted ones resumed)."""
+    shown = location.display
+    if ranks is not None or max_failures is not None:
+        raise click.UsageError(
+            f"{shown} is a sweep: each trial's ranks and restarts are its trainer's "
+            "(ScalingConfig, FailureConfig in the script); resume it without -n and "
+            "--max-failures.")
+    command = sweep.command
+    if not command or not command.get("argv"):
+        raise click.UsageError(
+            f"{shown} is a sweep whose sweep.json records no command (an earlier hpckit "
+            "planned it); run its script again with the same RunConfig(name=...): it resumes.")
+    if command.get("array"):
+        raise click.UsageError(
+            f"{shown} is the sweep of a Slurm job array: submit the array job again "
+            "(hpckit sweep --array N ...); its finished tasks return at once "
+            "(docs/slurm-sweeps.md).")
+    if sbatch_file:
+        raise click.UsageError(
+            f"{shown} is a sweep: its job script is the one that started it; submit that "
+            "again (sbatch FILE), or resume here inside an allocation (salloc, then hpckit "
+            "resume).")
+    argv = [restore_credentials(a, path) for a in command["argv"]]
+    cwd = command.get("cwd") or os.getcwd()
+    _check_resumable(shown, argv, cwd)
+    root, _ = parent(path)
+    env = {variable("name"): sweep.name, variable("storage"): root,
+           variable("resume"): RESUMED_SWEEP}
+    world = int(command.get("ranks") or 1)
+    click.echo(f"resuming sweep {shown}: {redact(' '.join(argv))}", err=True)
+    if world > 1 or command.get("launcher", "python") != "python":  # its trials packed on ranks
+        sys.exit(run_script(world, argv, RetryPolicy(0), cwd=cwd, extra_env=env))
+    driver = subprocess.Popen([command.get("executable") or sys.executable, *argv], cwd=cwd,
+                              env={**os.environ, **env})
+    while True:
+        try:
+            sys.exit(driver.wait())
+        except KeyboardInterrupt:  # the driver heard it too, and stops its trials
+            continue
 
 
 def _layout(manifest: Manifest, launched: int, world: int) -> Layout:

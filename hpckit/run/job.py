@@ -34,6 +34,9 @@ from hpckit.storage.location import Location, resolve
 from hpckit.storage.uris import redact
 
 DEFAULT_STORAGE = "~/hpckit_results"
+# $HPCKIT_RESUME under ``hpckit resume SWEEP``: the sweep continues $HPCKIT_NAME at
+# $HPCKIT_STORAGE whatever its RunConfig names; no training function is redirected.
+RESUMED_SWEEP = "<sweep>"
 TIMESTAMP = "%Y%m%d-%H%M%S"  # default_name's, outside Slurm
 TIMESTAMPED = r"-\d{8}-\d{6}"
 

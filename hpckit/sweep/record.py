@@ -64,6 +64,10 @@ class SweepManifest:
     scheduler: str | None = None
     searcher: str | None = None
     state: str | None = None
+    # How the process that planned the sweep was started (``run.job.command_record``, with
+    # ``ranks``, its world size, and ``array``, a Slurm array task's), for ``hpckit resume``;
+    # None in sweeps planned before hpckit recorded it.
+    command: dict[str, Any] | None = None
 
     @property
     def scheduled(self) -> bool:
@@ -80,9 +84,10 @@ class SweepManifest:
                     if k not in ("trials", "scheduler", "searcher", "state")}
             trials = [{k: v for k, v in t.__dict__.items() if k not in ("decision", "events")}
                       for t in self.trials]
-            return {"format": FORMAT, **body, "trials": trials}
+            return {"format": FORMAT, **_without_none_command(body), "trials": trials}
         body = {k: v for k, v in self.__dict__.items() if k != "trials"}
-        return {"format": SCHEDULED, **body, "trials": [t.__dict__ for t in self.trials]}
+        return {"format": SCHEDULED, **_without_none_command(body),
+                "trials": [t.__dict__ for t in self.trials]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SweepManifest:
@@ -93,10 +98,14 @@ class SweepManifest:
                        for t in data["trials"])
         return cls(data["name"], data["seed"], data["num_samples"], data.get("metric"),
                    data.get("mode"), trials, data.get("scheduler"), data.get("searcher"),
-                   data.get("state"))
+                   data.get("state"), data.get("command"))
 
     def with_trials(self, trials: tuple[Trial, ...]) -> SweepManifest:
         return replace(self, trials=trials)
+
+
+def _without_none_command(body: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k != "command" or v is not None}
 
 
 def dirname(index: int, params: dict[str, Any], paths: list[tuple[str, ...]]) -> str:

@@ -25,7 +25,7 @@ from hpckit.experiment.values import jsonable
 from hpckit.launch import mainimport
 from hpckit.logs import log
 from hpckit.result import Result
-from hpckit.run.job import DEFAULT_STORAGE
+from hpckit.run.job import DEFAULT_STORAGE, RESUMED_SWEEP, command_record
 from hpckit.run.mpi.comm import on_root, world
 from hpckit.storage.location import Location, resolve
 from hpckit.sweep import space, trialqueue
@@ -208,10 +208,19 @@ class Tuner:
         return self._results
 
     def _location(self, current: _settings.Settings) -> Location:
+        """The sweep's directory; under ``hpckit resume SWEEP``, that sweep's, whatever the
+        RunConfig names (said in one line where it names another)."""
         root = resolve(self.run_config.storage_path or current.storage or DEFAULT_STORAGE,
                        self.run_config.storage_filesystem)
-        name = self.run_config.name or current.name or _default_name(self.trainable)
-        return root.join(name)
+        named = root.join(self.run_config.name or current.name or _default_name(self.trainable))
+        if current.resume != RESUMED_SWEEP or not (current.name and current.storage):
+            return named
+        resumed = resolve(current.storage).join(current.name)
+        if resumed.display != named.display:
+            log.warning("hpckit resume continues %s, not %s that the script's "
+                        "RunConfig(name=..., storage_path=...) names", resumed.display,
+                        named.display)
+        return resumed
 
     def _todo(self, manifest: SweepManifest, share: tuple[int, int] | None) -> list[int]:
         """The trials to run: unfinished ones (errored ones too when resumed so), and of a
@@ -227,11 +236,14 @@ class Tuner:
                search: Search | None, shared: bool) -> SweepManifest:
         """Rank 0 reads or creates the sweep manifest; every rank gets the same one, or the
         same error."""
+        command = {**command_record(_settings.current()),
+                   "ranks": comm.size if comm is not None else 1, "array": shared}
         manifest: SweepManifest = _on_root(comm, lambda: _with_finished_trials(
-            self._planned(record, search, shared), location))
+            self._planned(record, search, shared, command), location))
         return manifest
 
-    def _planned(self, record: SweepRecord, search: Search | None, shared: bool) -> SweepManifest:
+    def _planned(self, record: SweepRecord, search: Search | None, shared: bool,
+                 command: dict[str, Any]) -> SweepManifest:
         """The sweep manifest found, or planned and saved. Array tasks that plan it at once
         must draw the same trials: their default seed comes from the sweep's name. A search
         algorithm's trials are made as it suggests them: none is planned."""
@@ -248,7 +260,7 @@ class Tuner:
             Trial(i, self._dirname(i, p, space.varied(self.param_space or {})), jsonable(p))
             for i, p in enumerate(self._expand(config.num_samples, seed)))
         planned = SweepManifest(record.location.name, seed, config.num_samples, config.metric,
-                                config.mode, trials, **names)
+                                config.mode, trials, **names, command=command)
         if found is None:
             record.save(planned)
             return planned
