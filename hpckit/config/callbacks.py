@@ -106,7 +106,17 @@ class TrackerCallback(UserCallback):
     def open_run(self, run_id: str | None, experiment: TrackedExperiment) -> TrackerRun:
         """The tracker run of ``experiment``: ``run_id``'s again, or a new one where None (or
         where the tracker no longer has ``run_id``: it was deleted). Called on the
-        experiment's trackers' thread, off the training loop."""
+        experiment's trackers' thread, off the training loop.
+
+        Args:
+            run_id: The run the manifest records for this experiment, or None for a new
+                one.
+            experiment: The experiment's name, path, config and, in a sweep, its trial and
+                sweep.
+
+        Returns:
+            The open run, which is then handed every report's metrics and ended.
+        """
         raise NotImplementedError
 
     def new_run_id(self) -> str | None:

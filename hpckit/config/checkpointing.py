@@ -29,7 +29,15 @@ class CheckpointUploadMode(enum.Enum):
 
     @classmethod
     def parse(cls, value: Any) -> CheckpointUploadMode:
-        """The mode for ``value``: a member, or its name in any case (``"async"``)."""
+        """The mode for ``value``: a member, or its name in any case (``"async"``).
+
+        Args:
+            value: A ``CheckpointUploadMode``, or ``"sync"``, ``"async"`` or
+                ``"no_upload"`` in any case.
+
+        Raises:
+            ConfigError: ``value`` is none of these.
+        """
         if isinstance(value, cls):
             return value
         if isinstance(value, str) and value.upper() in cls.__members__:

@@ -25,7 +25,19 @@ class RayTrainReportCallback(Callback):
     hooks, so every rank reports the same number of times. Resume with
     ``trainer.fit(model, ckpt_path=os.path.join(d, RayTrainReportCallback.CHECKPOINT_NAME))``
     where ``d`` is ``hpckit.get_checkpoint()``'s directory: Lightning restores the epoch, the
-    global step, the optimizers and the loops."""
+    global step, the optimizers and the loops.
+
+    Args:
+        every_n_epochs: Report at the end of every this many training epochs, after
+            validation (a whole number >= 0; 1, the default, every epoch; 0 never).
+            hpckit's own (Ray: every epoch).
+        every_n_train_steps: Also report after every this many optimizer steps (a whole
+            number >= 0); None or 0 (the default) never. A step that ends an epoch that
+            reports is reported once, after validation. hpckit's own.
+
+    Raises:
+        ConfigError: A value is not a whole number >= 0.
+    """
 
     CHECKPOINT_NAME = "checkpoint.ckpt"
 

@@ -16,7 +16,20 @@ EXPECTED = ("pl.Trainer(strategy=RayDDPStrategy() (or RayFSDPStrategy() on GPUs)
 
 def prepare_trainer(trainer: pl.Trainer) -> pl.Trainer:
     """Check that ``trainer`` runs one process per hpckit rank on hpckit's process group, and
-    return it. hpckit starts the processes (or mpirun/srun does): Lightning must not."""
+    return it. hpckit starts the processes (or mpirun/srun does): Lightning must not.
+
+    Args:
+        trainer: A ``lightning.pytorch.Trainer`` made with ``strategy=RayDDPStrategy()`` (or
+            ``RayFSDPStrategy()`` on GPUs), ``plugins=[RayLightningEnvironment()]`` and
+            ``devices=1``.
+
+    Returns:
+        ``trainer`` itself.
+
+    Raises:
+        ConfigError: The Trainer has another strategy or cluster environment, or more than
+            one device per process; the message says what to change.
+    """
     strategy = trainer.strategy
     if not isinstance(strategy, (RayDDPStrategy, RayFSDPStrategy)):
         raise ConfigError(f"the Trainer's strategy is {type(strategy).__name__}, which would "

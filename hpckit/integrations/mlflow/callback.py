@@ -28,7 +28,28 @@ class MLflowLoggerCallback(TrackerCallback):
     MLflow experiment ``experiment_name`` ($MLFLOW_EXPERIMENT_NAME, else the sweep's name or
     the experiment's own), created where missing. The run's parameters are the training
     function's config; each report's numeric metrics are logged at its ``training_iteration`` (the metrics
-    log's step + 1), as in Ray."""
+    log's step + 1), as in Ray.
+
+    Unlike Ray's, the run is kept across restarts, requeues and ``hpckit resume`` (the
+    manifest records its id), ends ``FINISHED``, ``FAILED`` or ``KILLED`` as the experiment
+    did, and logs ``report()``'s numeric metrics only (Ray: the whole result).
+
+    Args:
+        tracking_uri: The MLflow tracking server or store; None (the default) is MLflow's
+            own choice (``$MLFLOW_TRACKING_URI``, else ``./mlruns``).
+        registry_uri: The MLflow model registry; None (the default) is MLflow's own choice.
+        experiment_name: The MLflow experiment the runs go into, created where missing;
+            None (the default): ``$MLFLOW_EXPERIMENT_NAME``, else the sweep's name, else the
+            experiment's own.
+        tags: Tags set on each new run (values as strings), beside hpckit's
+            ``hpckit.experiment`` (and ``trial_id`` in a sweep). None (the default): none.
+        tracking_token: Set as ``$MLFLOW_TRACKING_TOKEN`` for the tracking server; None (the
+            default) leaves the environment as it is.
+        save_artifact: At the end of each attempt, upload the experiment directory (on
+            local storage) as the run's artifacts; False by default.
+        log_params_on_trial_end: Log the run's parameters when it finishes instead of when
+            it opens; False by default.
+    """
 
     tracker = "mlflow"
 

@@ -25,7 +25,39 @@ def setup_mlflow(config: dict[str, Any] | None = None, tracking_uri: str | None 
     ``MLflowLoggerCallback`` run where the run has one; else the run this function started
     for the experiment before (found by its ``hpckit.experiment`` tag), or a new one named
     ``run_name`` (default: the experiment's name), whose parameters are ``config``. It ends
-    as the attempt ends (finished, failed, or killed: stopped or interrupted)."""
+    as the attempt ends (finished, failed, or killed: stopped or interrupted).
+
+    Args:
+        config: The run's parameters, logged when a new run starts (typically
+            ``train_loop_config``); None (the default): none.
+        tracking_uri: The MLflow tracking server or store; None (the default) leaves
+            MLflow's own choice.
+        registry_uri: The MLflow model registry; None (the default) leaves MLflow's own.
+        experiment_id: The MLflow experiment to use; None (the default):
+            ``experiment_name``, else ``$MLFLOW_EXPERIMENT_ID``.
+        experiment_name: The MLflow experiment to use, by name, where no id is given; None
+            (the default): ``$MLFLOW_EXPERIMENT_NAME``, else MLflow's default experiment.
+        tracking_token: Set as ``$MLFLOW_TRACKING_TOKEN``; None (the default) leaves the
+            environment as it is.
+        artifact_location: Where a created experiment keeps its artifacts; None (the
+            default) is MLflow's choice.
+        run_name: A new run's name; None (the default) is the experiment's name.
+        create_experiment_if_not_exists: Create the experiment ``experiment_name`` where
+            MLflow has none; False (the default) refuses.
+        tags: Tags set on a new run (values as strings), beside hpckit's
+            ``hpckit.experiment``; None (the default): none.
+        rank_zero_only: Track on rank 0 only (True, the default); False gives every rank
+            the ``mlflow`` module with its run active.
+
+    Returns:
+        The ``mlflow`` module, or on a rank that does not track an object whose functions
+        do nothing.
+
+    Raises:
+        ValueError: ``experiment_name`` names no MLflow experiment and
+            ``create_experiment_if_not_exists`` is False.
+        HpckitError: Called outside a training run.
+    """
     if not tracking_rank("setup_mlflow", rank_zero_only):
         return NoopModule()
     if tracking_token:

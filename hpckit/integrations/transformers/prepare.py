@@ -12,7 +12,24 @@ from hpckit.logs import log
 
 def prepare_trainer(trainer: Trainer) -> Trainer:
     """Check that ``trainer`` trains data-parallel over hpckit's ranks and reports its
-    checkpoints, and return it."""
+    checkpoints, and return it.
+
+    Ray's also wraps Ray Data iterators, which hpckit has not; this one only checks. Call
+    it inside the training function, on every rank.
+
+    Args:
+        trainer: A ``transformers.Trainer`` whose ``TrainingArguments`` were made inside the
+            training function, with a :class:`RayTrainReportCallback` among its callbacks
+            (without one, rank 0 warns that nothing reaches hpckit).
+
+    Returns:
+        ``trainer`` itself.
+
+    Raises:
+        ConfigError: The Trainer sees another world size than hpckit's ranks, or uses
+            DeepSpeed or FSDP (not supported yet).
+        HpckitError: Called outside a training run.
+    """
     context = hpckit.get_context()
     world, seen = context.get_world_size(), trainer.args.world_size
     if seen != world:

@@ -23,7 +23,30 @@ class WandbLoggerCallback(TrackerCallback):
     ``group`` (the sweep's name in a sweep); every other keyword goes to ``wandb.init``.
     Each report's numeric metrics but ``excludes`` are logged at its ``training_iteration``
     (the metrics log's step + 1, as in Ray); ``log_config``
-    puts the training function's config in the run's config."""
+    puts the training function's config in the run's config.
+
+    Unlike Ray's, the run is kept across restarts, requeues and resumes (``resume="allow"``
+    with the id the manifest records) and ends with exit code 0, 1 or 2 as the experiment
+    finished, failed or was stopped.
+
+    Args:
+        project: The W&B project; None (the default): ``$WANDB_PROJECT``, else the sweep's
+            name, else the experiment's (Ray requires one).
+        group: The W&B group; None (the default): the sweep's name in a sweep, else none.
+        api_key_file: A file holding the W&B API key, set as ``$WANDB_API_KEY`` on the rank
+            that opens the run (never logged nor recorded); None (the default): none.
+        api_key: The W&B API key itself, where no ``api_key_file`` is given; None (the
+            default) leaves the environment's.
+        excludes: Metric names not to log; None (the default) logs every numeric metric.
+        log_config: Put the training function's config in the run's config; False by
+            default.
+        upload_checkpoints: Accepted for Ray's signature and ignored: checkpoints stay in
+            the experiment.
+        save_checkpoints: As ``upload_checkpoints`` (Ray's older name).
+        upload_timeout: Accepted for Ray's signature and ignored.
+        **kwargs: More keywords for ``wandb.init`` (``entity``, ``tags``, ``settings``,
+            ...); they win over hpckit's.
+    """
 
     tracker = "wandb"
 
