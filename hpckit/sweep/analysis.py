@@ -42,7 +42,15 @@ class AnalysisTrial:
 
 
 class ExperimentAnalysis:
-    """As ``ray.tune.ExperimentAnalysis`` (``tune.run``'s return value)."""
+    """As ``ray.tune.ExperimentAnalysis`` (``tune.run``'s return value).
+
+    ``tune.run`` builds it over the sweep's :class:`ResultGrid`; Ray's reads a directory.
+
+    Args:
+        grid: The sweep's results.
+        metric: The default metric of the methods below (``tune.run(metric)``), or None.
+        mode: The default mode, ``"max"`` or ``"min"`` (``tune.run(mode)``), or None.
+    """
 
     def __init__(self, grid: ResultGrid, metric: str | None, mode: str | None) -> None:
         self.grid = grid
@@ -63,17 +71,47 @@ class ExperimentAnalysis:
 
     def get_best_trial(self, metric: str | None = None, mode: str | None = None,
                        scope: str = "last") -> AnalysisTrial | None:
+        """The trial with the best ``metric``.
+
+        Args:
+            metric: The metric to rank by; None (the default): ``tune.run(metric)``.
+            mode: ``"max"`` or ``"min"``; None (the default): ``tune.run(mode)``.
+            scope: ``"last"`` (the default) ranks each trial by its last report, ``"all"``
+                by its best.
+
+        Raises:
+            ConfigError: No metric or mode is given or set, or ``scope`` is neither value.
+            TrainingFailedError: No trial reported ``metric``.
+        """
         metric, mode = self._pick(metric, mode)
         best = self.grid.get_best_result(metric, mode, scope)
         return next(t for t in self.trials if t.result is best)
 
     def get_best_config(self, metric: str | None = None, mode: str | None = None,
                         scope: str = "last") -> dict[str, Any] | None:
+        """The config of :meth:`get_best_trial`'s trial.
+
+        Args:
+            metric: As for :meth:`get_best_trial`.
+            mode: As for :meth:`get_best_trial`.
+            scope: As for :meth:`get_best_trial`.
+        """
         trial = self.get_best_trial(metric, mode, scope)
         return trial.config if trial else None
 
     def get_best_checkpoint(self, trial: AnalysisTrial, metric: str | None = None,
                             mode: str | None = None) -> Checkpoint | None:
+        """The kept checkpoint of ``trial`` with the best ``metric``.
+
+        Args:
+            trial: One of :attr:`trials`.
+            metric: The metric to rank by; None (the default): ``tune.run(metric)``.
+            mode: ``"max"`` or ``"min"``; None (the default): ``tune.run(mode)``.
+
+        Raises:
+            ConfigError: No metric or mode is given or set.
+            CheckpointError: The trial has no kept checkpoint, or none reported ``metric``.
+        """
         metric, mode = self._pick(metric, mode)
         return trial.result.get_best_checkpoint(metric, mode) if trial.result else None
 
@@ -101,14 +139,31 @@ class ExperimentAnalysis:
 
     def get_trial_checkpoints_paths(self, trial: AnalysisTrial, metric: str | None = None
                                     ) -> list[tuple[str, Any]]:
-        """(path, value of ``metric``) for each kept checkpoint of ``trial``, oldest first."""
+        """(path, value of ``metric``) for each kept checkpoint of ``trial``, oldest first.
+
+        Args:
+            trial: One of :attr:`trials`.
+            metric: The metric whose value is given (None where a checkpoint lacks it);
+                None (the default): ``tune.run(metric)``, else ``training_iteration``.
+        """
         metric = metric or self.default_metric or "training_iteration"
         kept = trial.result.best_checkpoints if trial.result else []
         return sorted(((c.path, score_of(m, metric)) for c, m in kept), key=lambda p: p[0])
 
     def dataframe(self, metric: str | None = None, mode: str | None = None) -> pyarrow.Table:
         """One row per trial (``.to_pandas()`` where pandas is installed): its last report,
-        or with ``metric`` and ``mode`` its best one, as in Ray."""
+        or with ``metric`` and ``mode`` its best one, as in Ray.
+
+        Args:
+            metric: The metric whose best report each row shows; None (the default), with
+                no ``mode``: each trial's last report.
+            mode: ``"max"`` or ``"min"``; None (the default), with a ``metric``:
+                ``tune.run(mode)``.
+
+        Raises:
+            ConfigError: Only one of them is given and ``tune.run`` set no default for the
+                other.
+        """
         if metric is None and mode is None:
             return self.grid.get_dataframe()
         metric, mode = self._pick(metric, mode)

@@ -18,49 +18,56 @@ from hpckit.sweep.search.variants import BasicVariantGenerator
 @dataclass(frozen=True)
 class TuneConfig:
     """As ``ray.tune.TuneConfig``, with ``seed`` for the search space's draws (Ray seeds
-    them through its search algorithm's ``random_state``; hpckit takes either)."""
+    them through its search algorithm's ``random_state``; hpckit takes either).
+
+    Args:
+        metric: The reported metric that ranks trials (``ResultGrid.get_best_result()``);
+            None (the default): none. Given with ``mode``, or neither.
+        mode: Whether a higher (``"max"``) or lower (``"min"``) ``metric`` is better; None
+            (the default) with no ``metric``.
+        search_alg: The search algorithm that suggests each trial's config
+            (``hpckit.tune.search``: a ``Searcher`` or a ``BasicVariantGenerator``); None
+            (the default): the grid and random draws of ``param_space``.
+        scheduler: The trial scheduler that stops, pauses or exploits trials on their
+            results (``hpckit.tune.schedulers``); None (the default): FIFO, every trial to
+            its end.
+        num_samples: How many times the whole grid is repeated, with fresh draws for the
+            distributions; with a search algorithm, how many trials it suggests. An integer
+            >= 1 (default 1), or -1 with a search algorithm or a time budget: until it says
+            it is finished, or the time budget is spent.
+        max_concurrent_trials: Trials running at once under mpirun/srun, at most (an integer
+            >= 1); None (the default): as many as the ranks allow (under
+            ``python sweep.py`` trials run one at a time).
+        seed: An integer seed for the draws; None (the default) draws one and records it,
+            so a rerun makes the same trials. hpckit's own.
+        trial_dirname_creator: A function of the trial (with ``trial_id``, ``index`` and
+            ``config``) naming its directory; None (the default):
+            ``trial_00000_lr=0.01,batch_size=32``.
+        trial_name_creator: A function of the trial naming it
+            (``tune.get_context().get_trial_name()``); None (the default): its directory's
+            name.
+        time_budget_s: Seconds (> 0, or a ``datetime.timedelta``) the sweep may run: after
+            them, running trials stop at their next report and none starts (a rerun
+            continues the pending ones, with a budget of its own). None (the default): no
+            limit.
+        reuse_actors: Ray's reuse of a trial's process for the next trial: hpckit runs every
+            trial as its own run, so it has no effect (True is said once, in a warning).
+
+    Raises:
+        ConfigError: A value is invalid; the message names it and what is accepted.
+    """
 
     metric: str | None = None
-    """The reported metric that ranks trials (``ResultGrid.get_best_result()``)."""
-
     mode: Literal["max", "min"] | None = None
-    """Whether a higher (``"max"``) or lower (``"min"``) ``metric`` is better."""
-
     search_alg: Searcher | BasicVariantGenerator | None = None
-    """The search algorithm that suggests each trial's config (``hpckit.tune.search``); None:
-    the grid and random draws of ``param_space`` (``BasicVariantGenerator``)."""
-
     scheduler: TrialScheduler | None = None
-    """The trial scheduler that stops, pauses or exploits trials on their results
-    (``hpckit.tune.schedulers``); None: FIFO, every trial to its end."""
-
     num_samples: int = 1
-    """How many times the whole grid is repeated, with fresh draws for the distributions; with
-    a search algorithm, how many trials it suggests (-1: until it says it is finished, or the
-    time budget is spent)."""
-
     max_concurrent_trials: int | None = None
-    """Trials running at once under mpirun/srun, at most; None: as many as the ranks allow
-    (under ``python sweep.py`` trials run one at a time)."""
-
     seed: int | None = None
-    """Seed for the draws; None draws one and records it, so a rerun makes the same trials."""
-
     trial_dirname_creator: Callable[[Any], str] | None = None
-    """A function of the trial (with ``trial_id``, ``index`` and ``config``) naming its
-    directory; None: ``trial_00000_lr=0.01,batch_size=32``."""
-
     trial_name_creator: Callable[[Any], str] | None = None
-    """A function of the trial naming it (``tune.get_context().get_trial_name()``); None:
-    its directory's name."""
-
     time_budget_s: float | datetime.timedelta | None = None
-    """Seconds the sweep may run: after them, running trials stop at their next report and
-    none starts (a rerun continues the pending ones, with a budget of its own)."""
-
     reuse_actors: bool | None = None
-    """Ray's reuse of a trial's process for the next trial: hpckit runs every trial as its own
-    run, so it has no effect (True is said once, in a warning)."""
 
     def __post_init__(self) -> None:
         if self.metric is not None and (not isinstance(self.metric, str) or not self.metric):

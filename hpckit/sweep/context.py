@@ -41,7 +41,15 @@ def entered(info: TrialInfo) -> Iterator[None]:
 
 class TuneContext:
     """As ``ray.tune.get_context()``'s: the trial's, and everything of
-    :class:`hpckit.run.session.context.TrainContext` (ranks, experiment, storage)."""
+    :class:`hpckit.run.session.context.TrainContext` (ranks, experiment, storage).
+
+    ``tune.get_context()`` builds it.
+
+    Args:
+        train: This rank's ``TrainContext``, whose methods this context also has.
+        trial: The trial this rank runs (its id, name and directory), or None outside a
+            sweep's trial (then the trial's methods raise ``HpckitError``).
+    """
 
     def __init__(self, train: TrainContext, trial: TrialInfo | None) -> None:
         self._train = train

@@ -30,7 +30,15 @@ OPTIONS = ("checkpoint_dir_name", "checkpoint_upload_mode", "delete_local_checkp
 @contextlib.contextmanager
 def checkpoint_dir(step: int | None = None) -> Iterator[str]:
     """A fresh directory to save into; what is in it when the block ends is the checkpoint
-    of the next ``tune.report()``."""
+    of the next ``tune.report()``.
+
+    Args:
+        step: The training step (an integer >= 0) that names the checkpoint
+            ``checkpoint_<step>``, as Ray names it; None (the default) leaves hpckit's name.
+
+    Raises:
+        ConfigError: ``step`` is not an integer >= 0 or None.
+    """
     global _pending
     if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
         raise ConfigError(f"tune.checkpoint_dir(step={step!r}) takes a training step (an "
@@ -46,7 +54,21 @@ def report(metrics: dict[str, Any] | None = None, checkpoint: Checkpoint | None 
            **kwargs: Any) -> None:
     """``tune.report(**metrics)`` (the guide's form) or ``tune.report(metrics, checkpoint=...,
     ...)`` (today's, with hpckit.report's keywords); a directory from
-    ``tune.checkpoint_dir()`` goes with the next one."""
+    ``tune.checkpoint_dir()`` goes with the next one.
+
+    Args:
+        metrics: The metrics dict (today's form); None (the default) takes the keyword
+            metrics instead.
+        checkpoint: This rank's checkpoint, as for ``hpckit.report``; None (the default)
+            hands the directory of the last ``tune.checkpoint_dir()`` block, if any.
+        **kwargs: The guide's keyword metrics (``tune.report(auc=0.9)``), where no
+            ``metrics`` is given, and ``hpckit.report``'s ``checkpoint_dir_name``,
+            ``checkpoint_upload_mode`` and ``delete_local_checkpoint_after_upload``.
+
+    Raises:
+        ConfigError: Both a metrics dict and keyword metrics are given; or as
+            ``hpckit.report``.
+    """
     global _pending
     options = {k: kwargs.pop(k) for k in OPTIONS if k in kwargs}
     if metrics is not None and kwargs:

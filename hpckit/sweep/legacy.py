@@ -37,7 +37,22 @@ class SyncConfig:
     """The guide's ``tune.SyncConfig``: ``upload_dir`` (where the experiment lives: S3 or any
     storage hpckit supports), ``syncer`` (``"auto"``, None for a shared directory with no
     copying, a command with ``{source}`` and ``{target}``, or a function ``(source,
-    target)``), ``sync_period`` in seconds."""
+    target)``), ``sync_period`` in seconds.
+
+    Args:
+        upload_dir: Where the sweep's experiment lives or is copied to: a path or URI, such
+            as ``"s3://bucket/path/"``; None (the default): ``local_dir``'s only.
+        syncer: ``"auto"`` (the default): the experiment lives at ``upload_dir`` itself;
+            None: ``local_dir`` is shared and nothing is copied (not with ``upload_dir``);
+            a command with ``{source}`` and ``{target}``, or a function ``(source, target)``:
+            each trial lives in ``local_dir`` and is copied to
+            ``{upload_dir}/{name}/{trial}`` by that command.
+        sync_period: With a command or function, copy at most once per this many seconds
+            (>= 0, default 300) after a commit, and once at a trial's end.
+
+    Raises:
+        ConfigError: A value is invalid; the message names it and what is accepted.
+    """
 
     upload_dir: str | None = None
     syncer: str | Callable[[str, str], Any] | None = "auto"
@@ -88,7 +103,61 @@ def run(run_or_experiment: Any, *, name: str | None = None, config: dict[str, An
         max_failures: int = 0, max_concurrent_trials: int | None = None, verbose: int = 2,
         scheduler: Any = None, search_alg: Any = None, time_budget_s: float | None = None,
         **others: Any) -> ExperimentAnalysis:
-    """As ``ray.tune.run`` (Ray's older form): run every trial, return the analysis."""
+    """As ``ray.tune.run`` (Ray's older form): run every trial, return the analysis.
+
+    A thin layer over :class:`Tuner`: each argument becomes its ``Tuner`` form, logged once
+    (docs/sweeps.md has the table).
+
+    Args:
+        run_or_experiment: The trainable: a function ``fn(config)`` or the guide's
+            ``fn(config, checkpoint_dir=None)``, a ``tune.Trainable`` class, or a
+            ``DataParallelTrainer``/``TorchTrainer`` for trials of several ranks. A name
+            (Ray's registry) is refused.
+        name: The sweep's directory name; None (the default): the trainable's name.
+        config: The search space (``param_space``); None (the default) is ``{}``.
+        num_samples: ``TuneConfig(num_samples)``; default 1.
+        stop: ``RunConfig(stop)``, per trial: a dict of thresholds, a function, or an
+            integer (a number of ``training_iteration``s); None (the default) never stops
+            early.
+        metric: ``TuneConfig(metric)``; None (the default): none.
+        mode: ``TuneConfig(mode)``, ``"max"`` or ``"min"``; None (the default): none.
+        local_dir: The storage root, as ``RunConfig(storage_path)``; None (the default):
+            ``storage_path``, else hpckit's default.
+        storage_path: The storage root (the same as ``local_dir`` where both are given);
+            None (the default): ``local_dir``.
+        sync_config: A ``tune.SyncConfig`` (this module's, not hpckit's); None (the default)
+            copies nothing.
+        checkpoint_score_attr: The metric that ranks a trial's checkpoints: ``"auc"``,
+            ``"max-auc"`` or ``"min-loss"``; None (the default) ranks by recency.
+        keep_checkpoints_num: ``CheckpointConfig(num_to_keep)``, per trial; None (the
+            default) keeps all.
+        checkpoint_freq: For a ``tune.Trainable`` class:
+            ``CheckpointConfig(checkpoint_frequency)``; 0 (the default) never.
+        checkpoint_at_end: For a ``tune.Trainable`` class:
+            ``CheckpointConfig(checkpoint_at_end)``; False by default.
+        resume: ``"AUTO"`` or True continues the sweep; ``"ERRORED_ONLY"`` continues it
+            with errored trials resumed too; False (the default) starts a new one, refused
+            where the name already holds a sweep.
+        restore: A checkpoint path that each trial of a function trainable starts from when
+            it has none of its own, or the ``tune.SyncConfig`` the sweep was uploaded with;
+            None (the default): neither.
+        max_failures: ``FailureConfig(max_failures)``, per trial; default 0.
+        max_concurrent_trials: ``TuneConfig(max_concurrent_trials)``; None (the default):
+            as many as the ranks allow.
+        verbose: 0 logs warnings only; 1, 2 (the default) or 3 log at INFO.
+        scheduler: ``TuneConfig(scheduler)``; None (the default): FIFO.
+        search_alg: ``TuneConfig(search_alg)``; None (the default): the grid and random
+            draws of ``config``.
+        time_budget_s: ``TuneConfig(time_budget_s)``; None (the default): no limit.
+        **others: Ray's other keywords (resources, reporters, loggers): each is refused.
+
+    Returns:
+        The analysis of the sweep's results.
+
+    Raises:
+        ConfigError: An argument hpckit cannot honour or an invalid value, before any trial
+            starts.
+    """
     if mainimport.importing_main:  # a sweep's rank re-running the script stops here
         raise mainimport.MainImported()
     if others:

@@ -17,7 +17,16 @@ from hpckit.sweep.record import ERROR, TERMINATED, SweepManifest
 class ResultGrid:
     """As ``ray.tune.ResultGrid``: indexing, iteration, ``errors``, ``num_errors``,
     ``num_terminated``, ``get_best_result()`` and ``get_dataframe()`` (a pyarrow Table;
-    ``.to_pandas()`` where pandas is installed)."""
+    ``.to_pandas()`` where pandas is installed).
+
+    ``Tuner.fit()`` and ``Tuner.get_results()`` build it.
+
+    Args:
+        results: One :class:`Result` per trial, in the sweep's trial order.
+        manifest: The sweep's record: each trial's id, status, config and error, and
+            ``TuneConfig``'s metric and mode.
+        path: The sweep's directory.
+    """
 
     def __init__(self, results: list[Result], manifest: SweepManifest, path: str) -> None:
         self._results = results
@@ -52,7 +61,21 @@ class ResultGrid:
     def get_best_result(self, metric: str | None = None, mode: str | None = None,
                         scope: str = "last", filter_nan_and_inf: bool = True) -> Result:
         """The trial with the best ``metric`` (TuneConfig's by default): in its last report
-        (``scope="last"``) or in any of its reports (``"all"``)."""
+        (``scope="last"``) or in any of its reports (``"all"``).
+
+        Args:
+            metric: The metric to rank by (``a/b`` for a nested one); None (the default):
+                ``TuneConfig(metric)``.
+            mode: ``"max"`` or ``"min"``; None (the default): ``TuneConfig(mode)``.
+            scope: ``"last"`` (the default) or ``"all"``; Ray's ``"avg"`` and
+                ``"last-N-avg"`` are not accepted.
+            filter_nan_and_inf: Leave out infinite scores (True, the default); a NaN score
+                never ranks.
+
+        Raises:
+            ConfigError: No metric or mode is given or set, or ``scope`` is neither value.
+            TrainingFailedError: No trial reported ``metric`` (finite, where filtered).
+        """
         metric = metric or self._manifest.metric
         mode = mode or self._manifest.mode
         if metric is None or mode not in ("max", "min"):

@@ -28,7 +28,13 @@ STATE = ".tune_state.pkl"
 
 class Trainable:
     """As ``ray.tune.Trainable``: subclass it and override ``setup`` and ``step`` (and the
-    checkpoint methods to resume)."""
+    checkpoint methods to resume).
+
+    Args:
+        config: The trial's params, passed to :meth:`setup` (a copy) and kept as
+            ``self.config``; None (the default) is ``{}``. hpckit constructs the class once
+            per trial attempt.
+    """
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         self.config = dict(config or {})
@@ -44,21 +50,50 @@ class Trainable:
         return self._iteration
 
     def setup(self, config: dict[str, Any]) -> None:
-        """Build the model; ``config`` is the trial's params."""
+        """Build the model; ``config`` is the trial's params.
+
+        Args:
+            config: A copy of the trial's params.
+        """
 
     def step(self) -> dict[str, Any]:
         raise NotImplementedError("a tune.Trainable must define step(), returning its metrics")
 
     def save_checkpoint(self, checkpoint_dir: str) -> str | dict[str, Any] | None:
+        """Save the state to resume from; called every ``checkpoint_frequency`` iterations
+        and, with ``checkpoint_at_end``, after the last.
+
+        Args:
+            checkpoint_dir: A fresh local directory to write into, committed with the
+                iteration's report.
+
+        Returns:
+            ``checkpoint_dir``, a path inside it, a dict (pickled beside the files), or
+            None; :meth:`load_checkpoint` receives it back on resume.
+        """
         return None
 
     def load_checkpoint(self, checkpoint: str | dict[str, Any]) -> None:
-        """Restore from what ``save_checkpoint`` saved."""
+        """Restore from what ``save_checkpoint`` saved.
+
+        Args:
+            checkpoint: What Ray passes: the dict :meth:`save_checkpoint` returned, the
+                path it returned (inside the restored directory), or the directory.
+        """
 
     def cleanup(self) -> None:
         """Release what ``setup`` took."""
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
+        """Ray's hook for reusing this object for another trial; hpckit runs every trial as
+        its own run and never calls it.
+
+        Args:
+            new_config: The next trial's params.
+
+        Returns:
+            Whether the object took the new config (False here).
+        """
         return False
 
 

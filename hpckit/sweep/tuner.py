@@ -66,7 +66,26 @@ if TYPE_CHECKING:
 
 
 class Tuner:
-    """As ``ray.tune.Tuner``."""
+    """As ``ray.tune.Tuner``.
+
+    Each trial is an ordinary hpckit experiment under the sweep's directory
+    (``{storage_path}/{name}/{trial}``); running the script again resumes the sweep.
+
+    Args:
+        trainable: What each trial runs: a training function ``fn(config)`` (one rank per
+            trial), a ``tune.Trainable`` class, or a ``TorchTrainer``/``DataParallelTrainer``
+            (its ``ScalingConfig``'s ranks per trial; each trial's params go into its
+            ``train_loop_config``).
+        param_space: The search space: params, ``tune.grid_search`` and distributions
+            (``tune.uniform``, ...), nested as the config is; None (the default) is ``{}``.
+        tune_config: The metric, the search and the scheduling; None (the default) is
+            ``TuneConfig()``.
+        run_config: The sweep's name and storage and each trial's checkpointing, failures
+            and stop; None (the default) is ``RunConfig()``.
+
+    Raises:
+        ConfigError: ``trainable`` is none of these, or a config is not of its type.
+    """
 
     def __init__(self, trainable: Trainable, *, param_space: dict[str, Any] | None = None,
                  tune_config: TuneConfig | None = None, run_config: RunConfig | None = None,
@@ -87,7 +106,25 @@ class Tuner:
     def restore(cls, path: str, trainable: Trainable, *, param_space: dict[str, Any] | None = None,
                 resume_unfinished: bool = True, resume_errored: bool = False,
                 storage_filesystem: Any = None) -> Tuner:
-        """The sweep at ``path``, to be continued by ``fit()``: its trials as recorded."""
+        """The sweep at ``path``, to be continued by ``fit()``: its trials as recorded.
+
+        Args:
+            path: The sweep's directory (what ``Tuner.fit()`` printed): a local path or a
+                URI; with ``storage_filesystem``, a path on it without a scheme.
+            trainable: What each trial runs, as for the constructor (Ray cannot pickle it
+                into the sweep either).
+            param_space: The search space; None (the default) continues the trials as
+                recorded.
+            resume_unfinished: Must be True (the default): unfinished trials are always
+                resumed.
+            resume_errored: Also resume the trials that failed; False by default.
+            storage_filesystem: The pyarrow filesystem ``path`` is on; None (the default)
+                finds it from ``path``.
+
+        Raises:
+            ConfigError: ``resume_unfinished`` is False.
+            ManifestError: ``path`` holds no sweep.
+        """
         if not resume_unfinished:
             raise ConfigError("Tuner.restore(resume_unfinished=False) is not supported: "
                               "unfinished trials are always resumed.")
@@ -105,6 +142,14 @@ class Tuner:
 
     @classmethod
     def can_restore(cls, path: str, storage_filesystem: Any = None) -> bool:
+        """Whether ``path`` holds a sweep that :meth:`restore` can continue.
+
+        Args:
+            path: The sweep's directory: a local path or a URI; with
+                ``storage_filesystem``, a path on it without a scheme.
+            storage_filesystem: The pyarrow filesystem ``path`` is on; None (the default)
+                finds it from ``path``.
+        """
         return SweepRecord(resolve(path, storage_filesystem)).load() is not None
 
     def fit(self) -> ResultGrid:

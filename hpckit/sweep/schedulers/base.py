@@ -53,7 +53,7 @@ class TrialScheduler:
         Args:
             metric: the metric to optimise.
             mode: "min" or "max".
-            spec: further properties (unused).
+            **spec: further properties (unused).
         """
         if self._metric and metric:
             return False
@@ -64,40 +64,87 @@ class TrialScheduler:
         return True
 
     def on_trial_add(self, tune_controller: TuneController, trial: Trial) -> None:
-        """A trial was added to the sweep."""
+        """A trial was added to the sweep.
+
+        Args:
+            tune_controller: The sweep's controller (``get_trials``, ``get_trial``,
+                ``stop_trial``, ``pause_trial``).
+            trial: The trial (``trial_id``, ``config``, ``status``, ``last_result``,
+                ``checkpoint``).
+        """
         raise NotImplementedError
 
     def on_trial_error(self, tune_controller: TuneController, trial: Trial) -> None:
-        """A running trial failed."""
+        """A running trial failed.
+
+        Args:
+            tune_controller: The sweep's controller.
+            trial: The trial that failed.
+        """
         raise NotImplementedError
 
     def on_trial_result(self, tune_controller: TuneController, trial: Trial,
                         result: dict[str, Any]) -> str:
-        """A running trial reported ``result``: CONTINUE, PAUSE or STOP."""
+        """A running trial reported ``result``: CONTINUE, PAUSE or STOP.
+
+        Args:
+            tune_controller: The sweep's controller.
+            trial: The trial that reported.
+            result: Its report's metrics, with ``training_iteration`` (the trial's own
+                count of reports).
+
+        Returns:
+            ``CONTINUE``, ``PAUSE`` (its checkpoint of that report is committed and its slot
+            freed) or ``STOP``.
+        """
         raise NotImplementedError
 
     def on_trial_complete(self, tune_controller: TuneController, trial: Trial,
                           result: dict[str, Any]) -> None:
-        """A running trial ended: its function returned, or it was stopped."""
+        """A running trial ended: its function returned, or it was stopped.
+
+        Args:
+            tune_controller: The sweep's controller.
+            trial: The trial that ended.
+            result: Its last report's metrics.
+        """
         raise NotImplementedError
 
     def on_trial_remove(self, tune_controller: TuneController, trial: Trial) -> None:
-        """A pending or paused trial was stopped."""
+        """A pending or paused trial was stopped.
+
+        Args:
+            tune_controller: The sweep's controller.
+            trial: The trial that was stopped.
+        """
         raise NotImplementedError
 
     def choose_trial_to_run(self, tune_controller: TuneController) -> Trial | None:
-        """A pending or paused trial for a free slot, or None."""
+        """A pending or paused trial for a free slot, or None.
+
+        Args:
+            tune_controller: The sweep's controller, whose ``get_trials()`` lists the
+                trials with their status.
+        """
         raise NotImplementedError
 
     def debug_string(self) -> str:
         raise NotImplementedError
 
     def save(self, checkpoint_path: str) -> None:
-        """Write the scheduler's state to ``checkpoint_path``."""
+        """Write the scheduler's state to ``checkpoint_path``.
+
+        Args:
+            checkpoint_path: A local file to write, kept with the sweep.
+        """
         raise NotImplementedError
 
     def restore(self, checkpoint_path: str) -> None:
-        """Read back what :meth:`save` wrote."""
+        """Read back what :meth:`save` wrote.
+
+        Args:
+            checkpoint_path: The file :meth:`save` wrote, when the sweep runs again.
+        """
         raise NotImplementedError
 
     def _ends_budget(self, result: dict[str, Any]) -> bool:

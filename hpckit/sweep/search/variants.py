@@ -41,4 +41,16 @@ class BasicVariantGenerator:
 
     def set_search_properties(self, metric: str | None, mode: str | None,
                               config: dict[str, Any], **spec: Any) -> bool:
+        """Take TuneConfig's metric and mode and the Tuner's ``param_space``, as a
+        ``Searcher`` does; the generator needs none of them.
+
+        Args:
+            metric: TuneConfig's metric.
+            mode: TuneConfig's mode.
+            config: The Tuner's param_space.
+            **spec: Further properties (unused).
+
+        Returns:
+            True: always accepted.
+        """
         return True
