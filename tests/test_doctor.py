@@ -14,7 +14,7 @@ from support.cluster_nodes import nodes  # noqa: F401  (the fixture)
 from conftest import HERE, HPCKIT, MPIEXEC, run
 from support.slurm_jobs import output_of, sbatch, wait
 
-from hpckit.doctor.slurm import signal_in
+from hpckit.doctor import signal_in
 from hpckit.settings import Settings
 
 DOCTOR = HERE / "ranks" / "doctor.py"
@@ -163,14 +163,14 @@ def test_the_signal_fix_fits_how_the_script_starts_the_ranks(script, status, fix
 def test_a_node_whose_slurmd_does_not_answer_is_said_to_hide_a_lost_node(monkeypatch):
     """The driver tells a lost node by asking its slurmd: one it cannot reach (here names no
     resolver knows, and no scontrol to give their addresses) is named, with the fix."""
-    from hpckit.doctor import nodes as node_checks
+    from hpckit import doctor
 
     silent = ("hpckit-test-no-such-node-1", "hpckit-test-no-such-node-2")
-    monkeypatch.setattr(node_checks, "hostnames", lambda nodelist: silent)
-    found = node_checks.lost_node_watch(Settings(slurm_nodelist="hpckit-test-no-such-node-[1-2]"))
+    monkeypatch.setattr(doctor, "hostnames", lambda nodelist: silent)
+    found = doctor.lost_node_watch(Settings(slurm_nodelist="hpckit-test-no-such-node-[1-2]"))
     assert found.status == "warn" and all(name in found.found for name in silent), found
     assert "SlurmdPort" in found.fix
-    alone = node_checks.lost_node_watch(Settings(slurm_nodelist=None))
+    alone = doctor.lost_node_watch(Settings(slurm_nodelist=None))
     assert alone.status == "info" and alone.found == "not in a job of several nodes"
 
 

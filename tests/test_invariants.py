@@ -55,7 +55,7 @@ WRITERS = {
     "hpckit/sweep/record.py": "sweep.json, the sweep directory's (not an experiment's)",
     "hpckit/sweep/exploit.py": "PBT's copy of a donor's checkpoint into the trial's next "
                                "checkpoint directory, before the trial's Experiment commits it",
-    "hpckit/doctor/storage.py": "hpckit doctor's marker at the storage root, removed at once",
+    "hpckit/doctor.py": "hpckit doctor's marker at the storage root, removed at once",
 }
 
 # On the ranks, local files are written only by these rooms, each in a directory of its own:

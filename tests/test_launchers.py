@@ -137,7 +137,7 @@ def test_the_no_spare_advice_says_a_new_job_resumes_only_an_experiment_the_user_
 def test_a_slow_import_of_torch_is_told_to_forward_an_early_stop_signal():
     """The advice for a slow shared filesystem gives the batch-shell signal with the trap that
     forwards it: --signal=B:... alone reaches the batch script, never the ranks."""
-    from hpckit.doctor.framework import SLOW_IMPORT_S, torch_build
+    from hpckit.doctor import SLOW_IMPORT_S, torch_build
 
     build, timing = torch_build([{"version": "2.13.0", "cuda": None,
                                   "import_s": SLOW_IMPORT_S + 1}])

@@ -9,7 +9,6 @@ import click
 from hpckit import settings as _settings
 from hpckit.cli.app import main
 from hpckit.cli.tables import echo_json, echo_table
-from hpckit.doctor.finding import OK
 from hpckit.run.mpi.library import srun_plugin
 
 
@@ -38,7 +37,7 @@ def doctor(storage_path: str | None, cache_dir: str | None, as_json: bool,
         return
     from mpi4py import MPI
 
-    from hpckit.doctor.checkup import checkup
+    from hpckit.doctor import OK, checkup
 
     found, status = checkup(MPI.COMM_WORLD, _settings.refresh(), storage_path, cache_dir)
     if found is not None and as_json:
