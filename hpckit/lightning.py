@@ -12,21 +12,17 @@ from typing import TYPE_CHECKING
 from hpckit.integrations.optional import lazy_names
 
 if TYPE_CHECKING:
-    from hpckit.integrations.lightning.callback import RayTrainReportCallback
-    from hpckit.integrations.lightning.environment import RayLightningEnvironment
-    from hpckit.integrations.lightning.prepare import prepare_trainer
-    from hpckit.integrations.lightning.strategy import RayDDPStrategy, RayFSDPStrategy
-
-_WHERE = {
-    "RayDDPStrategy": "hpckit.integrations.lightning.strategy",
-    "RayFSDPStrategy": "hpckit.integrations.lightning.strategy",
-    "RayLightningEnvironment": "hpckit.integrations.lightning.environment",
-    "RayTrainReportCallback": "hpckit.integrations.lightning.callback",
-    "prepare_trainer": "hpckit.integrations.lightning.prepare",
-}
+    from hpckit.integrations.lightning import (
+        RayDDPStrategy,
+        RayFSDPStrategy,
+        RayLightningEnvironment,
+        RayTrainReportCallback,
+        prepare_trainer,
+    )
 
 __all__ = ["RayDDPStrategy", "RayFSDPStrategy", "RayLightningEnvironment",
            "RayTrainReportCallback", "prepare_trainer"]
 
 
-__getattr__, __dir__ = lazy_names(__name__, _WHERE, "lightning", ("lightning",))
+__getattr__, __dir__ = lazy_names(__name__, "hpckit.integrations.lightning", __all__,
+                                  "lightning", ("lightning",))

@@ -13,15 +13,10 @@ from typing import TYPE_CHECKING
 from hpckit.integrations.optional import lazy_names
 
 if TYPE_CHECKING:
-    from hpckit.integrations.mlflow.callback import MLflowLoggerCallback
-    from hpckit.integrations.mlflow.setup import setup_mlflow
-
-_WHERE = {
-    "MLflowLoggerCallback": "hpckit.integrations.mlflow.callback",
-    "setup_mlflow": "hpckit.integrations.mlflow.setup",
-}
+    from hpckit.integrations.mlflow import MLflowLoggerCallback, setup_mlflow
 
 __all__ = ["MLflowLoggerCallback", "setup_mlflow"]
 
 
-__getattr__, __dir__ = lazy_names(__name__, _WHERE, "mlflow", ("mlflow",))
+__getattr__, __dir__ = lazy_names(__name__, "hpckit.integrations.mlflow", __all__,
+                                  "mlflow", ("mlflow",))

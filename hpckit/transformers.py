@@ -14,15 +14,10 @@ from typing import TYPE_CHECKING
 from hpckit.integrations.optional import lazy_names
 
 if TYPE_CHECKING:
-    from hpckit.integrations.transformers.callback import RayTrainReportCallback
-    from hpckit.integrations.transformers.prepare import prepare_trainer
-
-_WHERE = {
-    "RayTrainReportCallback": "hpckit.integrations.transformers.callback",
-    "prepare_trainer": "hpckit.integrations.transformers.prepare",
-}
+    from hpckit.integrations.transformers import RayTrainReportCallback, prepare_trainer
 
 __all__ = ["RayTrainReportCallback", "prepare_trainer"]
 
 
-__getattr__, __dir__ = lazy_names(__name__, _WHERE, "transformers", ("transformers", "accelerate"))
+__getattr__, __dir__ = lazy_names(__name__, "hpckit.integrations.transformers", __all__,
+                                  "transformers", ("transformers", "accelerate"))

@@ -13,15 +13,10 @@ from typing import TYPE_CHECKING
 from hpckit.integrations.optional import lazy_names
 
 if TYPE_CHECKING:
-    from hpckit.integrations.wandb.callback import WandbLoggerCallback
-    from hpckit.integrations.wandb.setup import setup_wandb
-
-_WHERE = {
-    "WandbLoggerCallback": "hpckit.integrations.wandb.callback",
-    "setup_wandb": "hpckit.integrations.wandb.setup",
-}
+    from hpckit.integrations.wandb import WandbLoggerCallback, setup_wandb
 
 __all__ = ["WandbLoggerCallback", "setup_wandb"]
 
 
-__getattr__, __dir__ = lazy_names(__name__, _WHERE, "wandb", ("wandb",))
+__getattr__, __dir__ = lazy_names(__name__, "hpckit.integrations.wandb", __all__,
+                                  "wandb", ("wandb",))

@@ -17,7 +17,7 @@ from hpckit.run.writing.rankstate import state_name
 
 pytest.importorskip("transformers", reason="pip install -e '.[transformers]'")
 
-from hpckit.integrations.transformers.callback import _link_own_files  # noqa: E402
+from hpckit.integrations.transformers import _link_own_files  # noqa: E402
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "transformers_tiny.py"
 QUIET = {"HPCKIT_TENSORBOARD": "0"}

@@ -11,16 +11,16 @@ from typing import Any
 from hpckit.errors import hpckit_clone
 
 
-def lazy_names(face: str, where: dict[str, str], extra: str,
+def lazy_names(face: str, integration: str, names: list[str], extra: str,
                packages: tuple[str, ...]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """``__getattr__`` and ``__dir__`` for module ``face``, whose public names live in the
-    modules ``where`` gives; ``packages`` are those that the extra ``extra`` brings."""
+    """``__getattr__`` and ``__dir__`` for module ``face``, whose public ``names`` live in the
+    module ``integration``; ``packages`` are those that the extra ``extra`` brings."""
 
     def getattr_(name: str) -> Any:
-        if name not in where:
+        if name not in names:
             raise AttributeError(f"module {face!r} has no attribute {name!r}")
         try:
-            module = importlib.import_module(where[name])
+            module = importlib.import_module(integration)
         except ModuleNotFoundError as exc:
             if exc.name is None or exc.name.split(".")[0] not in packages:
                 raise
@@ -32,7 +32,7 @@ def lazy_names(face: str, where: dict[str, str], extra: str,
         return value
 
     def dir_() -> list[str]:
-        return sorted([*vars(sys.modules[face]), *where])
+        return sorted([*vars(sys.modules[face]), *names])
 
     return getattr_, dir_
 

@@ -1,4 +1,4 @@
-"""What the tracker integrations (``integrations/mlflow``, ``integrations/wandb``) share:
+"""What the tracker integrations (``integrations/mlflow.py``, ``integrations/wandb.py``) share:
 metrics as a tracker takes them, the stand-in module of the ranks that do not track, and the
 experiment a training function's tracker run belongs to."""
 
