@@ -88,6 +88,9 @@ def one_job(slurm, folder: Path, form: str, rep: int) -> dict[str, object]:
     epochs = len(metrics.read_text().splitlines()) if metrics.exists() else 0
     ready = re.findall(r"ready in ([\d.]+) s", output)
     ok = state == "COMPLETED" and epochs == EPOCHS and "FINAL" in output
+    if not ok:
+        print(f"--- {name}: {state}, {epochs} epochs\n{output[-6000:]}", file=sys.stderr,
+              flush=True)
     return {"ok": ok, "state": state, "epochs": epochs,
             "ready_s": float(ready[0]) if ready else None,
             "wall_s": round(time.monotonic() - started, 1)}

@@ -15,10 +15,13 @@ mid-pass. Timed, interleaved, ``--repeat`` times each:
 - ``baseline``: ``torch.get_rng_state()`` alone, the least any such state costs.
 
 One JSON line: the medians in ms, the p90 of ``capture`` and the file's size. Then, counted
-(not timed) for ``--ranks`` ranks, what the state files add to rank 0's work per checkpoint
-of a run where each rank writes one shard: the bytes of the ranks' results that reach rank 0
-(each rank's :class:`Persisted`, pickled as it is sent) and the bytes of the checkpoint's
-file records (the records file, or the manifest's entry), each with and without the states.
+(not timed) for ``--ranks`` ranks, ``--ranks-per-node`` a node, what the state files add to
+rank 0's work per checkpoint of a run where each rank writes one shard: the bytes of the
+ranks' results that reach rank 0 (each rank's :class:`Persisted`, pickled as it is sent) and
+the bytes of the checkpoint's file records (the records file, or the manifest's entry), each
+with and without the states. The states are one file a node (``.hpckit-resume/node-NNNNN``,
+#66), written by the node's first rank from its ranks' states, gathered on the node: one
+record a node, in that rank's results.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from hpckit.integrations.torch.streams import keepers
 from hpckit.run.session.resumable import RankState
 from hpckit.experiment.records import FileRecord, render_records
 from hpckit.run.writing.plan import Persisted
-from hpckit.run.writing.rankstate import state_name, write_state
+from hpckit.run.writing.rankstate import node_states, state_name, write_state
 from hpckit.storage.location import local
 
 
@@ -57,6 +60,7 @@ def main() -> None:
     parser.add_argument("--storage", default=None)
     parser.add_argument("--ranks", default="8,64,1024,10240",
                         type=lambda text: [int(n) for n in text.split(",")])
+    parser.add_argument("--ranks-per-node", type=int, default=8)
     args = parser.parse_args()
     if torch.cuda.is_available():
         torch.cuda.init()
@@ -79,7 +83,8 @@ def main() -> None:
             data = state.capture()
             samples["capture"].append(time.perf_counter() - began)
             began = time.perf_counter()
-            write_state(target, 0, data)
+            write_state(target, 0, node_states(range(args.ranks_per_node),
+                                               [data] * args.ranks_per_node) or b"")
             samples["write"].append(time.perf_counter() - began)
             size = len(data)
     capture = sorted(samples["capture"])
@@ -94,15 +99,17 @@ def main() -> None:
         "capture_within_target": median_ms <= 1.0,
     }), flush=True)
     for ranks in args.ranks:
-        print(json.dumps(counted(ranks, size)), flush=True)
+        print(json.dumps(counted(ranks, size, args.ranks_per_node)), flush=True)
 
 
-def counted(ranks: int, state_bytes: int) -> dict:
+def counted(ranks: int, state_bytes: int, per_node: int) -> dict:
     """Rank 0's bytes per checkpoint at ``ranks`` ranks, each writing one 64 MiB shard, with
-    and without a ``state_bytes`` state file per rank (its checksum as hpckit writes one)."""
+    and without the states: a file a node of ``per_node`` ranks' ``state_bytes`` each,
+    recorded by the node's first rank (its checksum as hpckit writes one)."""
     checksum = "xxh3-128:" + "0" * 32
     shards = [[FileRecord(f"model-rank{r:05d}.pt", 64 << 20, r, checksum)] for r in range(ranks)]
-    states = [[*files, FileRecord(state_name(r), state_bytes, r, checksum)]
+    states = [[*files, FileRecord(state_name(r), state_bytes * min(per_node, ranks - r), r,
+                                  checksum)] if r % per_node == 0 else files
               for r, files in enumerate(shards)]
 
     def gathered(per_rank: list[list[FileRecord]]) -> int:
@@ -112,7 +119,7 @@ def counted(ranks: int, state_bytes: int) -> dict:
         return len(render_records("checkpoint_000001", [f for files in per_rank for f in files]))
 
     return {"benchmark": "resume_state", "counted": "rank0_bytes_per_checkpoint",
-            "ranks": ranks, "gathered_bytes": gathered(shards),
+            "ranks": ranks, "ranks_per_node": per_node, "gathered_bytes": gathered(shards),
             "gathered_bytes_with_state": gathered(states), "recorded_bytes": recorded(shards),
             "recorded_bytes_with_state": recorded(states)}
 
