@@ -97,6 +97,27 @@ def test_setup_mlflow_gives_the_training_function_the_same_run_after_a_restart(t
     assert mlflow_run["params"] == {"lr": "0.1"}
 
 
+def test_setup_mlflow_refuses_a_missing_experiment_as_ray_does_and_says_the_fix(store,
+                                                                                  monkeypatch):
+    """Ray raises ValueError where the named experiment is missing and may not be made; a Ray
+    program's ``except ValueError`` still catches hpckit's ConfigError."""
+    import mlflow
+
+    from hpckit.errors import ConfigError
+    from hpckit.integrations.mlflow import _experiment
+
+    for variable in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID"):  # mlflow sets them
+        monkeypatch.setenv(variable, "")  # so that the test's end restores them
+        monkeypatch.delenv(variable)
+    mlflow.set_tracking_uri(store)
+    with pytest.raises(ValueError, match="create_experiment_if_not_exists=True") as raised:
+        _experiment(None, "never-made", None, create=False)
+    assert isinstance(raised.value, ConfigError)
+    assert mlflow.get_experiment_by_name("never-made") is None
+    made = _experiment(None, "never-made", None, create=True)
+    assert mlflow.get_experiment_by_name("never-made").experiment_id == made
+
+
 def test_a_wandb_offline_run_keeps_its_id_across_a_restart(tmp_path):
     env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
     tracked(tmp_path, "--name", "wandb-restarted", "--tracker", "wandb", "--kill", "5",

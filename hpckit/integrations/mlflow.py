@@ -18,6 +18,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from hpckit.config.callbacks import TrackedExperiment, TrackerCallback
+from hpckit.errors import ConfigError
 from hpckit.integrations.tracking import NoopModule, numbers, params, recorded_run, tracking_rank
 from hpckit.logs import log
 from hpckit.run.session.session import current
@@ -197,8 +198,8 @@ def setup_mlflow(config: dict[str, Any] | None = None, tracking_uri: str | None 
         do nothing.
 
     Raises:
-        ValueError: ``experiment_name`` names no MLflow experiment and
-            ``create_experiment_if_not_exists`` is False.
+        ConfigError: ``experiment_name`` names no MLflow experiment and
+            ``create_experiment_if_not_exists`` is False (a ``ValueError``, as Ray raises).
         HpckitError: Called outside a training run.
     """
     if not tracking_rank("setup_mlflow", rank_zero_only):
@@ -234,8 +235,9 @@ def _experiment(experiment_id: str | None, experiment_name: str | None,
     if not chosen and name:
         found = mlflow.get_experiment_by_name(name)
         if found is None and not create:
-            raise ValueError(f"setup_mlflow(experiment_name={name!r}): no such MLflow "
-                             "experiment; create it, or pass create_experiment_if_not_exists=True.")
+            raise ConfigError(f"setup_mlflow(experiment_name={name!r}): the tracking server has "
+                              "no MLflow experiment of that name; create it, or pass "
+                              "create_experiment_if_not_exists=True.")
         chosen = (str(found.experiment_id) if found is not None
                   else str(mlflow.create_experiment(name, artifact_location=artifact_location)))
     if chosen:
