@@ -1,6 +1,6 @@
 """Checkpoint benchmarks: JSON lines, each figure beside a baseline measured in the same run.
 
-    python benchmarks/checkpoints.py [--storage DIR] [--quick] [--out FILE]
+    python benchmarks/checkpoints.py [--storage DIR] [--quick] [--only FIGURES] [--out FILE]
 
 Figures (2 ranks unless said): how long report() blocks per checkpoint in each upload mode
 (beside a sync report() and a raw write+fsync of the same bytes); the whole-job overhead of a
@@ -207,14 +207,22 @@ def checkpoint_files(storage: str, counts: tuple[int, ...], per_node: int) -> No
          target_met=all(r["resume_state_files"] == r["nodes"] for r in rows))
 
 
-def run_all(storage: str, quick: bool) -> None:
-    sizes = [(64, 5 if quick else 8, 0.5, 3)] + ([] if quick else [(1024, 4, 4.0, 2)])
-    for mib, reps, sleep, block in sizes:
-        report_blocking(storage, mib, reps, sleep, block)
-    job_overhead(storage, 2 if quick else 3)
-    commit_latency(storage, (2, 4, 8, 16) if quick else (2, 4, 8, 16, 32), 15 if quick else 30)
-    checkpoint_files(storage, (4, 8) if quick else (4, 8, 16), 2)
-    dcp_vs_plain(storage, 4 if quick else 8)
+FIGURES = ("report_blocking", "job_overhead", "commit_latency", "checkpoint_files", "dcp")
+
+
+def run_all(storage: str, quick: bool, only: tuple[str, ...] = FIGURES) -> None:
+    if "report_blocking" in only:
+        sizes = [(64, 5 if quick else 8, 0.5, 3)] + ([] if quick else [(1024, 4, 4.0, 2)])
+        for mib, reps, sleep, block in sizes:
+            report_blocking(storage, mib, reps, sleep, block)
+    if "job_overhead" in only:
+        job_overhead(storage, 2 if quick else 3)
+    if "commit_latency" in only:
+        commit_latency(storage, (2, 4, 8, 16) if quick else (2, 4, 8, 16, 32), 15 if quick else 30)
+    if "checkpoint_files" in only:
+        checkpoint_files(storage, (4, 8) if quick else (3, 4, 8, 16), 2)
+    if "dcp" in only:
+        dcp_vs_plain(storage, 4 if quick else 8)
 
 
 def main() -> None:
@@ -222,10 +230,17 @@ def main() -> None:
     parser.add_argument("--storage", default=None, help="where checkpoints go (default: a temp dir)")
     parser.add_argument("--quick", action="store_true", help="skip 1 GiB and 32 ranks, fewer repetitions")
     parser.add_argument("--out", default=None, help="also append the JSON lines to this file")
+    parser.add_argument("--only", default=",".join(FIGURES),
+                        help=f"the figures to measure, comma-separated, of {', '.join(FIGURES)} "
+                        "(record with --as NAME, so that the whole run's file stays)")
     args = parser.parse_args()
+    only = tuple(args.only.split(","))
+    if unknown := set(only) - set(FIGURES):
+        parser.error(f"--only {args.only}: no figure {', '.join(sorted(unknown))}; "
+                     f"choose of {', '.join(FIGURES)}")
     write_to(args.out)
     with scratch_storage(args.storage, "hpckit-ckpt-bench-") as storage:
-        run_all(storage, args.quick)
+        run_all(storage, args.quick, only)
 
 
 if __name__ == "__main__":
