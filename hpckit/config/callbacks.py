@@ -96,8 +96,9 @@ class TrackerRun(Protocol):
 
 class TrackerCallback(UserCallback):
     """A callback that keeps the experiment as one run of an experiment tracker (MLflow,
-    Weights & Biases): rank 0's experiment writer opens the run when the experiment opens,
-    the run recorded in the manifest when it opens again (a restart, a requeue, ``hpckit
+    Weights & Biases): rank 0's experiment writer opens the run once the attempt's first
+    report is committed (so that opening it never competes with the start of training), the
+    run recorded in the manifest when the experiment opens again (a restart, a requeue, ``hpckit
     resume``), hands it every report's metrics off the training loop (a step reported again
     after a restore is not sent twice), and ends it as the attempt ends. Subclasses say how."""
 

@@ -3,11 +3,12 @@ and the like) and its TensorBoard events.
 
 Every call to a tracker goes over the network to a service outside the job, so none is made
 on the training path or inside a commit: a thread of the :class:`Trackers` (a daemon: a
-tracker that does not answer never holds the process at its exit) opens the runs (the ones
-the manifest records opened again, a new one where none is or where the recorded one was
-deleted in the tracker), logs each step's metrics once the report they belong to is
-committed (a line retracted later was never sent), and ends the runs as the attempt ends,
-waited for at most :data:`END_WAIT_S`. A run says which step it lacks first
+tracker that does not answer never holds the process at its exit) opens the runs once the
+attempt's first report is committed (the ones the manifest records opened again, a new one
+where none is or where the recorded one was deleted in the tracker), logs each step's
+metrics once the report they belong to is committed (a line retracted later was never
+sent), and ends the runs as the attempt ends, waited for at most :data:`END_WAIT_S`. A run
+says which step it lacks first
 (``TrackerRun.next_step``, read from the tracker itself when it opens again), so a step
 reported again after a restore is not sent twice; TensorBoard (local files, through its own
 writer thread) is told that the steps from the resumed one are done again and shows the new
@@ -47,22 +48,31 @@ class Trackers:
         self._ids: dict[str, str] = {}  # known before the run opens (recorded, or chosen here)
         self._changing = threading.Lock()
         self._feed = _Feed()
+        self._unopened: list[Callable[[], None]] = []  # handed to the thread at the first commit
 
     @classmethod
     def open(cls, callbacks: Iterable[TrackerCallback], recorded: dict[str, str],
              experiment: TrackedExperiment, scalars: Scalars | None,
              history: list[dict[str, Any]] | None = None) -> Trackers:
-        """Each callback's run, opened on the trackers' thread: the one ``recorded`` in the
-        manifest, or a new one; then sent the committed lines of ``history`` (metrics.jsonl's)
-        it lacks, which an earlier attempt committed and had not sent when it ended."""
+        """Each callback's run, opened on the trackers' thread once the attempt's first
+        report is committed (so that opening it never competes with the start of training):
+        the one ``recorded`` in the manifest, or a new one; then sent the committed lines of
+        ``history`` (metrics.jsonl's) it lacks, which an earlier attempt committed and had not
+        sent when it ended."""
         trackers = cls({}, scalars)
         for callback in callbacks:
             run_id = recorded.get(callback.tracker) or callback.new_run_id()
             if run_id is not None:
                 trackers._ids[callback.tracker] = run_id
-            trackers._feed.put(partial(trackers._open, callback, run_id, experiment,
-                                       history or []))
+            trackers._unopened.append(partial(trackers._open, callback, run_id, experiment,
+                                              history or []))
         return trackers
+
+    def _start_opening(self) -> None:
+        with self._changing:
+            opening, self._unopened = self._unopened, []
+        for work in opening:
+            self._feed.put(work)
 
     def _open(self, callback: TrackerCallback, run_id: str | None,
               experiment: TrackedExperiment, history: list[dict[str, Any]]) -> None:
@@ -91,6 +101,7 @@ class Trackers:
         tracker run's (where it lacks the step) on the trackers' thread."""
         if self.scalars is not None:
             self.scalars.add(step, metrics)
+        self._start_opening()
         self._feed.put(lambda: self._log(step, metrics))
 
     def _log(self, step: int, metrics: dict[str, Any]) -> None:
@@ -114,6 +125,7 @@ class Trackers:
         """The attempt ended: each run ends as it did (a resume opens it again), after what
         is queued; waited for at most ``wait`` seconds."""
         ended = ENDED_AS.get(status, "KILLED")
+        self._start_opening()
         self._feed.put(lambda: self._end(ended))
         self._feed.stop()  # its thread ends once it has done what it holds
         if not self._feed.drained(wait):
