@@ -69,10 +69,12 @@ class Trackers:
         return trackers
 
     def _start_opening(self) -> None:
+        """Hand the thread the runs to open, ahead of whatever a caller hands it next (under
+        the lock, so that no caller's work overtakes them)."""
         with self._changing:
-            opening, self._unopened = self._unopened, []
-        for work in opening:
-            self._feed.put(work)
+            for work in self._unopened:
+                self._feed.put(work)
+            self._unopened = []
 
     def _open(self, callback: TrackerCallback, run_id: str | None,
               experiment: TrackedExperiment, history: list[dict[str, Any]]) -> None:
