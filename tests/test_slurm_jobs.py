@@ -30,6 +30,54 @@ def submit(slurm, tmp_path: Path, template: str, *options: str, args: str, **env
     return out.stdout.strip().split(";")[0]
 
 
+FAKE_STEP = """#!/bin/bash
+touch "$FAKE_DIR/started"
+sleep 1
+exit "$FAKE_STATUS"
+"""
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("status", [0, 3])
+@pytest.mark.parametrize("template", ["requeue.sbatch", "mpirun.sbatch", "array-sweep.sbatch",
+                                      "tune-array.sbatch", "resume --sbatch"])
+def test_a_warning_as_the_ranks_end_leaves_the_job_their_exit_status(tmp_path, template, status):
+    """A warning that came while the ranks were ending: the script held it for HOLD seconds,
+    its job step ended meanwhile, and the script exited 138 (the interrupted ``wait``), so a
+    run that had finished was a FAILED job. Now the step's own status is the job's. Run by
+    bash outside Slurm, with ``srun`` and ``mpiexec`` a script that ends after a second."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("srun", "mpiexec"):
+        (bin_dir / name).write_text(FAKE_STEP)
+        (bin_dir / name).chmod(0o755)
+    if template == "resume --sbatch":
+        from hpckit.launch.slurm import warned_step
+        script = tmp_path / "resume.sbatch"
+        script.write_text("#!/bin/bash\ntrap 'warned=1' USR2\nset -euo pipefail\n"
+                          + warned_step("srun python train.py") + "\n")
+    else:
+        script = TEMPLATES / template
+    warning = signal.SIGUSR1 if template == "mpirun.sbatch" else signal.SIGUSR2
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_DIR": str(tmp_path),
+           "FAKE_STATUS": str(status), "MPIEXEC": str(bin_dir / "mpiexec"), "SRUN_MPI": "pmi2",
+           "SLURM_JOB_ID": "7", "SLURM_NTASKS": "2", "SLURM_ARRAY_TASK_ID": "0",
+           "HPCKIT_STORAGE": str(tmp_path)}
+    job = subprocess.Popen(["bash", str(script)], cwd=tmp_path, env=env, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "started").exists():
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()[0]
+            time.sleep(0.02)
+        job.send_signal(warning)
+        output, _ = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == status, output
+
+
 def test_one_node_template_finishes_with_its_checkpoints(tmp_path, slurm):
     job = submit(slurm, tmp_path, "one-node.sbatch", "--ntasks=2", "--cpus-per-task=1", "--time=5",
                  args=f"--storage {tmp_path} --name one --epochs 3")
@@ -89,8 +137,10 @@ def test_the_mpirun_template_checkpoints_requeues_and_resumes_at_the_warning(
     Slurm sends a ``--signal=B:`` warning) is passed to mpiexec as SIGUSR1, which Hydra
     forwards to every rank (it dies of SIGUSR2); they commit, requeue the job and exit, and
     the requeued job finishes the run exactly."""
+    # Epochs of 2 s: the script holds the warning until the ranks have run 10 s (HOLD), and a
+    # run of 8 epochs of 1 s that started quickly had ended by then.
     job = submit(slurm, tmp_path, "mpirun.sbatch", "--ntasks=2", "--cpus-per-task=1", "--time=10",
-                 args=f"--storage {tmp_path} --name mr --epoch-seconds 1")
+                 args=f"--storage {tmp_path} --name mr --epoch-seconds 2")
     wait_for_reports(slurm, tmp_path, tmp_path / "mr", 2, 120)
     slurm.run("scancel", "--batch", "--signal=USR1", job)  # --signal=B:USR1: to the script
     assert wait(slurm, tmp_path, job, 240) == {job: "COMPLETED"}, output_of(tmp_path)

@@ -46,15 +46,17 @@ WARNED_STEP = """\
 HOLD=10
 {srun} &
 step=$! started=$SECONDS
-warn_ranks() {{ sleep $(( started + HOLD > SECONDS ? started + HOLD - SECONDS : 0 )); \\
-  kill -USR2 "$step" 2>/dev/null || true; }}
+warn_ranks() {{  # once the ranks have run HOLD seconds, or at once where they have ended
+  while (( SECONDS < started + HOLD )) && kill -0 "$step" 2>/dev/null; do sleep 1; done
+  kill -USR2 "$step" 2>/dev/null || true
+}}
 trap warn_ranks USR2
 if [ -n "${{warned:-}}" ]; then warn_ranks; fi
-status=0
-while :; do  # a warning interrupts wait: wait again until srun has ended
-  wait "$step" && status=0 || status=$?
-  kill -0 "$step" 2>/dev/null || break
+while kill -0 "$step" 2>/dev/null; do  # a warning interrupts wait: wait until srun ends
+  wait "$step" || true
 done
+status=0  # srun's own, which bash keeps, also where it ended while a warning was handled
+wait "$step" || status=$?
 exit "$status\""""
 
 
