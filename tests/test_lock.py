@@ -15,7 +15,7 @@ import pytest
 from conftest import HERE, MPIEXEC, mpiexec
 
 from hpckit import ExperimentLockedError
-from hpckit.experiment.lock import LOCK_NAME, Lock
+from hpckit.experiment.lock import FENCE_PREFIX, LOCK_NAME, Lock
 from hpckit.settings import Settings
 from hpckit.storage.location import resolve
 
@@ -161,7 +161,9 @@ def test_a_take_over_replaces_only_the_stale_lock_it_read_and_the_loser_names_th
         winner = first[0].holder
         assert f"locked by host {winner.host}, pid {winner.pid}" in str(refused.value)
         assert json.loads((experiment / LOCK_NAME).read_text())["token"] == winner.token
-        assert sorted(p.name for p in experiment.iterdir()) == [LOCK_NAME]
+        # Nothing of the loser's is left: the winner's lock and its fence directory.
+        assert sorted(p.name for p in experiment.iterdir()) == [
+            FENCE_PREFIX + winner.token, LOCK_NAME]
     finally:
         for held in first:
             held.release()

@@ -29,12 +29,14 @@ from support.processes import tree
 
 from hpckit import exits
 from hpckit import ExperimentTakenError
+from hpckit.errors import HpckitError
 from hpckit.config import CheckpointConfig
 from hpckit.experiment.attempts import Attempt, AttemptStatus
 from hpckit.experiment.experiment import Experiment
 from hpckit.experiment.lock import LOCK_NAME, Holder, Lock
 from hpckit.experiment.manifest import CheckpointRecord, Manifest, checkpoint_dirname
 from hpckit.experiment.metrics import MetricsLog
+from hpckit.experiment.reading import read_manifest
 from hpckit.settings import Settings
 from hpckit.storage import files
 from hpckit.storage.location import resolve
@@ -164,6 +166,94 @@ def test_no_write_is_made_once_the_lock_is_another_runs(tmp_path, how):
     assert after == before, "a write was made after the lock was lost"
     assert (tmp_path / checkpoint_dirname(1)).is_dir()
     assert json.loads(after.get(LOCK_NAME, b"null")) == (json.loads(theirs) if theirs else None)
+
+
+def running(location: Any, settings: Settings) -> tuple[Experiment, Lock]:
+    """An experiment that this process's run holds, as rank 0 holds it."""
+    lock = Lock.acquire(location, settings)
+    manifest = Manifest("exp", 1, {}, {}, {}, 0.0).with_attempt(
+        Attempt(0, AttemptStatus.RUNNING, host=socket.gethostname(), pid=os.getpid()))
+    return Experiment(location, manifest, lock, MetricsLog.resume(location, 0)), lock
+
+
+@pytest.mark.quick
+def test_a_manifest_write_checked_just_before_a_takeover_does_not_land_after_it(
+        tmp_path, monkeypatch):
+    """The CI of a stop failed ``gc --force`` beside a live run: the run's commit passed its
+    check of the lock, gc took the lock over, read the manifest and wrote its own, and then
+    the run's manifest landed over gc's, naming what gc was about to delete. Here the
+    takeover (gc --force, in-process) is made at that moment, between the check and the
+    write: the run's write fails as a lost lock, and gc's manifest stands."""
+    location, settings = resolve(str(tmp_path)), Settings.read({"HPCKIT_LOCK_STALE_SECONDS": "60"})
+    experiment, lock = running(location, settings)
+    for index in range(3):
+        (tmp_path / checkpoint_dirname(index)).mkdir()
+        experiment.commit(record(index), CheckpointConfig())
+    (tmp_path / checkpoint_dirname(3)).mkdir()
+    confirm, collected = Lock.confirm, []
+
+    def checked_then_taken_over(self: Lock) -> None:
+        confirm(self)
+        callers = {sys._getframe(depth).f_code.co_name for depth in (1, 2, 3)}
+        if self is lock and "_replace" in callers and not collected:  # the manifest's check
+            gc = Experiment.for_maintenance(location, settings, force=True)
+            try:
+                collected.append(gc.collect_garbage(keep=1, dry_run=False))
+            finally:
+                gc.close()
+
+    monkeypatch.setattr(Lock, "confirm", checked_then_taken_over)
+    with pytest.raises(ExperimentTakenError):
+        experiment.commit(record(3), CheckpointConfig())
+    experiment.end_attempt(AttemptStatus.FAILED, "ExperimentTakenError")
+    experiment.close()
+    assert [r.directory for r in collected[0].evicted] == [checkpoint_dirname(0),
+                                                           checkpoint_dirname(1)]
+    on_disk = read_manifest(location)
+    assert [r.directory for r in on_disk.checkpoints] == [checkpoint_dirname(2)]
+    assert all((tmp_path / r.directory).is_dir() for r in on_disk.checkpoints)
+    assert not [name for name in os.listdir(tmp_path) if name.startswith(".hpckit-fence")]
+
+
+@pytest.mark.quick
+def test_a_manifest_rename_that_fails_or_a_kill_before_it_leaves_the_commit_undone(
+        tmp_path, monkeypatch):
+    """The run's manifest is staged in its fence directory and renamed over manifest.json:
+    a rename that fails leaves the committed manifest and no staged file; a run killed
+    between the two leaves its staged manifest there, which the run that takes its lock
+    over removes with the directory."""
+    location, settings = resolve(str(tmp_path)), Settings.read({"HPCKIT_LOCK_STALE_SECONDS": "60"})
+    experiment, lock = running(location, settings)
+    (tmp_path / checkpoint_dirname(0)).mkdir()
+    experiment.commit(record(0), CheckpointConfig())
+    committed = (tmp_path / "manifest.json").read_bytes()
+    fence = tmp_path / f".hpckit-fence-{lock.holder.token}"
+    rename = os.rename
+
+    def failing(source, target, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if str(source).startswith(str(fence)):
+            raise OSError(5, "injected: the rename failed")
+        rename(source, target, *args, **kwargs)
+
+    monkeypatch.setattr(os, "rename", failing)
+    (tmp_path / checkpoint_dirname(1)).mkdir()
+    with pytest.raises(HpckitError, match="injected: the rename failed"):
+        experiment.commit(record(1), CheckpointConfig())
+    monkeypatch.setattr(os, "rename", rename)
+    assert (tmp_path / "manifest.json").read_bytes() == committed
+    assert experiment.manifest.latest.directory == checkpoint_dirname(0)
+    assert list(fence.iterdir()) == []
+    # Killed after staging: the staged manifest stays in the dead run's fence directory.
+    (fence / "manifest.json.deadbeef").write_bytes(b"{staged by a run killed before its rename")
+    lock._stop.set()  # the dead run refreshes nothing more
+    taker = Lock.acquire(location, settings, force=True)
+    try:
+        assert (tmp_path / "manifest.json").read_bytes() == committed
+        assert sorted(name for name in os.listdir(tmp_path) if name.startswith(".hpckit-f")) \
+            == [f".hpckit-fence-{taker.holder.token}"]
+    finally:
+        taker.release()
+    assert not [name for name in os.listdir(tmp_path) if name.startswith(".hpckit-f")]
 
 
 # --- the frozen run, on real ranks ---

@@ -6,7 +6,8 @@ files (open, commit, reserve, clear or discard a checkpoint directory, markers, 
 without a checkpoint, an attempt's end, garbage collection, close). One thread, the
 experiment's :class:`~.writer.Writer`, makes a run's changes, whichever thread of rank 0 asks.
 Every change writes a new manifest atomically before anything is deleted, and each write is
-fenced: made only while the lock holds the run's token (``Lock.confirm``). Each rank writes the
+fenced: made only while the lock holds the run's token (``Lock.confirm``; the manifest through
+``Lock.write``, exactly on POSIX storage). Each rank writes the
 files of a pending checkpoint (``run.writing``, ``run.levels``) before rank 0 commits them
 here; ``tests/test_invariants.py`` names every such writer.
 """
@@ -217,8 +218,10 @@ class Experiment:
             updated = replace(updated, tracker_runs={**updated.tracker_runs, **opened})
         elif updated is self._manifest:
             return  # nothing new to write
-        self._fence()
-        _write(self.location, updated)
+        if self._lock is None:
+            _write(self.location, updated)
+        else:
+            self._lock.write(self.location.join(MANIFEST_NAME), encoding.to_json(updated).encode())
         self._manifest = updated
 
     def _record_tracker_runs(self) -> None:

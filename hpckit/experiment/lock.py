@@ -14,10 +14,16 @@ writes the lock, reads it back, and yields if another run's token is found.
 The lock is a fence, not a log line: a run frozen past the stale time (a hung node, SIGSTOP)
 may wake to find its experiment taken over. Its owner calls :meth:`Lock.confirm` right before
 each write, which reads the file and raises :class:`ExperimentTakenError` unless it still
-holds this run's token; pyarrow has no conditional write, so one write may still land between
-the check and the write. A refresh that fails in any way is retried at the next interval; only
-once none succeeded for the stale time (when another run may have judged the lock stale) is
-the lock lost. A lock file that holds another run's token, or is gone, is lost at once.
+holds this run's token. The manifest, the record of what is committed, is replaced through
+:meth:`Lock.write`, and on a local or shared filesystem that replacement is fenced exactly:
+the new manifest is staged in the holder's fence directory (``.hpckit-fence-<token>``) and
+renamed from there, and a run that takes the lock over first renames every other run's fence
+directory away, so a rename that had passed its check a moment before the takeover either
+landed before the taker reads the manifest or fails. Object stores have no conditional write
+in pyarrow: there one write may still land between the check and the write. A refresh that
+fails in any way is retried at the next interval; only once none succeeded for the stale time
+(when another run may have judged the lock stale) is the lock lost. A lock file that holds
+another run's token, or is gone, is lost at once.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import socket
 import threading
 import time
@@ -42,6 +49,7 @@ from hpckit.storage.location import Location
 from hpckit.storage.location import local as local_location
 
 LOCK_NAME = ".hpckit-lock.json"
+FENCE_PREFIX = ".hpckit-fence-"
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,7 @@ class Lock:
         # The lease: from the moment of our last refresh, no other run may judge it stale
         # for ``stale_after`` seconds. Monotonic, so a frozen process sees the time it lost.
         self._renewed = time.monotonic()
+        self._fence = _fence_directory(location, holder) if location.is_local else None
         self._lost: ExperimentTakenError | None = None
         self._losing = threading.Lock()
         self._stop = threading.Event()
@@ -118,6 +127,8 @@ class Lock:
             _take(location, me, current)
         else:
             _create(location, me)
+        if location.is_local:
+            _fence_out(location, me)
         return cls(location, me, max(1.0, limit / 5), limit)
 
     @property
@@ -134,6 +145,35 @@ class Lock:
         current = read(self.location)
         if current is None or current.token != self.holder.token:
             raise self._lose(self._taken(current))
+
+    def write(self, target: Location, data: bytes) -> None:
+        """Replace ``target`` (in the experiment) with ``data`` while this run holds the lock,
+        else :class:`ExperimentTakenError`. Fenced exactly on a local or shared filesystem
+        (staged in this run's fence directory, which a run taking over renames away first);
+        on an object store, confirmed right before one PUT."""
+        if self._fence is None:
+            self.confirm()
+            files.write_atomic(target, data)
+            return
+        staged = os.path.join(self._fence, f"{os.path.basename(target.path)}.{uuid.uuid4().hex[:8]}")
+        with files.errors_named(target, "write"):
+            try:
+                try:
+                    with open(staged, "wb") as f:
+                        f.write(data)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    self.confirm()
+                    os.rename(staged, target.path)
+                except FileNotFoundError:
+                    if os.path.isdir(self._fence):
+                        raise
+                    raise self._lose(self._taken(read(self.location))) from None
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(staged)
+                raise
+            files.fsync_dir(os.path.dirname(target.path))
 
     def check(self) -> None:
         """At a collective step, cheaply: raises if the lock is known lost. It reads the file
@@ -212,6 +252,8 @@ class Lock:
         try:
             current = read(self.location)
             if current is not None and current.token == self.holder.token:
+                if self._fence is not None:
+                    shutil.rmtree(self._fence, ignore_errors=True)
                 files.delete_file(self.location, missing_ok=True)
         except HpckitError as exc:
             log.warning("could not remove the experiment's lock (the next run will find it "
@@ -257,6 +299,31 @@ def _take(location: Location, me: Holder, stale: Holder) -> None:
                 _beaten(location)
             os.unlink(aside)
     _create(location, me)
+
+
+def _fence_directory(location: Location, me: Holder) -> str:
+    """This holder's fence directory beside the lock, made once: a write that finds it gone
+    was fenced out by a run that took the lock over."""
+    path = os.path.join(os.path.dirname(location.path), FENCE_PREFIX + me.token)
+    with files.errors_named(location, "create the lock's fence directory"):
+        os.mkdir(path)
+    return path
+
+
+def _fence_out(location: Location, me: Holder) -> None:
+    """Once the lock file is this run's: every other run's fence directory is renamed away
+    (atomically: a write staged in it either landed before or fails) and removed."""
+    experiment = os.path.dirname(location.path)
+    with files.errors_named(location, "fence out the runs that held the lock before"):
+        for name in os.listdir(experiment):
+            if not name.startswith(FENCE_PREFIX):
+                continue
+            aside = os.path.join(experiment, f".hpckit-fenced-{me.token[:8]}-{name[-8:]}")
+            try:
+                os.rename(os.path.join(experiment, name), aside)
+            except FileNotFoundError:
+                continue  # its run released it meanwhile
+            shutil.rmtree(aside, ignore_errors=True)
 
 
 def _create(location: Location, me: Holder) -> None:
