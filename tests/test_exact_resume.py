@@ -15,6 +15,7 @@ import pytest
 import torch
 from support.cluster_nodes import nodes  # noqa: F401  (the fixture)
 from conftest import HERE, HPCKIT, manifest, python, run
+from support.mlflow_store import new_store
 from support.slurm_jobs import minimal_script, output_of, sbatch, wait, wait_for_reports
 from support.once import computed_once
 from torch.utils.data import DataLoader, Dataset
@@ -84,11 +85,7 @@ def _final(output: str) -> list[str]:
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> str:
     """One MLflow sqlite store for the module (making one costs seconds of migrations)."""
-    from mlflow import MlflowClient
-
-    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
-    MlflowClient(uri).search_experiments()
-    return uri
+    return new_store(tmp_path_factory, "mlflow")
 
 
 @pytest.fixture(scope="module")
@@ -96,11 +93,8 @@ def reference(tmp_path_factory) -> dict:
     """The uninterrupted run's parameters and MLflow loss history, computed once a test run
     (each worker's module would run it again): in a store of its own, read back at once."""
     def compute() -> dict:
-        from mlflow import MlflowClient
-
         storage = tmp_path_factory.mktemp("uninterrupted")
-        uri = f"sqlite:///{storage}/mlflow.db"
-        MlflowClient(uri).search_experiments()
+        uri = new_store(tmp_path_factory, "uninterrupted-mlflow")
         params = _final(python("--storage", str(storage), "--name", "ref", "--mlflow", uri,
                                script=EXACT).output)
         return {"params": params, "history": _logged(uri, "ref")[1]}

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import HERE, HPCKIT, manifest, metrics_lines, python, run
+from support.mlflow_store import new_store
 from support.wandb_files import offline_runs
 
 TRACKED = HERE / "ranks" / "tracked.py"
@@ -19,11 +20,7 @@ LOSSES = [round(1 / (step + 2), 6) for step in range(8)]  # what steps 0-7 repor
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> str:
     """One MLflow sqlite store for the module (making one costs seconds of migrations)."""
-    from mlflow import MlflowClient
-
-    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
-    MlflowClient(uri).search_experiments()
-    return uri
+    return new_store(tmp_path_factory, "mlflow")
 
 
 def mlflow_runs(uri: str, experiment: str, metric: str = "loss") -> list[dict]:

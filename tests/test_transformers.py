@@ -63,7 +63,10 @@ def test_under_srun_the_stop_signal_requeues_and_the_job_resumes_at_the_committe
     the step it committed and finishes."""
     from support.slurm_jobs import minimal_script, output_of, sbatch, wait, wait_for_reports
 
-    epochs = 12
+    # The signal comes once two epochs are logged and the job stops at its next committed
+    # save (epoch 3): the requeued job trains the other three, each step logged once across
+    # the requeue. More epochs added seconds of training an epoch and no case.
+    epochs = 6
     command = (f"{sys.executable} {EXAMPLE} --workers 2 --epochs {epochs} --samples 512 "
                f"--storage {tmp_path}")
     job = sbatch(slurm, tmp_path, minimal_script(tmp_path, 2, command), "--time=5", **QUIET)
