@@ -17,14 +17,13 @@ from support import leftovers
 import pytest
 from support.once import computed_once
 from support.processes import ended_at_exit, kill_tree
-from support.turns import (  # noqa: F401  (the hooks that share the tests out between the workers)
+from support.turns import (  # noqa: F401  (the hooks that share the tests out between two workers)
     pytest_addoption,
     pytest_collection_modifyitems,
     pytest_runtest_logreport,
     pytest_runtest_protocol,
     pytest_sessionfinish,
     pytest_testnodedown,
-    pytest_xdist_auto_num_workers,
 )
 
 # The suite starts thousands of Python processes (ranks, CLI runs, Slurm jobs). Where the

@@ -1,25 +1,22 @@
-"""Three tests at a time, except where a test must have the machine to itself.
+"""Two tests at a time, except where a test must have the machine to itself.
 
-The suite runs on pytest-xdist's workers (setup.cfg's ``-n auto``: three, on the 2-core machine
-it is sized for, and two for the quick tier): most tests wait for processes, Slurm or the S3 server much of their time, so two
-workers left a quarter of the two cores idle (a sample of Slurm, stop-and-resume and
-tracking tests: 76 % busy with two workers, 92 % and 12 % sooner with three, 2026-11-29),
-while the tests that keep both cores busy (the kill harness, the Slurm nodes, exact resume)
-took as long with three. A test marked ``alone`` runs with no other test beside it: one that asserts a
+The suite runs on pytest-xdist's workers (setup.cfg: ``-n 2``): most tests
+wait for processes, Slurm or the S3 server much of their time, and a second worker fills the
+idle core. A test marked ``alone`` runs with no other test beside it: one that asserts a
 duration, loads both cores itself (``cpu_burner``), or compares machine-wide state such as
 /dev/shm before and after. Every test holds a shared lock on one file of the run while it
 runs (setup and teardown included); an ``alone`` test holds it exclusively, so it starts once
-the other workers' tests have ended, and the other workers wait until it ends.
+the other worker's test has ended, and the other worker waits until it ends.
 
 A test marked ``waiting`` mostly waits (Slurm's grace time, a stale lock, a stalled server)
 and times or counts what it waits for: a busy test beside it would distort that, another
-``waiting`` test does not (measured 2026-11-27: 0.03 to 0.5 of a core each). They run last,
-as many at a time as there are workers, behind the ``alone`` tests: those take
+``waiting`` test does not (two of them use less than one core; measured 2026-11-27: 0.03 to
+0.5 of a core each). They run last, two at a time, behind the ``alone`` tests: those take
 the lock exclusively, so the busy tests have all ended before the first ``waiting`` one
 starts.
 
-The tests are handed out from one queue, two to a worker at a time (``--dist load
---maxschedchunk 2``), longest first by the durations a recorded run left in tests/durations.json (``pytest
+The tests are handed out from one queue two at a time (``--dist load --maxschedchunk 2``),
+longest first by the durations a recorded run left in tests/durations.json (``pytest
 --record-durations`` writes it): a long test started last would hold one worker while the
 other has nothing left, and an ``alone`` test taken early would wait for whatever the other
 worker runs. Tests the file does not know keep their place after the ones it does.
@@ -72,15 +69,6 @@ def _turn(item: pytest.Item) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-WORKERS, QUICK_WORKERS = 3, 2
-
-
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """setup.cfg's ``-n auto``: three workers, but two for the quick tier (``-m quick``),
-    whose tests compute in-process and never wait: there a third worker only adds its start."""
-    return QUICK_WORKERS if config.getoption("markexpr") == "quick" else WORKERS
-
-
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--record-durations", action="store_true",
                      help=f"write each test's duration to {DURATIONS.name}, which orders the "
@@ -89,9 +77,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The ``alone`` tests after the rest, and the ``waiting`` ones last: each ``alone`` test
-    waits for the other workers' tests to end and holds the other workers up while it runs,
-    so they run one after another, while the rest run beside each other before them and the
-    ``waiting`` ones beside each other after them, longest first in each part."""
+    waits for the other worker's test to end and holds the other worker up while it runs, so
+    they run one after another, while the rest run two at a time before them and the
+    ``waiting`` ones two at a time after them, longest first in each part."""
     known = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
     items.sort(key=lambda item: (_part(item), -known.get(item.nodeid, 0.0)))
 
