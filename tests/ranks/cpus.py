@@ -6,4 +6,5 @@ from __future__ import annotations
 import os
 
 rank = os.environ.get("PMI_RANK") or os.environ.get("SLURM_PROCID") or "?"
-print(f"CPUS {rank} {','.join(str(cpu) for cpu in sorted(os.sched_getaffinity(0)))}", flush=True)
+line = f"CPUS {rank} {','.join(str(cpu) for cpu in sorted(os.sched_getaffinity(0)))}\n"
+os.write(1, line.encode())  # one write: the ranks share the job's output file
