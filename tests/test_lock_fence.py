@@ -194,7 +194,7 @@ def test_a_manifest_write_checked_just_before_a_takeover_does_not_land_after_it(
 
     def checked_then_taken_over(self: Lock) -> None:
         confirm(self)
-        callers = {sys._getframe(depth).f_code.co_name for depth in (1, 2, 3)}
+        callers = {sys._getframe(depth).f_code.co_name for depth in range(1, 6)}
         if self is lock and "_replace" in callers and not collected:  # the manifest's check
             gc = Experiment.for_maintenance(location, settings, force=True)
             try:
@@ -228,18 +228,18 @@ def test_a_manifest_rename_that_fails_or_a_kill_before_it_leaves_the_commit_undo
     experiment.commit(record(0), CheckpointConfig())
     committed = (tmp_path / "manifest.json").read_bytes()
     fence = tmp_path / f".hpckit-fence-{lock.holder.token}"
-    rename = os.rename
+    rename = os.replace
 
     def failing(source, target, *args, **kwargs):  # type: ignore[no-untyped-def]
         if str(source).startswith(str(fence)):
             raise OSError(5, "injected: the rename failed")
         rename(source, target, *args, **kwargs)
 
-    monkeypatch.setattr(os, "rename", failing)
+    monkeypatch.setattr(os, "replace", failing)
     (tmp_path / checkpoint_dirname(1)).mkdir()
     with pytest.raises(HpckitError, match="injected: the rename failed"):
         experiment.commit(record(1), CheckpointConfig())
-    monkeypatch.setattr(os, "rename", rename)
+    monkeypatch.setattr(os, "replace", rename)
     assert (tmp_path / "manifest.json").read_bytes() == committed
     assert experiment.manifest.latest.directory == checkpoint_dirname(0)
     assert list(fence.iterdir()) == []

@@ -39,7 +39,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import NoReturn
 
-from hpckit.errors import ExperimentLockedError, ExperimentTakenError, HpckitError
+from hpckit.errors import ExperimentLockedError, ExperimentTakenError, HpckitError, StorageError
 from hpckit.experiment.taken import lapsed, taken_over
 from hpckit.logs import log
 from hpckit.processes import alive
@@ -155,25 +155,12 @@ class Lock:
             self.confirm()
             files.write_atomic(target, data)
             return
-        staged = os.path.join(self._fence, f"{os.path.basename(target.path)}.{uuid.uuid4().hex[:8]}")
-        with files.errors_named(target, "write"):
-            try:
-                try:
-                    with open(staged, "wb") as f:
-                        f.write(data)
-                        f.flush()
-                        os.fsync(f.fileno())
-                    self.confirm()
-                    os.rename(staged, target.path)
-                except FileNotFoundError:
-                    if os.path.isdir(self._fence):
-                        raise
-                    raise self._lose(self._taken(read(self.location))) from None
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(staged)
-                raise
-            files.fsync_dir(os.path.dirname(target.path))
+        try:
+            files.write_atomic(target, data, staging=self._fence, before_rename=self.confirm)
+        except StorageError as exc:
+            if isinstance(exc.__cause__, FileNotFoundError) and not os.path.isdir(self._fence):
+                raise self._lose(self._taken(read(self.location))) from None
+            raise
 
     def check(self) -> None:
         """At a collective step, cheaply: raises if the lock is known lost. It reads the file

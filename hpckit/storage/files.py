@@ -76,19 +76,26 @@ def read_bytes(location: Location) -> bytes:
             return data
 
 
-def write_atomic(location: Location, data: bytes) -> None:
-    """Replace the object at ``location`` all at once: temp file + fsync + rename, or one PUT."""
+def write_atomic(location: Location, data: bytes, staging: str | None = None,
+                 before_rename: Callable[[], None] | None = None) -> None:
+    """Replace the object at ``location`` all at once: temp file + fsync + rename, or one PUT.
+    The temp file is written beside ``location``, or in the directory ``staging`` (on the same
+    filesystem); ``before_rename`` is called between the fsync and the rename."""
     if not location.is_local:
         write_bytes(location, data)  # one PUT: an object is invisible until it is complete
         return
     with errors_named(location, "write"):
         directory = os.path.dirname(location.path)
-        tmp = os.path.join(directory, f".{os.path.basename(location.path)}.tmp-{uuid.uuid4().hex[:8]}")
+        name = os.path.basename(location.path)
+        tmp = (os.path.join(directory, f".{name}.tmp-{uuid.uuid4().hex[:8]}") if staging is None
+               else os.path.join(staging, f"{name}.{uuid.uuid4().hex[:8]}"))
         try:
             with open(tmp, "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
+            if before_rename is not None:
+                before_rename()
             os.replace(tmp, location.path)
         except BaseException:
             with contextlib.suppress(OSError):
