@@ -35,6 +35,8 @@ os.environ.setdefault("PYTHONPYCACHEPREFIX",
                       os.path.join(tempfile.gettempdir(), f"hpckit-tests-pycache-{os.getuid()}"))
 
 HERE = Path(__file__).parent
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    path for path in (str(HERE / "support" / "whole_lines"), os.environ.get("PYTHONPATH")) if path)
 JOB = HERE / "ranks" / "job.py"
 STEADY = HERE / "ranks" / "steady.py"
 HPCKIT = str(Path(sys.executable).parent / "hpckit")
