@@ -5,7 +5,10 @@ RANK:STEP`` (repeatable) SIGKILLs that rank once when it reaches that step, befo
 (see ``killed_once``);
 ``FailureConfig`` restarts the ranks. Rank 0 prints ``FINAL {json}`` with the parameters'
 bytes (hex) when training finishes. ``--mlflow URI`` logs the run there
-(``MLflowLoggerCallback``, the MLflow experiment named as the run)."""
+(``MLflowLoggerCallback``, the MLflow experiment named as the run).
+
+torch is imported in the training function, not at the top: ``python exact.py`` only starts
+the ranks, and so skips torch's import (seconds of CPU, in every run of the tests)."""
 
 from __future__ import annotations
 
@@ -18,23 +21,11 @@ import tempfile
 import time
 from collections.abc import Iterator
 
-import torch
-import torch.nn.functional as F
-
 import hpckit
 from hpckit import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-from hpckit.torch import TorchTrainer, load_state, prepare_data_loader, prepare_model, save_state
+from hpckit.torch import TorchTrainer
 
 SAMPLES, BATCH = 44, 3  # 22 a rank: 8 batches an epoch, the last of one sample
-
-
-class Samples(torch.utils.data.Dataset):
-    def __len__(self) -> int:
-        return SAMPLES
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x = torch.randn(4, generator=torch.Generator().manual_seed(index))
-        return x, x.sum(dim=0, keepdim=True)
 
 
 def killed_once(config: dict, rank: int, step: int) -> None:
@@ -64,6 +55,10 @@ def committed(experiment: str, directory: str) -> None:
 def handed(cached: str | None, state: dict | None) -> Iterator[Checkpoint | None]:
     """The checkpoint to report: ``save_state``'s, or with node-local caches (where a staged
     checkpoint goes to storage_path) a directory handed over, as Ray's guide writes one."""
+    import torch
+
+    from hpckit.torch import save_state
+
     if state is None or not cached:
         yield None if state is None else save_state(state, "model.pt")
         return
@@ -73,6 +68,19 @@ def handed(cached: str | None, state: dict | None) -> Iterator[Checkpoint | None
 
 
 def train(config: dict) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    from hpckit.torch import load_state, prepare_data_loader, prepare_model
+
+    class Samples(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return SAMPLES
+
+        def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+            x = torch.randn(4, generator=torch.Generator().manual_seed(index))
+            return x, x.sum(dim=0, keepdim=True)
+
     torch.manual_seed(0)
     model = prepare_model(torch.nn.Sequential(
         torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(16, 1)))
