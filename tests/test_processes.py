@@ -1,6 +1,7 @@
 """The harness's own process handling: a command past its timeout fails at that timeout, with
 nothing it started left running, even a process in a session of its own that holds the
-command's output open (as the ranks under hpckit's launcher do)."""
+command's output open (as the ranks under hpckit's launcher do); and each line a process
+prints reaches the output whole, whatever its other threads write meanwhile."""
 
 from __future__ import annotations
 
@@ -20,6 +21,16 @@ print("HOLDER", held.pid, flush=True)
 time.sleep(120)
 """
 
+SPEAKERS = """
+import json, sys, threading
+def log():
+    while True:
+        sys.stderr.write("a log line from another thread\\n")
+threading.Thread(target=log, daemon=True).start()
+for n in range(3000):
+    print("MARK " + json.dumps({"n": n}))
+"""
+
 pytestmark = pytest.mark.quick
 
 
@@ -33,3 +44,12 @@ def test_a_command_past_its_timeout_is_ended_with_everything_under_it():
     while alive(held) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive(held), f"pid {held}, in a session of its own, outlived the command"
+
+
+def test_a_printed_line_is_not_split_by_what_another_thread_writes():
+    """Stop 72's CI: unbuffered, ``print`` wrote its text and its newline apart, and a log line
+    landed between them (tests/support/whole_lines)."""
+    output = run([sys.executable, "-c", SPEAKERS], timeout=60).output
+    marks = [line for line in output.splitlines() if "MARK " in line]
+    assert marks == [f'MARK {{"n": {n}}}' for n in range(3000)], \
+        [line for line in marks if not line.endswith("}")][:5]
