@@ -28,8 +28,9 @@ PACKAGE = ROOT / "hpckit"
 # mpi4py's blocking collectives and point-to-point calls (lower case: pickled objects;
 # capitalised: buffers), and the nonblocking barrier whose wait hpckit polls in
 # run.mpi.waiting. Creating a communicator (Dup, Split) is collective too; it happens at
-# start-up and for a sweep's groups, before any stop can be agreed, and MPI gives no wait that
-# hpckit could make interruptible for it.
+# start-up and for a sweep's groups, before any stop can be agreed. MPI gives no wait that
+# hpckit could make interruptible for it, so where ranks may come far apart the rank waits
+# first in a barrier that sleeps (run.mpi.comm.duplicate), and the Dup itself is brief.
 COLLECTIVES = frozenset(
     name for base in ("bcast", "gather", "allgather", "barrier", "allreduce", "reduce",
                       "scatter", "alltoall", "ibarrier", "send", "recv", "ssend", "sendrecv",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -139,3 +140,39 @@ def test_a_launcher_that_ended_the_ranks_with_a_sigterm_of_its_own_has_failed(ca
     assert run_process(killed, {}, settings.current()) == exits.FAILED
     assert "sh ended the ranks with SIGTERM, which did not come from here" in caplog.text
     assert exits.restarts_after(exits.FAILED) and not exits.restarts_after(exits.TERMINATED)
+
+
+LATE_PEER = """
+import json, resource, sys, time
+import hpckit
+from hpckit import DataParallelTrainer, RunConfig, ScalingConfig
+from mpi4py import MPI
+
+def cpu():
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    return used.ru_utime + used.ru_stime
+
+def loop(config):
+    if hpckit.get_context().get_world_rank() == 0:
+        print("WAITED " + json.dumps({"s": time.monotonic() - config["since"][0],
+                                      "cpu": cpu() - config["since"][1]}), flush=True)
+
+if MPI.COMM_WORLD.rank == 1:
+    time.sleep(4)  # as a rank that imports torch on a busy node
+since = (time.monotonic(), cpu())
+DataParallelTrainer(loop, train_loop_config={"since": since}, scaling_config=ScalingConfig(
+    num_workers=2), run_config=RunConfig(name="late", storage_path=sys.argv[1])).fit()
+"""
+
+
+def test_a_rank_that_comes_first_sleeps_until_its_peer_comes(tmp_path):
+    """The ranks of a run meet at its start seconds apart where they import torch on a busy
+    node. The first waits in a barrier that sleeps, not in MPI's busy-polling Dup, so that it
+    leaves the CPU to the rank it waits for: rank 0 here waits 4 s for rank 1 and uses a small
+    part of that in CPU (busy-polling, it took all of a core it got)."""
+    script = tmp_path / "late.py"
+    script.write_text(LATE_PEER)
+    out = mpiexec(2, str(tmp_path), script=script, timeout=60)
+    waited = json.loads(out.line("WAITED") or "null")
+    assert waited is not None and waited["s"] >= 3.5, out.output
+    assert waited["cpu"] < 0.25 * waited["s"], waited

@@ -17,7 +17,7 @@ from hpckit.run.ending import pmi, stop
 from hpckit.run.ending.retry import RetryPolicy
 from hpckit.run.job import TrainingJob
 from hpckit.run.mpi import library, progress
-from hpckit.run.mpi.comm import RankFailure, raised_together, world
+from hpckit.run.mpi.comm import RankFailure, duplicate, raised_together, world
 from hpckit.run.mpi.group import discover
 from hpckit.run.mpi.waiting import from_root, wait_for_all
 from hpckit.run.startup import beating, shm
@@ -48,7 +48,7 @@ def _run(job: TrainingJob, settings: Settings, trial: Comm | None) -> Result:
     beating.start(settings)  # where the launcher watches this rank's node (hpckit run)
     with contextlib.ExitStack() as stack:
         with StartupWatchdog(settings):
-            launched = (trial or world()).Dup()
+            launched = duplicate(trial or world())
             rank_exit.register_pid(settings, shm.mapped_segments())
             rank_exit.prepare_interrupts(launched)
             configure_logs(launched.rank, job, settings)

@@ -28,6 +28,7 @@ def run_packed(world: Comm, per_trial: int, max_concurrent: int | None,
                run_one: Callable[[Assignment, Comm], Trial]) -> SweepManifest:
     """Run the trials the controller (on world rank 0) hands out; every rank gets the sweep
     manifest as they ended."""
+    wait_for_all(world)  # every rank has come: none busy-polls in the Split below
     groups = split(world, per_trial, max_concurrent)
     logs.configure(groups.comm.rank)  # each group's rank 0 logs its own trials' lines
     register_pid(_settings.current())  # idle ranks too get the Ctrl-C that python passes on

@@ -20,7 +20,7 @@ from hpckit.errors import HpckitError
 from hpckit.run.mpi import progress
 from hpckit.run.mpi.group import Group
 from hpckit.run.mpi.leaders import Prepare, condensed_by_nodes, gather_by_nodes
-from hpckit.run.mpi.waiting import from_root, gather_to_root, root_work, share
+from hpckit.run.mpi.waiting import from_root, gather_to_root, root_work, share, wait_for_all
 
 if TYPE_CHECKING:
     from mpi4py.MPI import Comm
@@ -45,6 +45,18 @@ def world() -> Comm:
     from mpi4py import MPI
 
     return MPI.COMM_WORLD
+
+
+def duplicate(comm: Comm) -> Comm:
+    """A duplicate of ``comm`` (collective), made once every rank of it has come.
+
+    MPI's Dup is a blocking collective: a rank that comes first busy-polls in it until the
+    last one comes, and where ranks come seconds apart (each importing torch and the user's
+    script, more ranks than free cores) it takes the CPU from the very ranks it waits for. The
+    sleeping barrier before it (:func:`~hpckit.run.mpi.waiting.wait_for_all`) leaves them the
+    CPU, and Ctrl-C reaches the rank that waits there."""
+    wait_for_all(comm)
+    return comm.Dup()
 
 
 @dataclass(frozen=True)
@@ -281,7 +293,7 @@ def for_background(comm: Comm) -> Comm | None:
     if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
         return None
     _live += 1
-    return comm.Dup()
+    return duplicate(comm)
 
 
 def free_background(duplicate: Comm) -> None:
