@@ -13,7 +13,7 @@ from hpckit.launch.spawn import RETURNED
 from hpckit.run.ending.exit import ErrorReport, write_error
 from hpckit.run.job import TrainingJob
 from hpckit.run.mpi.comm import RankFailure, world
-from hpckit.run.ranks import run_ranks
+from hpckit.run.ranks import run_ranks, start_mpi
 from hpckit.run.startup import beating
 from hpckit.settings import Settings
 
@@ -26,6 +26,7 @@ def main() -> None:
     if not current.worker:
         raise LaunchError("hpckit.launch.worker is started by a trainer's fit(), not by hand")
     beating.start(current)
+    start_mpi(current)  # before the script's imports: every rank comes to MPI_Init at once
     enter(current.worker)
     result = run_ranks(_job(current), current)
     if world().rank == 0:  # rank 0's return value, for fit() in the parent

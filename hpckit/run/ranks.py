@@ -40,12 +40,31 @@ def run_ranks(job: TrainingJob, settings: Settings, trial: Comm | None = None) -
             rank_exit.interrupted(exc)
 
 
-def _run(job: TrainingJob, settings: Settings, trial: Comm | None) -> Result:
+def start_mpi(settings: Settings) -> None:
+    """Start MPI on a rank that hpckit started, before it imports the user's script.
+
+    The ranks of a job start together, so they come to MPI_Init together; after the script's
+    imports (torch: seconds, more on a loaded node) they would come seconds apart, and MPICH's
+    start-up busy-polls in shared memory until the last one comes, taking the CPU from it.
+    Waiting for the script's imports is left to :func:`~hpckit.run.mpi.comm.duplicate`,
+    which sleeps."""
+    _prepare(settings)
+    with StartupWatchdog(settings):
+        world()
+
+
+def _prepare(settings: Settings) -> None:
+    """What must come before MPI_Init (again harmless): this rank's PID for its launcher,
+    the shared memory a killed run left, the node's heartbeat."""
     rank = settings.launched_rank
     logs.configure(int(rank) if rank.isdigit() else 0)
     rank_exit.register_pid(settings)
     shm.clear_stale_segments(settings)
     beating.start(settings)  # where the launcher watches this rank's node (hpckit run)
+
+
+def _run(job: TrainingJob, settings: Settings, trial: Comm | None) -> Result:
+    _prepare(settings)
     with contextlib.ExitStack() as stack:
         with StartupWatchdog(settings):
             launched = duplicate(trial or world())
