@@ -17,6 +17,8 @@ import json
 import os
 import tempfile
 
+from mpi4py import MPI  # noqa: F401  (first: the ranks start MPI together, docs/launching.md)
+
 import numpy as np
 
 import hpckit
