@@ -14,7 +14,6 @@ from hpckit.run.ending.exit import ErrorReport, write_error
 from hpckit.run.job import TrainingJob
 from hpckit.run.mpi.comm import RankFailure, world
 from hpckit.run.ranks import run_ranks, start_mpi
-from hpckit.run.startup import beating
 from hpckit.settings import Settings
 
 # pickle's words for a name the rank's import of the script (as __mp_main__) lacks
@@ -25,7 +24,6 @@ def main() -> None:
     current = settings.refresh()
     if not current.worker:
         raise LaunchError("hpckit.launch.worker is started by a trainer's fit(), not by hand")
-    beating.start(current)
     start_mpi(current)  # before the script's imports: every rank comes to MPI_Init at once
     enter(current.worker)
     result = run_ranks(_job(current), current)
