@@ -156,12 +156,14 @@ def test_a_wandb_offline_run_keeps_its_id_across_a_restart(tmp_path):
     env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
     tracked(tmp_path, "--name", "wandb-restarted", "--tracker", "wandb", "--kill", "5",
             env=env)
+    recorded = manifest(tmp_path / "runs" / "wandb-restarted")
+    assert len(recorded["attempts"]) == 2
+    # W&B names an offline run's directory by the second its attempt opened it and the run's
+    # id: two attempts opened in the same second share one directory.
     directories = sorted((tmp_path / "wandb").glob("offline-run-*"))
-    assert len(directories) == 2  # one per attempt, each the same run
-    assert len({d.name.rsplit("-", 1)[1] for d in directories}) == 1
+    assert {d.name.rsplit("-", 1)[1] for d in directories} == {recorded["tracker_runs"]["wandb"]}
     last = offline_runs(tmp_path)[-1]
-    recorded = manifest(tmp_path / "runs" / "wandb-restarted")["tracker_runs"]
-    assert last["id"] == recorded["wandb"] == directories[0].name.rsplit("-", 1)[1]
+    assert last["id"] == recorded["tracker_runs"]["wandb"]
     assert last["exit_code"] == 0
     steps = [row["_step"] for row in last["history"]]
     assert steps == sorted(set(steps)) and steps[-1] == 8
