@@ -11,11 +11,11 @@ sends the number of the report that sent them and rank 0 reuses the last assignm
 work on them is timed here: unpickling what the gathers bring, making the plan, merging the
 records, writing the checkpoint's record file (manifest format 5, past 1,000 files) and the
 manifest that keeps two checkpoints. The gathers go through node leaders
-(``run.mpi.leaders``, ``--ranks-per-node`` ranks a node): rank 0 reads one contribution
+(``run.mpi.comm``, ``--ranks-per-node`` ranks a node): rank 0 reads one contribution
 from each node, which that node's leader made from its ranks' values with
-``leaders.of_node`` (each distinct value once: in the steady state a node's announcements
+``comm.of_node`` (each distinct value once: in the steady state a node's announcements
 are alike; its ranks' file records are not), and places each node's values by rank with
-``leaders.place`` (the leader's work is timed too, as ``leader_ms``: the leaders work in
+``comm.place`` (the leader's work is timed too, as ``leader_ms``: the leaders work in
 parallel, before rank 0 receives). Each report's steps are MPI collectives: an Igather of sizes and an
 Igatherv of pickles on the node and again among the leaders, two Ibcasts from rank 0, and
 the Ibarrier that keeps MPI progressing until every rank has left the step (#64), so rank 0
@@ -54,9 +54,9 @@ from hpckit.experiment import encoding  # noqa: E402
 from hpckit.experiment.manifest import CheckpointRecord, FileRecord, Manifest  # noqa: E402
 from hpckit.experiment.records import indexed, records_name, render_records  # noqa: E402
 from hpckit.run.commit.planning import HandedFiles, check_nodes, finished_everywhere, make_plan  # noqa: E402  # noqa: E402
-from hpckit.run.mpi.leaders import of_node, placed  # noqa: E402
+from hpckit.run.mpi.comm import of_node, placed  # noqa: E402
 from hpckit.run.mpi.waiting import collection_paused  # noqa: E402
-from hpckit.run.writing.assignment import SentFiles
+from hpckit.run.writing.plan import SentFiles
 from hpckit.run.writing.plan import (  # noqa: E402
     REPORT,
     Announcement,
@@ -124,7 +124,7 @@ def timed(fn: object) -> tuple[float, object]:
 
 def by_node(values: list[bytes], per_node: int) -> tuple[list[bytes], list[bytes], float]:
     """What reaches rank 0 through the node leaders: its own node's pickles, one contribution
-    from each other node (``leaders.of_node``, pickled by its leader), and one leader's
+    from each other node (``comm.of_node``, pickled by its leader), and one leader's
     seconds to make its contribution."""
     def contribution(first: int) -> bytes:
         members = tuple(range(first, min(first + per_node, len(values))))
@@ -136,7 +136,7 @@ def by_node(values: list[bytes], per_node: int) -> tuple[list[bytes], list[bytes
 
 
 def unpickled(own: list[bytes], contributions: list[bytes], ranks: int) -> list[object]:
-    """Rank 0's side of ``run.mpi.leaders.gather_by_nodes``: its own node's values, then each
+    """Rank 0's side of ``run.mpi.comm.gather_by_nodes``: its own node's values, then each
     other node's, placed by rank."""
     with collection_paused():
         return placed(ranks, of_node(tuple(range(len(own))), own), contributions)

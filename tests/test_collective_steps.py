@@ -176,7 +176,7 @@ def test_rank_0_reads_a_gather_with_the_collector_paused_and_restored():
     import gc
     import pickle
 
-    from hpckit.run.mpi.leaders import of_node, placed
+    from hpckit.run.mpi.comm import of_node, placed
     from hpckit.run.mpi.waiting import collection_paused
 
     other = pickle.dumps(of_node((2, 3, 4), [pickle.dumps(v) for v in ("x", "y", "x")]))

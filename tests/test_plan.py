@@ -11,9 +11,17 @@ from hpckit.errors import CheckpointError, ProtocolError, ReportMismatchError
 from hpckit.experiment.manifest import FileRecord
 from hpckit.run.ending.retry import RetryPolicy
 from hpckit.run.mpi.comm import RankFailure
-from hpckit.run.writing.assignment import SentFiles, own_part
 from hpckit.run.commit.planning import HandedFiles, every_part, merge
-from hpckit.run.writing.plan import REPORT, RETURNED, Announcement, Persisted, Plan, in_background
+from hpckit.run.writing.plan import (
+    REPORT,
+    RETURNED,
+    Announcement,
+    Persisted,
+    Plan,
+    SentFiles,
+    in_background,
+    own_part,
+)
 from hpckit.run.commit.planning import make_plan, mixed_modes
 
 pytestmark = pytest.mark.quick

@@ -332,7 +332,7 @@ def test_a_leader_sends_its_nodes_background_records_once_every_rank_of_it_finis
     leader writes the part once and sends its summary in its own ``Finished``; a part it
     cannot write is the leader's failure of that checkpoint; a rank's failure goes on."""
     from hpckit.run.mpi.comm import RankFailure
-    from hpckit.run.writing.inflight import InFlight
+    from hpckit.run.writing.writer import InFlight
     from hpckit.run.writing.plan import REPORT, Announcement, Finished, Persisted, Plan
     from hpckit.run.writing.writer import finished_by_node
 

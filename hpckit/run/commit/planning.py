@@ -21,10 +21,10 @@ from hpckit.experiment.manifest import (
     is_safe_relpath,
 )
 from hpckit.run.mpi.comm import RankFailure, raise_failures
-from hpckit.run.writing.assignment import Files, part_of
 from hpckit.run.writing.plan import (
     REPORT,
     Announcement,
+    Files,
     Finished,
     NodeRecords,
     Persisted,
@@ -32,6 +32,7 @@ from hpckit.run.writing.plan import (
     Plan,
     Runs,
     in_background,
+    part_of,
     runs,
 )
 from hpckit.storage.checksum import short

@@ -3,7 +3,7 @@
 1. Announce and plan. Every rank lists the files it hands in (or says it wrote them in place)
    and which of its background checkpoints have finished; rank 0 checks that all ranks are at
    the same report, commits the background checkpoints every rank has finished, assigns each
-   name several ranks hand to one writer (``writing.assignment``: each rank derives its own
+   name several ranks hand to one writer (``writing.plan.own_part``: each rank derives its own
    part) and a level (storage_path, or the node caches: ``run.levels``), and sends the plan.
 2. Synchronous: persist and commit. Writers persist their files (hashing as they write); ranks
    holding a duplicate name only hash theirs. Rank 0 gathers every outcome; only if all
@@ -50,8 +50,6 @@ from hpckit.run.mpi.comm import (
 from hpckit.run.mpi.group import Group
 from hpckit.run.mpi.waiting import quiet_everywhere, to_root
 from hpckit.run.validation.validator import Validator
-from hpckit.run.writing.assignment import SentFiles, own_part
-from hpckit.run.writing.inflight import InFlight
 from hpckit.run.writing.plan import (
     DRAIN,
     REPORT,
@@ -60,11 +58,13 @@ from hpckit.run.writing.plan import (
     NodeRecords,
     Persisted,
     Plan,
+    SentFiles,
+    own_part,
 )
 from hpckit.run.writing.rankstate import node_states
 from hpckit.run.writing.staging import Handed, Staging, Upload, hand_in, release
 from hpckit.run.writing.uploads import Meeting
-from hpckit.run.writing.writer import ShareWriter, finished_by_node, node_part
+from hpckit.run.writing.writer import InFlight, ShareWriter, finished_by_node, node_part
 from hpckit.storage.location import Location
 
 

@@ -30,10 +30,10 @@ from hpckit.run.mpi.comm import (
     retire_background,
 )
 from hpckit.run.mpi.transfer import Receive, Received, Send, exchange
-from hpckit.run.writing.inflight import InFlight, done_now
 from hpckit.run.writing.plan import Persisted, Plan, in_background
 from hpckit.run.writing.rankstate import state_name, with_state
 from hpckit.run.writing.shares import write_share
+from hpckit.run.writing.writer import InFlight, done_now
 from hpckit.storage.checksum import algorithm_of
 from hpckit.storage.copy import fsync_tree, persist_file
 from hpckit.storage.location import Location

@@ -1,18 +1,37 @@
 """The values of the commit protocol, tested without MPI: what each rank announces, what it
 persisted, and the plan rank 0 sends every rank (rank 0 makes it in
-:mod:`~hpckit.run.writing.planning`)."""
+:mod:`~hpckit.run.commit.planning`, which also assigns the writers and merges what they
+wrote); and which files of a checkpoint a rank writes, told in as few bytes as the ranks
+need.
+
+Each name a rank hands is written by that rank, unless several ranks hand the same name: the
+lowest of them writes it and the others hash theirs, for comparison. So the plan carries only
+the names several ranks hand, with their writers (``Plan.shared``), and every rank derives its
+own part from the names it handed itself (:func:`own_part`): the plan is the same few bytes at
+any rank count. (A checkpoint for the node-local caches also carries every rank's names: a
+partner node receives them.)
+
+A rank that hands the same names and sizes as the last time it handed any sends, instead of
+the list, the number of the report that sent it (:class:`SentFiles`), and rank 0, which
+remembers the lists (``planning.HandedFiles``), reuses the last assignment when no list changed:
+in the steady state, no list of names crosses the network, rank 0 assigns nothing, and the
+ranks' announcements are alike, so that each node's leader sends rank 0 one of them for all
+its ranks (``run.mpi.comm.gather_by_nodes``).
+"""
 
 from __future__ import annotations
 
 import marshal
 from collections.abc import Callable, Sequence
-from dataclasses import MISSING, Field, dataclass, field, fields
+from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from enum import Enum
 from itertools import groupby
 from typing import Any, NamedTuple, TypeVar
 
+import xxhash
+
 from hpckit.errors import ProtocolError
-from hpckit.experiment.manifest import STORAGE, FileRecord
+from hpckit.experiment.manifest import CACHE, STORAGE, FileRecord
 from hpckit.experiment.records import Part, part_name
 from hpckit.run.mpi.comm import RankFailure
 
@@ -150,7 +169,7 @@ class Plan:
     """Rank 0's decision for one report, sent to every rank: the checkpoint to write (if any),
     and the background checkpoints committed on the way. ``shared``: the names several ranks
     hand, with the rank that writes each; ``writes`` and ``hashes``, by rank, are filled in by
-    each rank for itself (``assignment.own_part``), by rank 0 for every rank only for the
+    each rank for itself (:func:`own_part`), by rank 0 for every rank only for the
     node-local caches. A checkpoint's plan answers three questions apart, each in one field
     whose values exclude one another: how its files arrive (``placement``), where they go
     (``level``) and when (``asynchronous``: in the background). ``by_nodes``: its records are
@@ -229,3 +248,44 @@ def in_background(stop: str | None, asked: bool) -> bool:
     is agreed (the run ends as soon as that checkpoint is committed). The one place that
     decides it, for every level."""
     return asked and stop is None
+
+
+Files = list[tuple[str, int]]  # (name, size) of each file a rank hands
+
+
+def part_of(shared: dict[str, int], rank: int, files: Files) -> tuple[list[str], list[str]]:
+    """The names ``rank`` writes and those it only hashes, of the ``files`` it handed."""
+    writes = [name for name, _ in files if shared.get(name, rank) == rank]
+    return writes, [name for name, _ in files if shared.get(name, rank) != rank]
+
+
+def own_part(plan: Plan, rank: int, files: Files | None) -> Plan:
+    """The plan as this rank acts on it: its own writes and hashes filled in from the names it
+    handed (a plan for the caches came with every rank's)."""
+    if plan.directory is None or plan.level == CACHE or not files:
+        return plan
+    writes, hashes = part_of(plan.shared, rank, files)
+    return replace(plan, writes={rank: writes}, hashes={rank: hashes} if hashes else {})
+
+
+def digest(files: Files) -> int:
+    return xxhash.xxh3_64_intdigest(repr(files).encode())
+
+
+class SentFiles:
+    """A rank's side: the digest of the files it last told rank 0 of, and at which report."""
+
+    def __init__(self) -> None:
+        self.last: int | None = None
+        self.sent_at: int | None = None
+
+    def compact(self, files: Files | None, report: int) -> tuple[Files | None, int | None]:
+        """What to announce at ``report``: the list where it changed, else (None, the number
+        of the report that sent it)."""
+        if files is None:
+            return None, None
+        value = digest(files)
+        if value == self.last:
+            return None, self.sent_at
+        self.last, self.sent_at = value, report
+        return files, None
