@@ -29,9 +29,15 @@ from hpckit.errors import (
 )
 from hpckit.experiment import encoding
 from hpckit.experiment.attempts import AttemptStatus
-from hpckit.experiment.leftovers import free, put_back_handed
+from hpckit.experiment.leftovers import (
+    Garbage,
+    find_garbage,
+    free,
+    maintenance_lock,
+    put_back_handed,
+    remove_garbage,
+)
 from hpckit.experiment.lock import Lock
-from hpckit.experiment.maintenance import Garbage, find_garbage, maintenance_lock, remove_garbage
 from hpckit.experiment.manifest import (
     MANIFEST_NAME,
     PENDING_MARKER,
