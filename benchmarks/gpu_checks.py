@@ -101,7 +101,7 @@ def fsdp_loop(config: dict[str, Any]) -> None:
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from torch.distributed.fsdp import FSDPModule
 
-    from hpckit.integrations.torch.sharding import fully_sharded
+    from hpckit.integrations.torch.prepare import fully_sharded
     from hpckit.torch import load_state_dcp, save_state_dcp
 
     device = torch.device("cuda")

@@ -33,7 +33,7 @@ EXACT = ROOT / "tests" / "ranks" / "exact.py"
 
 
 def cuda_streams() -> dict[str, object]:
-    from hpckit.integrations.torch.streams import TorchRandom
+    from hpckit.integrations.torch.loader import TorchRandom
 
     torch.cuda.init()
     keeper = TorchRandom()

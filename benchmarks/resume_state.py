@@ -37,7 +37,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from hpckit.integrations.torch.prepare import prepare_data_loader
-from hpckit.integrations.torch.streams import keepers
+from hpckit.integrations.torch.loader import random_keepers
 from hpckit.run.session.resumable import RankState
 from hpckit.experiment.records import FileRecord, render_records
 from hpckit.run.writing.plan import Persisted
@@ -64,7 +64,7 @@ def main() -> None:
     args = parser.parse_args()
     if torch.cuda.is_available():
         torch.cuda.init()
-    state = RankState(rank=0, world_size=1, start=None, streams=keepers())
+    state = RankState(rank=0, world_size=1, start=None, streams=random_keepers())
     loader = prepare_data_loader(DataLoader(Images(), batch_size=64, shuffle=True,
                                             num_workers=args.workers))
     state.keep_loader(loader)

@@ -17,8 +17,7 @@ from hpckit.errors import CheckpointError
 from hpckit.experiment.manifest import MANIFEST_NAME
 from hpckit.experiment.ownership import experiment_of, inside
 from hpckit.storage import files
-from hpckit.storage.copy import download_dir
-from hpckit.storage.downloads import shared_copy
+from hpckit.storage.copy import download_dir, shared_copy
 from hpckit.storage.location import Location, resolve
 
 __all__ = ["Checkpoint"]

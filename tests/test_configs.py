@@ -55,7 +55,7 @@ def test_validation_configs_say_what_is_wrong():
 
 
 def test_prepare_model_names_what_it_takes():
-    from hpckit.integrations.torch.sharding import fully_sharded
+    from hpckit.integrations.torch.prepare import fully_sharded
     from hpckit.torch import prepare_model
 
     model = torch.nn.Linear(2, 1)

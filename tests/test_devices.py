@@ -7,7 +7,7 @@ import pytest
 
 from hpckit import settings
 from hpckit.errors import LaunchError
-from hpckit.integrations.torch.devices import cpu_threads, share_gpus
+from hpckit.integrations.torch.distributed import cpu_threads, share_gpus
 from hpckit.run.validation.child import environment
 
 pytestmark = pytest.mark.quick

@@ -20,7 +20,7 @@ from support.slurm_jobs import minimal_script, output_of, sbatch, wait, wait_for
 from support.once import computed_once
 from torch.utils.data import DataLoader, Dataset
 
-from hpckit.integrations.torch import streams
+from hpckit.integrations.torch.loader import put_back_random, random_snapshot
 from hpckit.integrations.torch.prepare import prepare_data_loader
 
 EXACT = HERE / "ranks" / "exact.py"
@@ -53,13 +53,13 @@ def test_a_loader_put_back_mid_pass_continues_it_and_the_random_streams_as_unint
     first = loader()
     batches = iter(first)
     before = [next(batches), next(batches)]
-    saved, kept = first.state_dict(), streams.snapshot()
+    saved, kept = first.state_dict(), random_snapshot()
     rest, after = [b[0].tolist() for b in batches], _draws()
 
     torch.manual_seed(99)
     again = loader()
     again.load_state_dict(saved)
-    streams.put_back(kept)
+    put_back_random(kept)
     continued = [b[0].tolist() for b in again]
     assert len(before) == 2 and continued == rest
     assert _draws() == after  # with no workers the samples drew from these streams too

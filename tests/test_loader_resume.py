@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from hpckit.integrations.torch import streams
+from hpckit.integrations.torch.loader import put_back_random, random_snapshot
 from hpckit.integrations.torch.prepare import prepare_data_loader
 
 pytestmark = pytest.mark.quick
@@ -59,7 +59,7 @@ def _resumed(make, saved, kept):
     np.random.seed(99)
     again = make()
     again.load_state_dict(saved)
-    streams.put_back(kept)
+    put_back_random(kept)
     return again
 
 
@@ -73,7 +73,7 @@ def test_an_iterable_dataset_that_shuffles_in_iter_continues_its_cut_pass_in_its
     first = make()
     iterator = iter(first)
     head = _batches(iterator, 2)
-    saved, kept = first.state_dict(), streams.snapshot()
+    saved, kept = first.state_dict(), random_snapshot()
     rest, draws = _batches(iterator), _draws()
     following = _batches(first)  # the next pass, as the uninterrupted run goes on
 
@@ -95,7 +95,7 @@ def test_a_pass_the_program_abandoned_is_not_continued():
     for number, _ in enumerate(first):
         if number == 1:
             break
-    saved, kept = first.state_dict(), streams.snapshot()
+    saved, kept = first.state_dict(), random_snapshot()
     following = _batches(first)
 
     again = _resumed(make, saved, kept)
@@ -113,7 +113,7 @@ def test_the_users_own_generator_is_put_back_for_the_passes_after_the_cut_one():
     first = make()
     iterator = iter(first)
     _batches(iterator, 2)
-    saved, kept = first.state_dict(), streams.snapshot()
+    saved, kept = first.state_dict(), random_snapshot()
     rest, following = _batches(iterator), _batches(first)
 
     again = _resumed(lambda: make(seed=77), saved, kept)
@@ -131,14 +131,14 @@ def test_several_loaders_each_continue_their_own_cut_pass():
     a, b = iter(train), iter(held_out)
     _batches(a, 3)
     _batches(b, 1)
-    saved, kept = (train.state_dict(), held_out.state_dict()), streams.snapshot()
+    saved, kept = (train.state_dict(), held_out.state_dict()), random_snapshot()
     rest = (_batches(a), _batches(b))
 
     torch.manual_seed(99)
     again = make(7), make(8)
     for loader, state in zip(again, saved):
         loader.load_state_dict(state)
-    streams.put_back(kept)
+    put_back_random(kept)
     assert (_batches(again[0]), _batches(again[1])) == rest
 
 
@@ -154,7 +154,7 @@ def test_a_position_saved_with_other_workers_goes_on_in_one_warning(caplog):
     first = make(2)
     iterator = iter(first)
     _batches(iterator, 2)
-    saved, kept = first.state_dict(), streams.snapshot()
+    saved, kept = first.state_dict(), random_snapshot()
     rest = _batches(iterator)
     first.close()
 

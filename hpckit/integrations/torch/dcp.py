@@ -17,7 +17,7 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from hpckit.checkpoint import Checkpoint, written_when
 from hpckit.errors import CheckpointError
-from hpckit.integrations.torch.pending import PendingWrite
+from hpckit.integrations.torch.save import PendingWrite
 from hpckit.run.session.session import get_checkpoint, get_context
 
 __all__ = ["load_state_dcp", "save_state_dcp"]

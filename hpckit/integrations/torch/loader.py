@@ -12,7 +12,13 @@ without reading the batches before (its sampler, worker and seed state; a datase
 ``state_dict`` where it has one), or the batches before are read and dropped. Then the
 streams and the generator are put back as the checkpoint left them. A saved position that
 cannot be put back (another ``num_workers``, another dataset length) is said in one warning
-naming what changed and where the pass goes on."""
+naming what changed and where the pass goes on.
+
+torch's random streams as a keeper of :mod:`hpckit.run.session.resumable`: the CPU
+generator, and each CUDA device's where this process has started CUDA (asking would start
+it on every visible device). ``TorchTrainer``'s back-end has them kept, with Python's and
+NumPy's (:func:`random_keepers`).
+"""
 
 from __future__ import annotations
 
@@ -25,8 +31,8 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from hpckit.integrations.torch import streams
 from hpckit.logs import log
+from hpckit.run.session import resumable
 
 
 class PreparedLoader:
@@ -93,10 +99,10 @@ class PreparedLoader:
                 generator.set_state(state)
 
     def _streams(self) -> dict[str, Any]:
-        return {"process": streams.snapshot(), "generators": self._generator_states()}
+        return {"process": random_snapshot(), "generators": self._generator_states()}
 
     def _set_streams(self, state: dict[str, Any]) -> None:
-        streams.put_back(state["process"])
+        put_back_random(state["process"])
         self._set_generators(state["generators"])
 
     def _continued(self, saved: dict[str, Any]) -> Iterator[Any]:
@@ -217,3 +223,31 @@ def to_device(batch: Any, device: torch.device) -> Any:
         moved = [to_device(v, device) for v in batch]
         return type(batch)(*moved) if hasattr(batch, "_fields") else type(batch)(moved)
     return batch
+
+
+class TorchRandom:
+    def state_dict(self) -> dict[str, Any]:
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        return {"cpu": torch.get_rng_state(), "cuda": cuda}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        torch.set_rng_state(state["cpu"])
+        cuda = state["cuda"]
+        if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)
+
+
+def random_keepers() -> dict[str, Any]:
+    """The random streams a torch run keeps with each checkpoint: Python's, NumPy's, torch's."""
+    return {"random": resumable.PythonRandom(), "torch": TorchRandom()}
+
+
+def random_snapshot() -> list[Any]:
+    """The process's random streams now."""
+    return [keeper.state_dict() for keeper in random_keepers().values()]
+
+
+def put_back_random(states: list[Any]) -> None:
+    """The process's random streams as ``random_snapshot()`` found them."""
+    for keeper, state in zip(random_keepers().values(), states, strict=True):
+        keeper.load_state_dict(state)

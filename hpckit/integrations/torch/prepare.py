@@ -1,5 +1,10 @@
 """prepare_model and prepare_data_loader, with Ray 2.60's signatures: DDP or FSDP2 for the
-model, and a loader that gives each rank its share and moves batches to the device."""
+model, and a loader that gives each rank its share and moves batches to the device.
+
+FSDP2 for ``prepare_model(parallel_strategy="fsdp")``: the model's parameters sharded
+across the ranks with ``torch.distributed.fsdp.fully_shard``, on GPUs (NCCL) and on CPUs
+(Gloo) alike. Save and resume its sharded state with DCP (``save_state_dcp``).
+"""
 
 from __future__ import annotations
 
@@ -22,7 +27,6 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from hpckit.errors import ConfigError
 from hpckit.integrations.torch import distributed as _distributed
 from hpckit.integrations.torch.loader import PreparedLoader
-from hpckit.integrations.torch.sharding import fully_sharded
 from hpckit.run.session.session import keep_loader
 
 PARALLEL_STRATEGIES = ("ddp", "fsdp", None)
@@ -41,7 +45,7 @@ def prepare_model(model: torch.nn.Module, move_to_device: bool | torch.device = 
     with FSDP2's ``fully_shard`` (``"fsdp"``), or neither (``None``).
 
     ``parallel_strategy_kwargs`` go to DDP, or to ``fully_shard`` for every sharded module
-    (see :func:`~hpckit.integrations.torch.sharding.fully_sharded`). Keywords beyond Ray's
+    (see :func:`fully_sharded`). Keywords beyond Ray's
     are DDP's, as in earlier hpckit releases.
 
     Ray wraps in FSDP1's ``FullyShardedDataParallel`` on GPUs only; hpckit shards with
@@ -184,3 +188,54 @@ class _IgnoringTerm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if self.init is not None:
             self.init(worker_id)
+
+
+# FSDP1's keywords (Ray wraps in FullyShardedDataParallel), and what FSDP2 takes instead.
+FSDP1_KEYWORDS = {
+    "sharding_strategy": "reshard_after_forward=True (FULL_SHARD) or False (SHARD_GRAD_OP)",
+    "mixed_precision": "mp_policy=torch.distributed.fsdp.MixedPrecisionPolicy(...)",
+    "cpu_offload": "offload_policy=torch.distributed.fsdp.CPUOffloadPolicy()",
+    "device_id": "mesh=init_device_mesh(...) (hpckit makes one over every rank)",
+    "use_orig_params": "nothing: FSDP2 always keeps the original parameters",
+    "backward_prefetch": "nothing: FSDP2 prefetches by itself",
+    "sync_module_states": "nothing: build the model with the same seed on every rank",
+}
+
+
+def fully_sharded(model: torch.nn.Module, device: torch.device,
+                  options: dict[str, Any]) -> torch.nn.Module:
+    """``model`` sharded in place: each module that ``options["auto_wrap_policy"]`` picks
+    (a module class, a collection of classes as Lightning takes, or a function of a module
+    returning bool) becomes a unit of its own, then the whole model; the other options go
+    to every ``fully_shard`` call. Returns the model, now an ``FSDPModule``."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    options = dict(options)
+    wrong = sorted(set(options) & set(FSDP1_KEYWORDS))
+    if wrong:
+        raise ConfigError(
+            f"prepare_model(parallel_strategy='fsdp') shards with FSDP2's fully_shard, which "
+            f"does not take FSDP1's {wrong}; give " +
+            "; ".join(f"{k}: {FSDP1_KEYWORDS[k]}" for k in wrong) + ".")
+    picks = _policy(options.pop("auto_wrap_policy", None))
+    options.setdefault("mesh", init_device_mesh(device.type, (dist.get_world_size(),)))
+    for module in reversed(list(model.modules())):  # the innermost first, as FSDP2 asks
+        if module is not model and picks(module):
+            fully_shard(module, **options)
+    fully_shard(model, **options)  # in place: the model's class becomes FSDP's subclass
+    return model
+
+
+def _policy(policy: Any) -> Callable[[torch.nn.Module], bool]:
+    if policy is None:
+        return lambda module: False
+    if isinstance(policy, type):
+        policy = (policy,)
+    if isinstance(policy, (set, frozenset, list, tuple)):
+        classes = tuple(policy)
+        return lambda module: isinstance(module, classes)
+    if callable(policy):
+        return lambda module: bool(policy(module))
+    raise ConfigError(f"prepare_model(): auto_wrap_policy={policy!r}; give a module class, a "
+                      "set of them, or a function of a module returning True to shard it.")

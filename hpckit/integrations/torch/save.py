@@ -11,6 +11,15 @@ writes, so ``torch.load`` and :func:`hpckit.torch.load_state` read it.
 The same file's next save waits for the previous one to be written (its buffers are reused),
 so at most one write per file is in flight: checkpoints taken faster than they are written
 slow training down to the writes' pace instead of filling memory.
+
+A background write whose failure must reach the user exactly once.
+
+``save_state`` and ``save_state_dcp`` write files after they return. ``report()`` waits for
+the writes of the checkpoint it is given and raises their errors; a write whose checkpoint no
+report takes (a save overwritten by the next one before any report) would otherwise fail
+unheard. Its error is raised instead at the next save of the same kind in the same attempt.
+An earlier attempt's write is not this attempt's to fail on: its error belonged to a run that
+ended anyway.
 """
 
 from __future__ import annotations
@@ -18,6 +27,9 @@ from __future__ import annotations
 import copy
 import os
 import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_for
 from typing import Any
 
 import torch
@@ -27,7 +39,6 @@ from hpckit.background import IDLE, Worker
 from hpckit.checkpoint import Checkpoint
 from hpckit.errors import CheckpointError
 from hpckit.experiment.manifest import is_safe_relpath
-from hpckit.integrations.torch.pending import PendingWrite
 from hpckit.run.session.session import get_context
 from hpckit.writes import writing_into
 
@@ -153,3 +164,34 @@ def _write(snapshot: Any, copied: torch.cuda.Event | None, path: str, rank: int)
 def _staging_for(filename: str) -> Staging:
     with _lock:
         return _staging.setdefault(filename, Staging())
+
+
+class PendingWrite:
+    """One save's write, the attempt it belongs to, and whether its outcome has been told."""
+
+    def __init__(self, future: Future[Any], attempt: object,
+                 described: Callable[[BaseException], CheckpointError]) -> None:
+        self.future = future
+        self.attempt = attempt
+        self.described = described
+        self.told = False
+
+    def outcome(self) -> Any:
+        """For ``report()``: wait, and raise the write's error."""
+        self.told = True
+        try:
+            return self.future.result()
+        except Exception as exc:
+            raise self.described(exc) from exc
+
+    def raise_untold(self, attempt: object, next_save: str) -> None:
+        """For the next save: wait until the write is over, and raise its error if no report
+        took it."""
+        wait_for([self.future])
+        error = self.future.exception()
+        if error is None or self.told or attempt is not self.attempt:
+            return
+        self.told = True
+        raise CheckpointError(f"{self.described(error)}; no report() took that checkpoint, so "
+                              f"{next_save} says it. Report each saved checkpoint, or check "
+                              "the path and free space before saving again.") from error
