@@ -82,7 +82,7 @@ def test_a_node_is_stale_once_it_beat_and_then_stopped(tmp_path):
 
 
 def test_trials_spread_over_the_nodes_share_a_node_up_to_its_tasks_and_skip_lost_ones():
-    from hpckit.sweep.places import Places
+    from hpckit.sweep.allocated import Places
 
     places = Places(Allocation("7", ("n1", "n2", "n3"), 2), 1)
     assert (places.per_node, places.capacity()) == (2, 6)
@@ -95,7 +95,7 @@ def test_trials_spread_over_the_nodes_share_a_node_up_to_its_tasks_and_skip_lost
 
 
 def test_a_trial_larger_than_a_node_takes_whole_idle_nodes():
-    from hpckit.sweep.places import Places
+    from hpckit.sweep.allocated import Places
 
     places = Places(Allocation("7", ("n1", "n2", "n3", "n4", "n5"), 2), 3)
     assert (places.per_node, places.capacity()) == (0, 2)

@@ -58,7 +58,7 @@ def _history(values: list[float]) -> list[dict]:
 def test_plots_have_a_title_labels_a_legend_whole_epochs_and_a_log_scale_where_needed():
     import matplotlib.pyplot as plt
 
-    from hpckit.cli.plot import figure
+    from hpckit.cli.inspect import figure
 
     falling = _history([100 * 0.3 ** i for i in range(12)])  # over six decades
     narrow = _history([0.5, 0.4, 0.45])

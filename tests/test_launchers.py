@@ -52,19 +52,19 @@ def test_the_loaded_mpi_is_asked_without_starting_mpi_here():
 def test_finalize_with_hydra_speaks_pmi_1_only_to_hydra(monkeypatch):
     """Slurm's PMI-2 also sets PMI_FD, and a job submitted from an mpiexec rank inherits
     hydra's MPI_LOCALRANKID: PMI-1's words go only where hydra's proxy holds the other end."""
-    from hpckit.run.ending import pmi
+    from hpckit.run.ending.exit import finalize_with_hydra, hydra_connection
 
     ours, theirs = socket.socketpair()  # this process at both ends: not hydra_pmi_proxy
     try:
         monkeypatch.setenv("PMI_FD", str(theirs.fileno()))
         monkeypatch.setenv("MPI_LOCALRANKID", "0")
-        assert pmi.hydra_connection() is None
-        assert not pmi.finalize_with_hydra()
+        assert hydra_connection() is None
+        assert not finalize_with_hydra()
         ours.setblocking(False)
         with pytest.raises(BlockingIOError):
             ours.recv(64)
         monkeypatch.setenv("PMI_FD", "not a number")
-        assert pmi.hydra_connection() is None
+        assert hydra_connection() is None
     finally:
         ours.close()
         theirs.close()

@@ -19,8 +19,7 @@ from hpckit.experiment import resizing
 from hpckit.experiment.reading import read_manifest
 from hpckit.launch import lost
 from hpckit.launch.allocation import Allocation, current
-from hpckit.launch.forwarding import stop_passed_on
-from hpckit.launch.process import Launch
+from hpckit.launch.process import Launch, stop_passed_on
 from hpckit.launch.steps import AllocationSteps
 from hpckit.logs import log
 from hpckit.run.job import TrainingJob

@@ -1,5 +1,9 @@
 """One attempt of a run on every rank: open the experiment (rank 0), check the storage is
-shared, set up the back-end, run the training function with a session, and end the attempt."""
+shared, set up the back-end, run the training function with a session, and end the attempt.
+
+The end of a run that a stop request stopped, after the checkpoint that followed it:
+requeued under Slurm and exit 75, or ``PreemptionError`` on every rank, as Ray raises.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +17,10 @@ from typing import Any
 
 import pyarrow.fs
 
+from hpckit import exits, uncaught
 from hpckit.checkpoint import checkpoint_at, location_of
 from hpckit.config.callbacks import TrackerCallback, TrainRunContext
-from hpckit.errors import AttemptFailed, ExperimentTakenError, StorageError
+from hpckit.errors import AttemptFailed, ExperimentTakenError, PreemptionError, StorageError
 from hpckit.experiment import retention
 from hpckit.experiment.artifacts import Artifacts
 from hpckit.experiment.attempts import Attempt, AttemptStatus, previous_failure
@@ -36,9 +41,9 @@ from hpckit.run.mpi.group import Group
 from hpckit.run.mpi.waiting import from_root
 from hpckit.run.session.context import TrainContext
 from hpckit.run.session.interval import CheckpointClock, agreed_due
+from hpckit.run.session.preemption import not_requeued_after, preemption_info
 from hpckit.run.session.resumable import RankState
 from hpckit.run.session.session import Session, activate
-from hpckit.run.session.stopped import end_stopped_run
 from hpckit.run.startup.early import ready_since
 from hpckit.run.validation.pool import Pool
 from hpckit.run.validation.validator import for_attempt
@@ -268,3 +273,39 @@ def sendable(value: Any) -> Any:
                     "Result.return_value is None", exc)
         return None
     return value
+
+
+def end_stopped_run(job: TrainingJob, session: Session, experiment: Experiment | None,
+              settings: Settings, signal_name: str) -> None:
+    """After the checkpoint that followed a stop request: requeue under Slurm (up to
+    FailureConfig.max_preemption_failures times) and exit 75; not requeued, raise
+    PreemptionError on every rank (as Ray does), which exits 75 if uncaught."""
+    limit = job.run_config.failure_config.max_preemption_failures
+    requeued = False
+    if experiment is not None:
+        reason = f"stop requested by {signal_name}"
+        reports = session.protocol.reports
+        requeue = settings.job_to_requeue
+        before = sum(a.status is AttemptStatus.REQUEUED for a in experiment.manifest.attempts)
+        refused = requeue and not_requeued_after(signal_name, settings)
+        if refused:
+            requeue = None
+            reason += f"; not requeued: {refused}"
+        elif requeue and limit != -1 and before >= limit:
+            requeue = None
+            reason += (f"; not requeued: FailureConfig(max_preemption_failures={limit}) reached "
+                       f"after {before} requeue(s)")
+        # Recorded before asking: Slurm may end this job as soon as it requeues it.
+        experiment.end_attempt(AttemptStatus.REQUEUED if requeue else AttemptStatus.STOPPED, reason, reports)
+        requeued = bool(requeue) and stop.requeue(settings)
+        if not requeued:
+            if requeue:
+                experiment.end_attempt(AttemptStatus.STOPPED, reason, reports)
+            latest = session.protocol.latest
+            log.warning("stopped after committing %s (%s). To continue, %s",
+                        latest.uri if latest else "-", reason,
+                        stop.how_to_resume(experiment.location.display, not job.timestamped))
+    comm = session.protocol.comm
+    if from_root(comm, requeued):
+        raise SystemExit(exits.STOPPED)
+    raise uncaught.shown_elsewhere(PreemptionError(preemption_info(comm, session, settings)))

@@ -13,7 +13,8 @@ from hpckit.logs import log
 from hpckit.result import Result
 from hpckit.run.attempt import Ranks, run_attempt
 from hpckit.run.ending import exit as rank_exit
-from hpckit.run.ending import pmi, stop
+from hpckit.run.ending import stop
+from hpckit.run.ending.exit import finalize_with_hydra
 from hpckit.run.ending.retry import RetryPolicy
 from hpckit.run.job import TrainingJob
 from hpckit.run.mpi import library, progress
@@ -136,7 +137,7 @@ def _attempts(job: TrainingJob, settings: Settings, trial: Comm | None, ranks: R
                     RankFailure.capture(0, stopped), training=False))
             ended.end(stopped)  # the ranks set aside exit 75 with the others
             wait_for_all(comm, together=True)  # then each exits 75 at once (uncaught)
-            pmi.finalize_with_hydra()  # so that mpiexec kills no rank still on its way out
+            finalize_with_hydra()  # so that mpiexec kills no rank still on its way out
             raise
         except AttemptFailed as failure:
             if failure.collective and isinstance(failure.cause, ExperimentTakenError):

@@ -1,7 +1,7 @@
 """A sweep packed under ``python sweep.py``: hpckit starts ``TuneConfig(max_concurrent_trials)``
 groups of a trial's ranks under mpiexec on this node, and each rank re-runs the script as a
 trainer's spawned ranks do (:mod:`hpckit.launch.mainimport`), then packs the trials as under
-mpirun (:mod:`hpckit.sweep.packed`). This process waits, passes signals on, and reads the
+mpirun (:mod:`hpckit.sweep.trialqueue`). This process waits, passes signals on, and reads the
 sweep's results from its manifest when the ranks are done.
 
 The ranks' entry point is :mod:`hpckit.sweep.worker`.

@@ -35,7 +35,6 @@ from hpckit.sweep.context import TrialInfo, entered
 from hpckit.sweep.controller import Assignment, TuneController, resumed_statuses
 from hpckit.sweep.decisions import Direct, ReportAsker, serving
 from hpckit.sweep.exploit import adopt
-from hpckit.sweep.packed import run_packed
 from hpckit.sweep.progress import Progress
 from hpckit.sweep.record import (
     ERROR,
@@ -51,6 +50,7 @@ from hpckit.sweep.search.searcher import Searcher
 from hpckit.sweep.search.variants import BasicVariantGenerator
 from hpckit.sweep.searching import Search, search_for
 from hpckit.sweep.spawned import run_spawned
+from hpckit.sweep.trialqueue import run_packed
 from hpckit.sweep.trials import (
     Trainable,
     check_trainable,
@@ -216,7 +216,7 @@ class Tuner:
     def _run(self, comm: Comm | None, controller: TuneController | None,
              manifest: SweepManifest, location: Location, spawning: bool) -> SweepManifest:
         """The trials the controller hands out: packed onto ``comm``'s ranks
-        (:mod:`hpckit.sweep.packed`), or each a job step across the Slurm allocation this
+        (:mod:`hpckit.sweep.trialqueue`), or each a job step across the Slurm allocation this
         process runs in (:mod:`.allocated`), or onto ``max_concurrent_trials`` groups of ranks
         started here (:mod:`.spawned`), or one after another here."""
         concurrent = self._max_concurrent()

@@ -13,7 +13,7 @@ import time
 from mpi4py import MPI
 
 import hpckit  # noqa: F401  (first, as always: it sets up what MPI needs)
-from hpckit.run.ending import pmi
+from hpckit.run.ending.exit import finalize_with_hydra
 from hpckit.run.mpi.comm import all_reduce
 from hpckit.run.mpi.group import discover
 from hpckit.run.mpi.waiting import wait_for_all
@@ -36,5 +36,5 @@ else:
     except KeyboardInterrupt:
         print(f"rank {comm.rank} interrupted after {time.monotonic() - started:.1f} s", flush=True)
 wait_for_all(meeting)
-pmi.finalize_with_hydra()
+finalize_with_hydra()
 os._exit(0)

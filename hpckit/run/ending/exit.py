@@ -1,10 +1,24 @@
 """The rank side of a failed run: how a rank ends so that no other rank is left waiting, and
-the error payload it leaves for the process that launched it (see :mod:`hpckit.launch`)."""
+the error payload it leaves for the process that launched it (see :mod:`hpckit.launch`).
+
+Telling MPICH's mpiexec (hydra) that a rank is done with MPI when MPI_Finalize cannot run.
+
+Hydra ends every rank of a job as soon as one exits without having finalized MPI, and prints
+a "BAD TERMINATION" banner for each rank it had to kill. After Ctrl-C the ranks exit without
+MPI_Finalize (a collective may have been left half done; finalizing would fail or wait) at
+about the same moment, but not the same one, and a rank a few milliseconds late was killed.
+So each rank first says ``finalize`` on its PMI-1 connection to hydra, as MPI_Finalize does
+at its end; hydra then takes each rank's own exit status and kills nothing. Only on hydra's
+connection: Slurm's PMI-2 (srun) speaks another protocol on its PMI_FD and is left alone.
+"""
 
 from __future__ import annotations
 
 import os
 import pickle
+import select
+import socket
+import struct
 import sys
 import time
 from dataclasses import dataclass
@@ -13,7 +27,8 @@ from typing import TYPE_CHECKING, NoReturn
 from hpckit import exits, logs, uncaught
 from hpckit.errors import ExperimentTakenError, TrainingFailedError, WorkerGroupError
 from hpckit.logs import log
-from hpckit.run.ending import pmi, stop
+from hpckit.processes import stat
+from hpckit.run.ending import stop
 from hpckit.run.mpi.comm import RankFailure, describe, failed_ranks, world
 from hpckit.run.mpi.waiting import meet_within, wait_for_all
 from hpckit.settings import Settings
@@ -93,7 +108,7 @@ def taken(comm: Comm, settings: Settings, error: ExperimentTakenError) -> NoRetu
         uncaught.say_now(error)  # before any rank leaves the meeting below and exits 77
     _flush()
     wait_for_all(comm, together=True)
-    pmi.finalize_with_hydra()
+    finalize_with_hydra()
     raise error
 
 
@@ -164,7 +179,7 @@ def interrupted(exc: KeyboardInterrupt, meeting: Comm | None = None) -> NoReturn
     program's ``except KeyboardInterrupt`` still sees it. Several ranks wait a moment for
     one another (rank 0 may still be recording), then each exits with status 130 at once,
     since a rank stopped inside a collective would wait forever for the others. When all
-    met, each tells hydra first (:mod:`hpckit.run.ending.pmi`); else hydra ends those that did not
+    met, each tells hydra first (:func:`finalize_with_hydra`); else hydra ends those that did not
     come as the first rank exits. ``meeting``: the ranks to meet (default: the run's; a sweep
     gives its whole world)."""
     stop.exit_on_next_interrupt()
@@ -191,7 +206,7 @@ def _leave_together(comm: Comm, status: int) -> NoReturn:
     come is left to the launcher."""
     _flush()
     if meet_within(comm, INTERRUPT_GRACE):
-        pmi.finalize_with_hydra()
+        finalize_with_hydra()
     os._exit(status)
 
 
@@ -208,3 +223,41 @@ def _flush() -> None:
         handler.flush()
     sys.stdout.flush()
     sys.stderr.flush()
+
+
+ACK_WAIT_S = 1.0
+HYDRA_PROXY = "hydra_pmi_proxy"
+
+
+def finalize_with_hydra() -> bool:
+    """Whether hydra acknowledged this rank's finalize; False, with nothing sent, where the
+    rank was not started by hydra."""
+    fd = hydra_connection()
+    if fd is None:
+        return False
+    try:
+        os.write(fd, b"cmd=finalize\n")
+        ready, _, _ = select.select([fd], [], [], ACK_WAIT_S)
+        return bool(ready) and os.read(fd, 256).startswith(b"cmd=finalize_ack")
+    except OSError:
+        return False
+
+
+def hydra_connection() -> int | None:
+    """``PMI_FD`` where hydra's proxy holds its other end; None elsewhere.
+
+    The variables do not say who listens: a job submitted from inside an ``mpiexec`` rank
+    inherits hydra's ``MPI_LOCALRANKID``, and under ``srun --mpi=pmi2`` slurmstepd holds
+    ``PMI_FD``. Hydra's PMI-1 words on that connection are a malformed request to Slurm's
+    PMI-2 server, so the socket's peer is asked instead."""
+    fd = os.environ.get("PMI_FD", "")
+    if not fd.isdigit():
+        return None
+    try:
+        with socket.socket(fileno=os.dup(int(fd))) as connection:
+            credentials = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                struct.calcsize("3i"))
+    except OSError:  # closed, or not a socket
+        return None
+    peer = stat(struct.unpack("3i", credentials)[0])
+    return int(fd) if peer is not None and peer.name == HYDRA_PROXY else None

@@ -17,7 +17,7 @@ from hpckit.checkpoint import Checkpoint
 from hpckit.config import ValidationConfig
 from hpckit.errors import LaunchError, TrainingFailedError
 from hpckit.experiment.validation import FAILED, Validation
-from hpckit.run.ending import pmi
+from hpckit.run.ending.exit import finalize_with_hydra
 from hpckit.run.mpi.waiting import next_from, receive_from, send_to
 from hpckit.run.validation import child
 
@@ -173,7 +173,7 @@ def _leaving(error: BaseException) -> None:
     """The training ranks stopped (status 75) and leave without MPI_Finalize, and so does this
     rank: tell mpiexec first, or it kills whichever rank is still on its way out (status 9)."""
     if getattr(error, "exit_status", None) is not None:
-        pmi.finalize_with_hydra()
+        finalize_with_hydra()
 
 
 def _answer(link: Comm, payload: str | OSError, config: ValidationConfig,
