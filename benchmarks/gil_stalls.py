@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 import xxhash
 
-from hpckit.storage.checksum import SHA256
+from hpckit.storage.copy import SHA256
 from hpckit.storage.copy import checksum_file, persist_file
 from hpckit.storage.location import local
 

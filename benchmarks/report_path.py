@@ -29,7 +29,7 @@ import hpckit
 from hpckit import Checkpoint, CheckpointUploadMode, DataParallelTrainer, RunConfig, ScalingConfig
 
 GOAL_MODULES, GOAL_PACKAGES = 8, 3
-GROUND = {"hpckit.settings", "hpckit.faults", "hpckit.background", "hpckit.interrupts",
+GROUND = {"hpckit.settings", "hpckit.faults", "hpckit.background",
           "hpckit.logs", "hpckit.writes", "hpckit.errors", "hpckit.variables", "hpckit.exits"}
 
 

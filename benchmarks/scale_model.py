@@ -66,7 +66,7 @@ from hpckit.run.writing.plan import (  # noqa: E402
     Plan,
 )
 from hpckit.run.writing.writer import node_part  # noqa: E402
-from hpckit.storage.checksum import checksum_of  # noqa: E402
+from hpckit.storage.copy import checksum_of  # noqa: E402
 from hpckit.storage.location import local  # noqa: E402
 
 FILE_BYTES = 1024

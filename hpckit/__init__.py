@@ -38,13 +38,16 @@ from hpckit.launch.trainer import DataParallelTrainer
 from hpckit.result import Result
 from hpckit.run.session.context import TrainContext
 from hpckit.run.session.preemption import PreemptionInfo, get_preemption_info
-from hpckit.run.session.reported import (
+from hpckit.run.session.session import (
     CheckpointConsistencyMode,
     ReportedCheckpoint,
     ReportedCheckpointStatus,
     get_all_reported_checkpoints,
+    get_checkpoint,
+    get_context,
+    report,
+    world_rank,
 )
-from hpckit.run.session.session import get_checkpoint, get_context, report, world_rank
 from hpckit.run.startup.early import early as _early
 from hpckit.uncaught import install as _install_excepthook
 

@@ -19,8 +19,8 @@ from hpckit.errors import CheckpointError, ConfigError, TrainingFailedError
 from hpckit.experiment import retention as _retention
 from hpckit.experiment.attempts import AttemptStatus
 from hpckit.experiment.manifest import Manifest
-from hpckit.experiment.nested import OWN_COLUMNS, flatten, metric_columns
 from hpckit.experiment.reading import read_metrics, require_manifest
+from hpckit.experiment.values import OWN_COLUMNS, flatten, metric_columns
 from hpckit.storage.location import Location, resolve
 
 __all__ = ["Result"]

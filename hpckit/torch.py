@@ -17,8 +17,7 @@ if TYPE_CHECKING:
     from hpckit.integrations.torch.distributed import device as get_device
     from hpckit.integrations.torch.distributed import devices as get_devices
     from hpckit.integrations.torch.load import load_state
-    from hpckit.integrations.torch.prepare import prepare_data_loader, prepare_model
-    from hpckit.integrations.torch.reproducibility import enable_reproducibility
+    from hpckit.integrations.torch.prepare import enable_reproducibility, prepare_data_loader, prepare_model
     from hpckit.integrations.torch.save import save_state
     from hpckit.integrations.torch.trainer import TorchTrainer
 
@@ -26,7 +25,7 @@ _WHERE = {
     "HDF5Dataset": ("hpckit.integrations.hdf5", "HDF5Dataset"),
     "TorchConfig": ("hpckit.integrations.torch.config", "TorchConfig"),
     "TorchTrainer": ("hpckit.integrations.torch.trainer", "TorchTrainer"),
-    "enable_reproducibility": ("hpckit.integrations.torch.reproducibility",
+    "enable_reproducibility": ("hpckit.integrations.torch.prepare",
                                "enable_reproducibility"),
     "get_device": ("hpckit.integrations.torch.distributed", "device"),
     "get_devices": ("hpckit.integrations.torch.distributed", "devices"),

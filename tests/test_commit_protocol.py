@@ -7,7 +7,7 @@ import re
 import pytest
 from conftest import checkpoint_dirs, manifest, metrics_lines, mpiexec
 
-from hpckit.storage.checksum import checksum_of
+from hpckit.storage.copy import checksum_of
 
 pytestmark = pytest.mark.quick
 

@@ -12,7 +12,7 @@ from conftest import manifest, run
 
 from hpckit import CheckpointConfig
 from hpckit.errors import ConfigError
-from hpckit.run.session.interval import CheckpointClock, optimal_interval
+from hpckit.run.session.session import CheckpointClock, optimal_interval
 
 pytestmark = pytest.mark.quick
 

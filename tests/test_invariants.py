@@ -70,7 +70,7 @@ RUN_ROOM = "hpckit/run/"
 LOCAL_WRITERS = {
     "hpckit/run/writing/staging.py": "staging directories and in-place checkpoint directories",
     "hpckit/run/writing/shares.py": "each rank's files linked into a pending checkpoint",
-    "hpckit/run/levels/cache.py": "a node's checkpoint cache",
+    "hpckit/run/levels/levels.py": "a node's checkpoint cache",
     "hpckit/run/levels/restore.py": "a checkpoint assembled in a node's cache for a restart",
     "hpckit/run/mpi/transfer.py": "partner copies received into a node's cache",
     "hpckit/run/startup/shm.py": "shared memory left by a killed incarnation",

@@ -92,7 +92,7 @@ def _record(*files: tuple[str, int]) -> CheckpointRecord:
 
 
 def test_another_world_size_takes_rank0_files_and_dcp_and_refuses_other_shards():
-    from hpckit.experiment.resizing import refusal
+    from hpckit.experiment.opening import resize_refusal as refusal
 
     dcp = _record(("model/.metadata", 0), ("model/__0_0.distcp", 0), ("model/__1_0.distcp", 1),
                   ("extra.pt", 0))
@@ -127,7 +127,7 @@ def test_files_of_unknown_writers_are_refused_at_another_size_but_dcp_is_not():
     """A file written in place by one of several ranks that handed the directory (rank None)
     may be a per-rank shard: another world size is refused, saying why and how to let rank 0
     alone write; DCP's files are resharded whoever hashed its .metadata."""
-    from hpckit.experiment.resizing import refusal
+    from hpckit.experiment.opening import resize_refusal as refusal
 
     said = refusal(_record(("model.pt", None), ("optim.pt", None)), 2, 3)
     assert said and "cannot tell which rank wrote them" in said and "Use -n 2" in said

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from hpckit.experiment import metrics, segments
+from hpckit.experiment import metrics, reading
 from hpckit.experiment.metrics import MetricsLog
 from hpckit.experiment.reading import read_last_metrics, read_metrics
 from hpckit.storage import files
@@ -49,7 +49,7 @@ def test_on_s3_each_report_replaces_only_the_last_segment(s3, small_segments):
     log.retract()
     log.retract()  # the last segment's last line: the segment goes, the one before is the tail
     assert steps(experiment) == list(range(6)) and len(log.tail) == 3
-    assert [p.name for p in segments.segments(experiment)] == ["metrics.jsonl",
+    assert [p.name for p in reading.segments(experiment)] == ["metrics.jsonl",
                                                                "metrics.000001.jsonl"]
     log.append(6, {"loss": 0.1}, "checkpoint_000000")
     assert steps(experiment) == list(range(7)) and small_segments[-1] == ("metrics.000002.jsonl", 1)
@@ -57,7 +57,7 @@ def test_on_s3_each_report_replaces_only_the_last_segment(s3, small_segments):
     assert "metrics.jsonl" not in [name for name, _ in small_segments[before:]], \
         "taking lines back and resuming rewrite only the segments that change"
     assert steps(experiment) == [0, 1, 2, 3] and resumed.count == 4 and len(resumed.tail) == 1
-    assert [p.name for p in segments.segments(experiment)] == ["metrics.jsonl",
+    assert [p.name for p in reading.segments(experiment)] == ["metrics.jsonl",
                                                                "metrics.000001.jsonl"]
 
 

@@ -33,12 +33,12 @@ from hpckit.experiment.manifest import (
     Manifest,
     checkpoint_dirname,
 )
-from hpckit.run.levels.cache import NodeCache, Nodes
+from hpckit.run.levels.levels import NodeCache, Nodes
 from hpckit.run.levels.levels import Levels
 from hpckit.run.mpi import transfer
 from hpckit.run.mpi.transfer import Receive, Send, exchange
 from hpckit.run.writing.plan import Placement, Plan
-from hpckit.storage.checksum import checksum_of
+from hpckit.storage.copy import checksum_of
 from hpckit.storage.location import local
 
 SHARDED = Path(__file__).parent / "ranks" / "sharded.py"

@@ -258,7 +258,7 @@ def test_a_manifest_read_reads_no_records_and_one_file_reads_its_nodes_part_firs
 
 def test_an_index_can_name_only_parts_of_records(tmp_path):
     from hpckit.experiment.records import RecordsFile, read_records
-    from hpckit.storage.checksum import checksum_of
+    from hpckit.storage.copy import checksum_of
 
     index = json.dumps({"format": "hpckit.records", "directory": "checkpoint_000000",
                         "parts": [["checkpoint_000000/model.bin", CHECKSUM, 1]]}).encode()

@@ -116,7 +116,7 @@ def test_in_a_shared_directory_a_file_still_being_saved_is_hashed_by_its_own_ran
     from hpckit.run.commit.planning import unrecorded
     from hpckit.run.writing.plan import Persisted
     from hpckit.run.writing.shares import sync_in_place
-    from hpckit.storage.checksum import checksum_of
+    from hpckit.storage.copy import checksum_of
     from hpckit.storage.location import local
 
     pending = tmp_path / "checkpoint_000000"

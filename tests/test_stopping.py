@@ -168,7 +168,7 @@ def test_a_config_error_is_printed_by_rank_0_and_a_single_ranks_error_by_that_ra
 
 
 def test_ctrl_c_during_a_deferred_step_is_raised_after_it():
-    from hpckit.interrupts import deferred
+    from hpckit.background import deferred
 
     done = []
     with pytest.raises(KeyboardInterrupt):

@@ -14,7 +14,7 @@ import xxhash
 from hpckit.errors import StorageError
 from hpckit.storage import copy as _copy
 from hpckit.storage import files as _storage
-from hpckit.storage.checksum import checksum_of
+from hpckit.storage.copy import checksum_of
 from hpckit.storage.location import resolve
 
 

@@ -19,7 +19,7 @@ from hpckit import Checkpoint, CheckpointConfig, DataParallelTrainer, RunConfig,
 from hpckit.config.callbacks import TrainRunContext, UserCallback
 from hpckit.experiment.attempts import AttemptStatus
 from hpckit.experiment.experiment import Experiment
-from hpckit.experiment.validation import VALIDATED, Validation
+from hpckit.experiment.manifest import VALIDATED, Validation
 from hpckit.errors import ExperimentClosedError
 from hpckit.experiment.writer import Writer
 from hpckit.run.commit.callbacks import Callbacks

@@ -173,7 +173,7 @@ def test_a_rank_set_aside_answers_even_when_it_cannot_validate(tmp_path):
     from types import SimpleNamespace
 
     from hpckit import Checkpoint, ValidationConfig
-    from hpckit.experiment.validation import FAILED, PENDING, Validation
+    from hpckit.experiment.manifest import FAILED, PENDING, Validation
     from hpckit.run.validation.pool import _answer
 
     pending = Validation(PENDING, {})

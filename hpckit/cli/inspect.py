@@ -26,9 +26,9 @@ from hpckit.experiment import verify as _verify
 from hpckit.experiment.attempts import config_changes, effective_configs
 from hpckit.experiment.encoding import checkpoint_json
 from hpckit.experiment.manifest import Manifest
-from hpckit.experiment.nested import OWN_COLUMNS, metric_columns
 from hpckit.experiment.reading import read_manifest, read_metrics
-from hpckit.storage.checksum import algorithm_of
+from hpckit.experiment.values import OWN_COLUMNS, metric_columns
+from hpckit.storage.copy import algorithm_of
 from hpckit.storage.location import Location, resolve
 from hpckit.sweep.record import SweepManifest, SweepRecord
 

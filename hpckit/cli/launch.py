@@ -15,8 +15,8 @@ from hpckit import settings
 from hpckit.cli.app import main
 from hpckit.cli.common import require
 from hpckit.errors import LaunchError
-from hpckit.experiment import resizing
 from hpckit.experiment.manifest import Manifest
+from hpckit.experiment.opening import resize_refusal
 from hpckit.experiment.reading import read_manifest
 from hpckit.launch import allocation
 from hpckit.launch.script import run_script
@@ -215,7 +215,7 @@ def _world_size(manifest: Manifest, ranks: int | None) -> int:
     recorded = manifest.world_size
     if ranks is None:
         return recorded
-    refused = resizing.refusal(manifest.latest, recorded, ranks)
+    refused = resize_refusal(manifest.latest, recorded, ranks)
     if refused:
         raise click.UsageError(refused)
     return ranks

@@ -21,8 +21,8 @@ from hpckit.logs import log
 from hpckit.run.job import DEFAULT_STORAGE
 from hpckit.storage import files
 from hpckit.storage.location import Location, resolve
+from hpckit.sweep.progress import counts, trial_states, varied
 from hpckit.sweep.record import SweepManifest, SweepRecord
-from hpckit.sweep.status import counts, trial_states, varied
 
 
 @main.command("ls")

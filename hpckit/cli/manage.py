@@ -9,8 +9,8 @@ from hpckit.cli.app import main
 from hpckit.cli.common import find_record, require
 from hpckit.experiment import retention
 from hpckit.experiment.experiment import Experiment
-from hpckit.experiment.export import export as export_checkpoint
 from hpckit.experiment.manifest import CheckpointRecord, Manifest
+from hpckit.experiment.mirror import export as export_checkpoint
 from hpckit.storage.location import Location, resolve
 
 

@@ -9,7 +9,7 @@ from enum import StrEnum
 from typing import Any
 
 from hpckit.errors import ManifestError
-from hpckit.experiment.nested import flatten
+from hpckit.experiment.values import flatten
 from hpckit.settings import Settings
 
 

@@ -16,7 +16,6 @@ from typing import Any
 
 from hpckit.errors import ManifestError
 from hpckit.experiment.attempts import Attempt
-from hpckit.experiment.kept import KeptApart
 from hpckit.experiment.manifest import (
     CACHE,
     STORAGE,
@@ -27,10 +26,10 @@ from hpckit.experiment.manifest import (
     is_checkpoint_dirname,
     is_safe_relpath,
 )
-from hpckit.experiment.records import RecordsFile, parse_reference
-from hpckit.experiment.validation import parse as parse_validation
-from hpckit.storage.checksum import SHA256
-from hpckit.storage.checksum import problem as checksum_problem
+from hpckit.experiment.manifest import parse as parse_validation
+from hpckit.experiment.records import KeptApart, RecordsFile, parse_reference
+from hpckit.storage.copy import SHA256
+from hpckit.storage.copy import problem as checksum_problem
 
 FORMAT = "hpckit.manifest"
 # 2 adds cached checkpoints; 3 records each file's checksum with its algorithm ("checksum")

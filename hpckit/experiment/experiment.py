@@ -44,6 +44,7 @@ from hpckit.experiment.manifest import (
     VISIBLE_PREFIX,
     CheckpointRecord,
     Manifest,
+    Validation,
     is_checkpoint_dirname,
 )
 from hpckit.experiment.metrics import MetricsLog
@@ -53,7 +54,6 @@ from hpckit.experiment.purge import Purge
 from hpckit.experiment.reading import read_manifest, require_manifest
 from hpckit.experiment.records import RECORDS_DIR, filed, filed_apart
 from hpckit.experiment.retention import recorded_config, select_evictions
-from hpckit.experiment.validation import Validation
 from hpckit.experiment.writer import Writer, written
 from hpckit.logs import log
 from hpckit.settings import Settings

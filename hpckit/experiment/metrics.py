@@ -13,8 +13,15 @@ from typing import Any
 from hpckit.errors import HpckitError
 from hpckit.experiment.attempts import Attempt
 from hpckit.experiment.manifest import METRICS_NAME, CheckpointRecord
-from hpckit.experiment.reading import parse_line, read_manifest, read_metrics
-from hpckit.experiment.segments import SEGMENT_LINES, read_log, rewrite_log, segment_name
+from hpckit.experiment.reading import (
+    SEGMENT_LINES,
+    parse_line,
+    read_log,
+    read_manifest,
+    read_metrics,
+    rewrite_log,
+    segment_name,
+)
 from hpckit.experiment.tensorboard import Scalars
 from hpckit.experiment.tracking import Trackers
 from hpckit.logs import log

@@ -7,6 +7,8 @@ mirror lacks first, then metrics, then the manifest, so the mirror is always a c
 experiment; then it removes checkpoints retention evicted), or runs ``mirror_command`` with
 ``{source}`` and ``{target}`` filled in. A failed mirror is logged and retried at the next
 commit after the period: it never fails training.
+
+Copying a committed checkpoint elsewhere, checking every byte against the manifest.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ import pyarrow.fs
 
 from hpckit.background import NORMAL, Worker
 from hpckit.config import SyncConfig
-from hpckit.errors import HpckitError, ProtocolError
-from hpckit.experiment import encoding
+from hpckit.errors import CheckpointError, HpckitError, ProtocolError
+from hpckit.experiment import encoding, ownership
 from hpckit.experiment.manifest import (
     MANIFEST_NAME,
     CheckpointRecord,
@@ -31,12 +33,11 @@ from hpckit.experiment.manifest import (
     is_checkpoint_dirname,
     is_safe_relpath,
 )
-from hpckit.experiment.reading import read_manifest
+from hpckit.experiment.reading import read_manifest, segments
 from hpckit.experiment.records import PARTS_DIR, read_records
-from hpckit.experiment.segments import segments
 from hpckit.logs import log
 from hpckit.storage import files, uris
-from hpckit.storage.copy import copy_file
+from hpckit.storage.copy import algorithm_of, copy_file, progress, short
 from hpckit.storage.location import Location, resolve
 from hpckit.storage.uris import redact
 
@@ -148,3 +149,38 @@ def _paths_of(source: Location, record: CheckpointRecord) -> list[str]:
                           source.display, is_safe_relpath)
     parts = files.list_files(source.join(record.directory, PARTS_DIR))
     return [f.path for f in stored] + [f"{PARTS_DIR}/{name}" for name, _ in parts]
+
+
+def export(source: Location, record: CheckpointRecord, target: Location) -> int:
+    """Copy ``record``'s files from ``source`` to ``target``; raise if any differs from the
+    manifest (the partial copy of that file is removed). Returns the bytes copied. A target
+    in an experiment is refused before anything is written: the copy would truncate the very
+    files it reads, or write into another run's checkpoints."""
+    refuse_target(source, target)
+    if record.damaged is not None:
+        raise CheckpointError(f"{record.directory} cannot be exported: {record.damaged}")
+    with progress(record.size, f"exporting {record.directory}") as bar:
+        for f in record.files:
+            destination = target.join(f.path)
+            size, digest = copy_file(source.join(f.path), destination, bar.update,
+                                     algorithm_of(f.checksum))
+            if (size, digest) != (f.size, f.checksum):
+                files.delete_file(destination)
+                raise CheckpointError(
+                    f"{source.join(f.path).display} does not match the manifest (size {size} vs "
+                    f"{f.size}, checksum {short(digest)} vs {short(f.checksum)}); the export stopped. "
+                    "Run hpckit verify on the experiment, and export another checkpoint.")
+    return record.size
+
+
+def refuse_target(checkpoint: Location, target: Location) -> None:
+    """An export never writes into the experiment it reads, nor, on local storage, into any
+    experiment."""
+    experiment = checkpoint.path.rsplit("/", 1)[0]
+    same_storage = checkpoint.is_local == target.is_local
+    inside = same_storage and (target.path == experiment or target.path.startswith(f"{experiment}/"))
+    if inside or (target.is_local and ownership.in_experiment(target.path)):
+        which = "the one exported from" if inside else "a manifest.json above it"
+        raise CheckpointError(
+            f"{target.display} lies inside an experiment ({which}); hpckit export writes only "
+            "outside every experiment: give a directory of its own, such as ./exported")

@@ -1,10 +1,21 @@
 """What a run brings to the experiment it opens, and the experiment directory and manifest
 made ready for it: created on first use; on resume, links out of it, damaged checkpoints and
 cached ones this run cannot read dropped, and this run's configuration recorded; then the
-opening itself (`begin`): locked, read once the lock is ours, the new attempt recorded."""
+opening itself (`begin`): locked, read once the lock is ours, the new attempt recorded.
+
+Whether a checkpoint can be resumed by another number of ranks (``hpckit resume -n``).
+
+Files that rank 0 alone wrote are read the same by any world. Torch DCP's files (a
+``.metadata`` beside its ``.distcp`` shards) are resharded by ``load_state_dcp`` to the world
+that loads them. The ranks' resume states are left behind at another world size (the
+ranks' random streams and loader positions start afresh). Per-rank shards of any other kind
+belong to the ranks that wrote them, and a file written in place by one of several ranks
+(its record's rank ``None``) may be one.
+"""
 
 from __future__ import annotations
 
+import posixpath
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -14,14 +25,13 @@ import pyarrow.fs
 from hpckit.config.callbacks import TrackedExperiment, TrackerCallback
 from hpckit.errors import StorageError
 from hpckit.experiment import verify
+from hpckit.experiment.artifacts import hung_unrecorded
 from hpckit.experiment.attempts import Attempt, AttemptStatus
-from hpckit.experiment.hangs import hung_unrecorded
 from hpckit.experiment.leftovers import put_back_handed, remove_leftovers
 from hpckit.experiment.lock import Lock
-from hpckit.experiment.manifest import CheckpointRecord, Manifest
+from hpckit.experiment.manifest import CheckpointRecord, FileRecord, Manifest, is_rank_state
 from hpckit.experiment.metrics import MetricsLog
-from hpckit.experiment.reading import check_root, parse_line, read_manifest
-from hpckit.experiment.segments import read_log
+from hpckit.experiment.reading import check_root, parse_line, read_log, read_manifest
 from hpckit.experiment.tensorboard import Scalars
 from hpckit.experiment.tracking import Trackers
 from hpckit.logs import log
@@ -144,3 +154,46 @@ def begin(root: Location, opening: Opening, settings: Settings,
     except BaseException:
         lock.release()
         raise
+
+
+DCP_METADATA = ".metadata"
+DCP_SHARD = ".distcp"
+
+
+def dcp_directories(record: CheckpointRecord) -> set[str]:
+    """The directories of ``record`` that hold a DCP checkpoint ("" for its root)."""
+    return {posixpath.dirname(f.path) for f in record.files
+            if posixpath.basename(f.path) == DCP_METADATA}
+
+
+def _dcp_file(f: FileRecord, dcp: set[str]) -> bool:
+    name = posixpath.basename(f.path)
+    return posixpath.dirname(f.path) in dcp and (name == DCP_METADATA or name.endswith(DCP_SHARD))
+
+
+def resize_refusal(record: CheckpointRecord | None, recorded: int, ranks: int,
+            asked: str | None = None, keep: str | None = None) -> str | None:
+    """Why ``record`` cannot be resumed by ``ranks`` ranks instead of ``recorded``; None
+    where it can. ``asked``: what asked for ``ranks`` (``hpckit resume -n``'s flag by
+    default); ``keep``: how to keep the recorded world instead."""
+    if record is None or ranks == recorded:
+        return None
+    dcp = dcp_directories(record)
+    others = [f for f in record.files if not _dcp_file(f, dcp) and not is_rank_state(f.path)]
+    unknown = sorted(f.path for f in others if f.rank is None)
+    shards = sorted({f.rank for f in others if f.rank is not None and f.rank != 0})
+    if not shards and not unknown:
+        return None
+    differs = f"{asked or f'-n {ranks}'} differs from the recorded world size {recorded}, but "
+    fix = (f"{keep or f'Use -n {recorded}'}; or save the state with "
+           "hpckit.torch.save_state_dcp, whose checkpoints load at any world size.")
+    if shards:
+        writers = sorted({f.rank for f in record.files if f.rank is not None})
+        more = f" (and {len(unknown)} whose writer is not known)" if unknown else ""
+        return (f"{differs}{record.directory} holds files written by ranks {writers}{more}: "
+                f"per-rank shards need the same world size. {fix}")
+    named = ", ".join(unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
+    return (f"{differs}{record.directory} holds files written in place by ranks that all handed "
+            f"get_checkpoint_dir() ({named}): hpckit cannot tell which rank wrote them, so they "
+            f"may be per-rank shards. {fix} Where rank 0 alone writes a checkpoint in place, "
+            "report checkpoint=None on the other ranks, and it resumes at any size.")

@@ -8,7 +8,7 @@ from typing import Any
 
 from hpckit.config import CheckpointConfig
 from hpckit.experiment.manifest import CheckpointRecord, Manifest
-from hpckit.experiment.nested import flatten
+from hpckit.experiment.values import flatten
 
 
 def score_of(metrics: dict[str, Any], attribute: str) -> float | None:

@@ -12,8 +12,7 @@ from hpckit.errors import CheckpointError, StorageError
 from hpckit.experiment.manifest import CheckpointRecord, FileRecord, Manifest
 from hpckit.logs import log
 from hpckit.storage import files
-from hpckit.storage.checksum import algorithm_of, short
-from hpckit.storage.copy import checksum_stored
+from hpckit.storage.copy import algorithm_of, checksum_stored, short
 from hpckit.storage.location import Location
 
 PARALLEL_READS = 8

@@ -18,7 +18,7 @@ When the attempt ends the writer is closed: it refuses new changes (a validation
 its attempt writes nothing), makes those already handed over, and stops, before the lock is
 released. A Ctrl-C while the training thread waits for a change is held until the change is
 made (a manifest replaced and remembered is one step); a second one ends the process at once,
-leaving the lock to go stale (see :mod:`hpckit.interrupts`).
+leaving the lock to go stale (see :mod:`hpckit.background`).
 """
 
 from __future__ import annotations
@@ -29,8 +29,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from hpckit import interrupts
-from hpckit.background import NORMAL, Worker
+from hpckit.background import NORMAL, Worker, deferred, waited
 from hpckit.errors import ExperimentClosedError
 
 T = TypeVar("T")
@@ -65,9 +64,9 @@ class Writer:
         if self._worker is None:
             with self._closing:
                 self._refuse_if_closed()
-            with interrupts.deferred():
+            with deferred():
                 return change()
-        return interrupts.waited(self.submit(change))
+        return waited(self.submit(change))
 
     def close(self) -> None:
         """Refuse every later change, make those handed over, stop the thread."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from hpckit.experiment.nested import flatten
+from hpckit.experiment.values import flatten
 from hpckit.run.session.session import current
 
 

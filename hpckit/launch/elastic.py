@@ -4,7 +4,7 @@ node is lost with no spare, the next attempt goes on with fewer; while it runs w
 lost nodes are asked every ``elastic_resize_monitor_interval_s`` whether they are back, and
 the step is given up on to start again on more ranks, from the last committed checkpoint, as
 Ray restarts its workers to resize. A checkpoint that another number of ranks cannot load
-(:mod:`hpckit.experiment.resizing`) is refused before a restart that would need it.
+(:mod:`hpckit.experiment.opening`) is refused before a restart that would need it.
 
 Outside an allocation an elastic run starts its most ranks on this node, as Ray asks for its
 most workers; under mpirun or srun it takes the world it was given, within its range.
@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from hpckit.experiment import resizing
+from hpckit.experiment.opening import resize_refusal
 from hpckit.experiment.reading import read_manifest
 from hpckit.launch import lost
 from hpckit.launch.allocation import Allocation, current
@@ -49,7 +49,7 @@ def refusal(experiment: Location, validating: int, launched: int) -> str | None:
     manifest = read_manifest(experiment)
     if manifest is None:
         return None
-    return resizing.refusal(
+    return resize_refusal(
         manifest.latest, manifest.world_size, training,
         asked=f"the elastic restart on {training} rank(s)",
         keep=f"Keep {manifest.world_size} rank(s) with a spare node, or ScalingConfig("

@@ -1,6 +1,6 @@
 """Each node of a run started across a Slurm allocation says that it is alive: the first rank
 of every node touches a file named for the node in the launch's shared folder every
-:data:`BEAT_S` (:mod:`hpckit.run.startup.beating`), and the process that launched the ranks
+:data:`BEAT_S` (:mod:`hpckit.run.startup.watchdog`), and the process that launched the ranks
 (``python train.py``'s, ``hpckit run``, ``hpckit resume``) takes a node whose file is older
 than :data:`STALE_S` for a suspect (:mod:`hpckit.launch.steps` then asks its slurmd). A rank
 blocked in a collective still beats (the beat is a thread of its own); a node that is gone
@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import time
 
-from hpckit.run.startup.beating import BEAT_S
+from hpckit.run.startup.watchdog import BEAT_S
 
 STALE_S = 8.0
 FOLDER = "alive"

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 from hpckit import exits
 from hpckit import settings as _settings
-from hpckit.experiment.hangs import HUNG
+from hpckit.experiment.artifacts import HUNG
 from hpckit.launch import heartbeat
 from hpckit.launch.process import run_process, started_for
 from hpckit.launch.steps import (

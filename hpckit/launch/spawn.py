@@ -24,9 +24,9 @@ from hpckit.errors import (
     TrainingFailedError,
     WorkerGroupError,
 )
+from hpckit.experiment.artifacts import HUNG
 from hpckit.experiment.attempts import AttemptStatus
 from hpckit.experiment.experiment import end_abandoned_attempt
-from hpckit.experiment.hangs import HUNG
 from hpckit.experiment.opening import prepare
 from hpckit.experiment.reading import read_manifest
 from hpckit.experiment.tracking import end_recorded

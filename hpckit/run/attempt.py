@@ -40,10 +40,9 @@ from hpckit.run.mpi.comm import everywhere, failed_ranks, on_root, raised_togeth
 from hpckit.run.mpi.group import Group
 from hpckit.run.mpi.waiting import from_root
 from hpckit.run.session.context import TrainContext
-from hpckit.run.session.interval import CheckpointClock, agreed_due
 from hpckit.run.session.preemption import not_requeued_after, preemption_info
 from hpckit.run.session.resumable import RankState
-from hpckit.run.session.session import Session, activate
+from hpckit.run.session.session import CheckpointClock, Session, activate, agreed_due
 from hpckit.run.startup.early import ready_since
 from hpckit.run.validation.pool import Pool
 from hpckit.run.validation.validator import for_attempt

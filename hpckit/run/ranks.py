@@ -21,8 +21,8 @@ from hpckit.run.mpi import library, progress
 from hpckit.run.mpi.comm import RankFailure, duplicate, raised_together, world
 from hpckit.run.mpi.group import discover
 from hpckit.run.mpi.waiting import from_root, wait_for_all
-from hpckit.run.startup import beating, shm
-from hpckit.run.startup.watchdog import StartupWatchdog
+from hpckit.run.startup import shm
+from hpckit.run.startup.watchdog import StartupWatchdog, start_heartbeat
 from hpckit.run.validation import pool
 from hpckit.settings import Settings
 
@@ -61,7 +61,7 @@ def _prepare(settings: Settings) -> None:
     logs.configure(int(rank) if rank.isdigit() else 0)
     rank_exit.register_pid(settings)
     shm.clear_stale_segments(settings)
-    beating.start(settings)  # where the launcher watches this rank's node (hpckit run)
+    start_heartbeat(settings)  # where the launcher watches this rank's node (hpckit run)
 
 
 def _run(job: TrainingJob, settings: Settings, trial: Comm | None) -> Result:

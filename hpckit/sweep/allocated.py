@@ -56,7 +56,7 @@ from hpckit.sweep.record import (
     SweepManifest,
     Trial,
 )
-from hpckit.sweep.spawned import TUNER
+from hpckit.sweep.trialqueue import TUNER
 from hpckit.sweep.trials import finished, ranks_per_trial
 from hpckit.sweep.trialsteps import (
     Step,

@@ -11,8 +11,8 @@ import pyarrow
 
 from hpckit.checkpoint import Checkpoint
 from hpckit.errors import ConfigError
-from hpckit.experiment.nested import flatten
 from hpckit.experiment.retention import score_of
+from hpckit.experiment.values import flatten
 from hpckit.result import Result
 from hpckit.sweep.results import ResultGrid
 

@@ -24,9 +24,8 @@ from typing import Any
 
 from hpckit.checkpoint import Checkpoint, checkpoint_at
 from hpckit.errors import ConfigError, ManifestError
-from hpckit.experiment.nested import flatten
 from hpckit.experiment.reading import read_manifest
-from hpckit.experiment.values import jsonable
+from hpckit.experiment.values import flatten, jsonable
 from hpckit.logs import log
 from hpckit.storage.location import Location
 from hpckit.sweep import record as rec

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pyarrow
 
 from hpckit.errors import ConfigError, TrainingFailedError
-from hpckit.experiment.nested import flatten
 from hpckit.experiment.retention import score_of
+from hpckit.experiment.values import flatten
 from hpckit.result import Result
 from hpckit.sweep.record import ERROR, TERMINATED, SweepManifest
 

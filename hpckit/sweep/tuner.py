@@ -49,8 +49,7 @@ from hpckit.sweep.results import ResultGrid
 from hpckit.sweep.search.searcher import Searcher
 from hpckit.sweep.search.variants import BasicVariantGenerator
 from hpckit.sweep.searching import Search, search_for
-from hpckit.sweep.spawned import run_spawned
-from hpckit.sweep.trialqueue import run_packed
+from hpckit.sweep.trialqueue import run_packed, run_spawned
 from hpckit.sweep.trials import (
     Trainable,
     check_trainable,

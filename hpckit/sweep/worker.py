@@ -1,6 +1,6 @@
 """Entry point of a rank of a sweep that ``python sweep.py`` started
 (``python -m hpckit.sweep.worker``): all of the sweep's ranks on this node
-(:mod:`hpckit.sweep.spawned`), or one trial's job step in a Slurm allocation
+(:mod:`hpckit.sweep.trialqueue`), or one trial's job step in a Slurm allocation
 (:mod:`hpckit.sweep.allocated`). Nothing imports it."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from hpckit import settings as _settings
 from hpckit.errors import LaunchError
 from hpckit.launch.mainimport import enter
 from hpckit.run.mpi.comm import world
-from hpckit.run.startup import beating
+from hpckit.run.startup.watchdog import start_heartbeat
 from hpckit.sweep.decisions import Files, serving
-from hpckit.sweep.spawned import TUNER
+from hpckit.sweep.trialqueue import TUNER
 from hpckit.sweep.trialsteps import assignment_path, write_outcome
 
 
@@ -24,7 +24,7 @@ def main() -> None:
     current = _settings.refresh()
     if not current.sweep_payload:
         raise LaunchError("hpckit.sweep.worker is started by Tuner.fit(), not by hand")
-    beating.start(current)
+    start_heartbeat(current)
     enter(current.sweep_payload)
     with open(os.path.join(current.sweep_payload, TUNER), "rb") as f:
         tuner = pickle.load(f)

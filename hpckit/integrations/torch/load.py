@@ -13,8 +13,7 @@ from hpckit.experiment.manifest import FileRecord, is_rank_state, is_safe_relpat
 from hpckit.experiment.reading import read_manifest
 from hpckit.integrations.torch.distributed import device
 from hpckit.logs import log
-from hpckit.storage.checksum import algorithm_of, short
-from hpckit.storage.copy import checksum_file
+from hpckit.storage.copy import algorithm_of, checksum_file, short
 
 
 def load_state(checkpoint: Checkpoint, filename: str = "state.pt", *, map_location: Any = None,

@@ -4,10 +4,14 @@ model, and a loader that gives each rank its share and moves batches to the devi
 FSDP2 for ``prepare_model(parallel_strategy="fsdp")``: the model's parameters sharded
 across the ranks with ``torch.distributed.fsdp.fully_shard``, on GPUs (NCCL) and on CPUs
 (Gloo) alike. Save and resume its sharded state with DCP (``save_state_dcp``).
+
+``enable_reproducibility``: the same numbers from the same seed, as in Ray.
 """
 
 from __future__ import annotations
 
+import os
+import random
 import signal
 import warnings
 from collections.abc import Callable
@@ -239,3 +243,27 @@ def _policy(policy: Any) -> Callable[[torch.nn.Module], bool]:
         return lambda module: bool(policy(module))
     raise ConfigError(f"prepare_model(): auto_wrap_policy={policy!r}; give a module class, a "
                       "set of them, or a function of a module returning True to shard it.")
+
+
+def enable_reproducibility(seed: int = 0) -> None:
+    """Seed Python, NumPy and torch with ``seed`` and make torch choose deterministic
+    algorithms (cuDNN without benchmarking, cuBLAS with a fixed workspace). Call it at the
+    start of the training function, on every rank. Deterministic kernels can be slower, and
+    an operation that has none then raises.
+
+    Data loaders are not seeded here (Ray's ``prepare_data_loader`` seeds their workers):
+    give yours a ``generator``, which ``prepare_data_loader`` keeps.
+
+    Args:
+        seed: The seed for Python's ``random``, NumPy's global generator and torch (default
+            0); the same on every rank gives every rank the same streams.
+    """
+    import numpy as np
+    import torch
+
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False

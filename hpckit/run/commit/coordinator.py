@@ -42,12 +42,11 @@ from hpckit.checkpoint import checkpoint_at
 from hpckit.config import CheckpointConfig
 from hpckit.errors import HpckitError, ReportMismatchError
 from hpckit.experiment.experiment import Experiment
-from hpckit.experiment.manifest import CACHE, STORAGE, CheckpointRecord, checkpoint_dirname
-from hpckit.experiment.nested import flatten
+from hpckit.experiment.manifest import CACHE, STORAGE, CheckpointRecord, Validation, checkpoint_dirname
 from hpckit.experiment.reading import records_of
 from hpckit.experiment.records import indexed
 from hpckit.experiment.retention import score_of
-from hpckit.experiment.validation import Validation
+from hpckit.experiment.values import flatten
 from hpckit.experiment.writer import Writer
 from hpckit.logs import human_size, log, metrics_summary
 from hpckit.run.commit.callbacks import Callbacks

@@ -35,7 +35,7 @@ from hpckit.run.writing.plan import (
     part_of,
     runs,
 )
-from hpckit.storage.checksum import short
+from hpckit.storage.copy import short
 
 
 def make_plan(announcements: list[Announcement], step: int, next_index: int,

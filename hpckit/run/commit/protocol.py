@@ -62,8 +62,8 @@ from hpckit.run.writing.plan import (
     own_part,
 )
 from hpckit.run.writing.rankstate import node_states
+from hpckit.run.writing.shares import Meeting
 from hpckit.run.writing.staging import Handed, Staging, Upload, hand_in, release
-from hpckit.run.writing.uploads import Meeting
 from hpckit.run.writing.writer import InFlight, ShareWriter, finished_by_node, node_part
 from hpckit.storage.location import Location
 

@@ -30,7 +30,7 @@ from types import TracebackType
 from typing import Any
 
 from hpckit import exits
-from hpckit.experiment.hangs import keep_stacks, stacks_name
+from hpckit.experiment.artifacts import keep_stacks, stacks_name
 from hpckit.logs import log
 from hpckit.processes import children
 from hpckit.storage.location import Location

@@ -19,12 +19,10 @@ from hpckit.errors import CheckpointError, HpckitError, StorageError
 from hpckit.experiment.manifest import CheckpointRecord
 from hpckit.experiment.reading import read_manifest
 from hpckit.logs import log
-from hpckit.run.levels.cache import OWN, RESTORE, NodeCache, Nodes
-from hpckit.run.levels.levels import Levels, locate
+from hpckit.run.levels.levels import OWN, RESTORE, Levels, NodeCache, Nodes, locate
 from hpckit.run.mpi.comm import all_reduce, everywhere, on_root
 from hpckit.run.mpi.transfer import Receive, Send, exchange
-from hpckit.storage.checksum import algorithm_of
-from hpckit.storage.copy import checksum_file
+from hpckit.storage.copy import algorithm_of, checksum_file
 from hpckit.storage.location import Location
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpckit.errors import CheckpointError
 from hpckit.run.mpi.waiting import poll
-from hpckit.storage.checksum import ALGORITHM, Checksum
+from hpckit.storage.copy import ALGORITHM, Checksum
 
 if TYPE_CHECKING:
     from mpi4py.MPI import Comm

@@ -1,27 +1,50 @@
 """The training session of one rank, and the module-level API that reaches it
-(``hpckit.report``, ``hpckit.get_checkpoint``, ``hpckit.get_context``)."""
+(``hpckit.report``, ``hpckit.get_checkpoint``, ``hpckit.get_context``).
+
+``get_all_reported_checkpoints()`` and its types, as in Ray Train 2.60.
+
+``get_context().should_checkpoint()``: how often to checkpoint, by Young and Daly.
+
+A checkpoint that blocks training for C seconds, on a job whose mean time between failures
+is M, costs the least (checkpoint time plus work lost to failures) when taken every
+τ = √(2·C·M) seconds (Young 1974; Daly 2006 adds terms that matter only when C is a large
+part of M). hpckit measures C on each checkpointed ``report()`` (the time it blocked: the
+hand-over for an asynchronous one), takes the median of the last few, and M from
+``CheckpointConfig(mtbf_s=...)``. Expected work lost per failure is about τ/2 + C.
+"""
 
 from __future__ import annotations
 
+import math
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from enum import Enum
+from typing import TYPE_CHECKING, Any
 
 from hpckit import settings as _settings
-from hpckit.checkpoint import Checkpoint
+from hpckit.checkpoint import Checkpoint, checkpoint_at
 from hpckit.config import CheckpointUploadMode, ValidationConfig, ValidationTaskConfig
 from hpckit.errors import ConfigError, HpckitError
+from hpckit.experiment import retention
 from hpckit.experiment.artifacts import Artifacts
+from hpckit.experiment.manifest import CheckpointRecord
+from hpckit.experiment.reading import require_manifest
 from hpckit.experiment.tracking import Trackers
 from hpckit.logs import log
+from hpckit.run.commit.planning import check_agreed
 from hpckit.run.commit.protocol import CommitProtocol
+from hpckit.run.ending import stop
 from hpckit.run.ending.hang import HangWatch
 from hpckit.run.ending.stop import CriterionMet, StopRequested
+from hpckit.run.mpi.comm import all_reduce
+from hpckit.run.mpi.waiting import quiet_everywhere
 from hpckit.run.session.context import TrainContext
-from hpckit.run.session.interval import CheckpointClock
 from hpckit.run.session.resumable import Keeper, RankState
 from hpckit.run.writing.staging import Upload
+from hpckit.storage.location import Location
 
 
 @dataclass
@@ -211,3 +234,153 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None, *,
                                                 checkpoint_upload_fn,
                                                 keeper.capture if keeper.enabled else None,
                                                 keeper.enabled and bool(keeper.keepers)))
+
+
+class ReportedCheckpointStatus(Enum):
+    """Where a reported checkpoint stands: ``COMMITTED`` (no validation asked), or its
+    validation's status as the manifest records it."""
+
+    COMMITTED = "COMMITTED"
+    PENDING_VALIDATION = "PENDING_VALIDATION"
+    VALIDATED = "VALIDATED"
+    VALIDATION_TIMEOUT = "VALIDATION_TIMEOUT"
+    VALIDATION_FAILED = "VALIDATION_FAILED"
+
+
+class CheckpointConsistencyMode(Enum):
+    """What :func:`get_all_reported_checkpoints` waits for: the commits (``COMMITTED``), or
+    also the end of every validation (``VALIDATED``)."""
+
+    COMMITTED = "COMMITTED"
+    VALIDATED = "VALIDATED"
+
+
+@dataclass(frozen=True)
+class ReportedCheckpoint:
+    """A committed checkpoint with its metrics (a validation's merged in) and status.
+
+    Args:
+        checkpoint: The committed checkpoint, in the experiment's directory.
+        metrics: Its report's metrics as the manifest stores them (JSON values), with a
+            validation's metrics merged over them.
+        status: ``COMMITTED`` (the default) where no validation was asked, else the
+            validation's status.
+    """
+
+    checkpoint: Checkpoint
+    metrics: dict[str, Any]
+    status: ReportedCheckpointStatus = ReportedCheckpointStatus.COMMITTED
+
+
+POLL_S = 0.2
+
+
+def get_all_reported_checkpoints(
+        consistency_mode: CheckpointConsistencyMode = CheckpointConsistencyMode.VALIDATED,
+        timeout_s: float | None = None) -> list[ReportedCheckpoint]:
+    """Every checkpoint of this experiment that is kept, this run's and those of the runs it
+    resumed, worst to best by the retention score (best last; report order without a score).
+
+    Any rank may call it, any number of times: it reads the manifest, which every rank sees.
+    A synchronous report's checkpoint is listed once ``report()`` has returned; an
+    asynchronous one once it is committed (at a later report, or at the end of the run).
+    With ``VALIDATED`` (the default, as in Ray) it first waits until no kept checkpoint
+    awaits validation, or ``timeout_s`` has passed (then it returns what stands, as Ray
+    does); rank 0's validation thread records each outcome while the ranks train.
+
+    Args:
+        consistency_mode: ``VALIDATED`` (the default) waits for every kept checkpoint's
+            validation to end; ``COMMITTED`` lists the committed checkpoints at once.
+        timeout_s: With ``VALIDATED``, the most seconds to wait; None (the default) waits
+            as long as a validation is pending. Ignored with ``COMMITTED``.
+
+    Returns:
+        The kept checkpoints, worst to best.
+
+    Raises:
+        ConfigError: ``consistency_mode`` is not a ``CheckpointConsistencyMode``.
+        ManifestError: The experiment's manifest cannot be read.
+        HpckitError: Called outside a training run.
+    """
+    if not isinstance(consistency_mode, CheckpointConsistencyMode):
+        raise ConfigError(f"get_all_reported_checkpoints(consistency_mode={consistency_mode!r}) "
+                          "must be a CheckpointConsistencyMode (COMMITTED or VALIDATED).")
+    location: Location = current("get_all_reported_checkpoints").context.experiment
+    manifest = require_manifest(location)
+    if consistency_mode is CheckpointConsistencyMode.VALIDATED:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while manifest.awaiting_validation and (deadline is None or time.monotonic() < deadline):
+            time.sleep(POLL_S)
+            manifest = require_manifest(location)
+    return [ReportedCheckpoint(checkpoint_at(location.join(r.directory)), r.metrics, _status(r))
+            for r in reversed(retention.ranked(manifest))]
+
+
+def _status(record: CheckpointRecord) -> ReportedCheckpointStatus:
+    if record.validation is None:
+        return ReportedCheckpointStatus.COMMITTED
+    return ReportedCheckpointStatus(record.validation.status)
+
+
+if TYPE_CHECKING:
+    from mpi4py.MPI import Comm
+
+MEASURED = 5  # blocking times the median is taken over
+
+
+def optimal_interval(cost_s: float, mtbf_s: float) -> float:
+    """Young/Daly's interval in seconds: √(2·C·M)."""
+    return math.sqrt(2.0 * cost_s * mtbf_s)
+
+
+class CheckpointClock:
+    """One rank's record of its checkpoints' blocking times and of its last commit."""
+
+    def __init__(self, mtbf_s: float) -> None:
+        self.mtbf_s = mtbf_s
+        self.committed_at = time.monotonic()
+        self.costs: deque[float] = deque(maxlen=MEASURED)
+        self._said: float | None = None
+
+    def reported(self, blocked_s: float | None) -> None:
+        """A report returned: it blocked for ``blocked_s`` with a checkpoint (None without).
+        The interval counts from there, not from the commit of an asynchronous one, which
+        comes later."""
+        if blocked_s is not None:
+            self.costs.append(blocked_s)
+            self.committed_at = time.monotonic()
+
+    def due(self) -> tuple[bool, float | None]:
+        """Whether the interval has passed since the last commit, and the interval (None
+        until a checkpoint was measured: then it is due, to measure one)."""
+        if not self.costs:
+            return True, None
+        interval = optimal_interval(statistics.median(self.costs), self.mtbf_s)
+        return time.monotonic() - self.committed_at >= interval, interval
+
+    def say(self, interval: float) -> None:
+        """Log the interval when it is first known and when it moves by a quarter."""
+        if self._said is not None and abs(interval - self._said) <= 0.25 * self._said:
+            return
+        self._said = interval
+        cost = statistics.median(self.costs)
+        log.info("checkpoint interval %.0f s (Young/Daly: blocking cost %.2f s, "
+                 "CheckpointConfig(mtbf_s=%.0f)); expected work lost per failure about %.0f s",
+                 interval, cost, self.mtbf_s, interval / 2 + cost)
+
+
+def agreed_due(comm: Comm, clock: CheckpointClock, stopping: Callable[[], bool]) -> bool:
+    """``should_checkpoint()``: True when Young/Daly's interval has passed since the last
+    checkpointed report (by rank 0's clock, so every rank gets the same answer), when no
+    checkpoint has been measured yet, or when a stop was requested on any rank. Collective:
+    each rank sends whether it heard a stop; rank 0 decides."""
+    def decide(heard: list[bool]) -> bool:
+        check_agreed(heard, bool, "get_context().should_checkpoint()")
+        due, interval = clock.due()
+        if interval is not None:
+            clock.say(interval)
+        return due or any(heard)
+
+    quiet_everywhere(comm, -1, False)  # as report() starts: a rank in report() meets it here
+    return all_reduce(comm, "get_context().should_checkpoint()",
+                      lambda: stop.received() is not None or stopping(), decide, HpckitError)

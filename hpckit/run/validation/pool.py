@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from hpckit.checkpoint import Checkpoint
 from hpckit.config import ValidationConfig
 from hpckit.errors import LaunchError, TrainingFailedError
-from hpckit.experiment.validation import FAILED, Validation
+from hpckit.experiment.manifest import FAILED, Validation
 from hpckit.run.ending.exit import finalize_with_hydra
 from hpckit.run.mpi.waiting import next_from, receive_from, send_to
 from hpckit.run.validation import child

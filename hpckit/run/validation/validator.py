@@ -17,8 +17,7 @@ from hpckit.checkpoint import Checkpoint, checkpoint_at
 from hpckit.config import CheckpointConfig, ValidationConfig
 from hpckit.errors import CommitError, ConfigError, ExperimentClosedError
 from hpckit.experiment.experiment import Experiment
-from hpckit.experiment.manifest import STAGING_NAME, CheckpointRecord
-from hpckit.experiment.validation import VALIDATED, Validation
+from hpckit.experiment.manifest import STAGING_NAME, VALIDATED, CheckpointRecord, Validation
 from hpckit.logs import log
 from hpckit.run.job import TrainingJob
 from hpckit.run.validation import child

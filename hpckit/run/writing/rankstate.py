@@ -19,7 +19,7 @@ from hpckit import faults
 from hpckit.experiment.manifest import RANK_STATE_DIR, FileRecord
 from hpckit.run.writing.plan import Persisted
 from hpckit.storage import files
-from hpckit.storage.checksum import checksum_of
+from hpckit.storage.copy import checksum_of
 from hpckit.storage.location import Location
 
 PART = "node-"

@@ -32,8 +32,7 @@ from hpckit.experiment.journal import Journal
 from hpckit.experiment.manifest import RESERVED_NAMES, STAGING_NAME
 from hpckit.experiment.ownership import inside
 from hpckit.logs import log
-from hpckit.run.writing.shares import list_source, local_source
-from hpckit.run.writing.uploads import check_returned
+from hpckit.run.writing.shares import check_returned, list_source, local_source
 from hpckit.storage.location import Location
 from hpckit.writes import written_later
 

@@ -30,7 +30,7 @@ from hpckit.experiment.records import PARTS_DIR, part_name, render_records
 from hpckit.run.mpi.comm import RankFailure, captured
 from hpckit.run.writing.plan import Announcement, Finished, NodeRecords, Persisted, Placement, Plan
 from hpckit.run.writing.rankstate import with_state
-from hpckit.run.writing.shares import hash_uploaded, sync_in_place, write_share
+from hpckit.run.writing.shares import Meeting, hash_uploaded, sync_in_place, write_share
 from hpckit.run.writing.staging import (
     Handed,
     Staging,
@@ -40,9 +40,8 @@ from hpckit.run.writing.staging import (
     upload,
     uploaded_taken,
 )
-from hpckit.run.writing.uploads import Meeting
 from hpckit.storage import files
-from hpckit.storage.checksum import checksum_of
+from hpckit.storage.copy import checksum_of
 from hpckit.storage.location import Location
 
 
