@@ -18,7 +18,7 @@ from hpckit.storage.location import resolve
 @pytest.fixture
 def small_segments(monkeypatch):
     """Segments of three lines, and every object the log writes, with its lines."""
-    monkeypatch.setattr(segments, "SEGMENT_LINES", 3)
+    monkeypatch.setattr(reading, "SEGMENT_LINES", 3)
     monkeypatch.setattr(metrics, "SEGMENT_LINES", 3)
     written: list[tuple[str, int]] = []
     real = files.write_atomic
