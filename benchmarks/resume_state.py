@@ -41,7 +41,7 @@ from hpckit.integrations.torch.loader import random_keepers
 from hpckit.run.session.resumable import RankState
 from hpckit.experiment.records import FileRecord, render_records
 from hpckit.run.writing.plan import Persisted
-from hpckit.run.writing.rankstate import node_states, state_name, write_state
+from hpckit.run.writing.writer import node_states, state_name, write_state
 from hpckit.storage.location import local
 
 

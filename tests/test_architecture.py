@@ -25,6 +25,9 @@ TESTS = ROOT / "tests"
 # (docs/architecture.md): each one past these lengths is named in READ, with why it stays.
 REVIEW_MODULE_LINES, REVIEW_FUNCTION_LINES = 500, 80
 READ: dict[str, str] = {
+    "hpckit/run/commit/coordinator.py": "rank 0's decisions in one room (#68): each step's "
+                                        "plan, the commits in report order, the background "
+                                        "commits and the callbacks they tell",
     "hpckit/sweep/legacy.py:run": "Ray's tune.run: 23 keywords, each in its Args: (#68); the "
                                   "body, 39 lines, turns each into its Tuner form in one place",
 }

@@ -19,7 +19,7 @@ from hpckit.run.mpi.comm import RankFailure
 from hpckit.run.commit.planning import attributed, merge, unrecorded
 from hpckit.run.writing.plan import Announcement, Persisted, Placement, Plan, Finished
 from hpckit.run.commit.planning import raise_background_failure, finished_everywhere
-from hpckit.run.writing.rankstate import state_name
+from hpckit.run.writing.writer import state_name
 from hpckit.run.writing.shares import share_hashing
 from hpckit.storage import files
 from hpckit.storage.location import resolve

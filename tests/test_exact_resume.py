@@ -205,7 +205,7 @@ def test_another_world_size_leaves_the_states_behind_in_one_warning_line(tmp_pat
     why and what resumes exactly; at the same size each keeper gets its state, a loader
     prepared later too."""
     from hpckit.run.session.resumable import RankState
-    from hpckit.run.writing.rankstate import node_states, write_state
+    from hpckit.run.writing.writer import node_states, write_state
     from hpckit.storage.location import local
 
     checkpoint = local(str(tmp_path))
@@ -318,7 +318,7 @@ def test_a_nodes_states_are_one_file_found_by_each_rank_whatever_its_node_now(tm
     """#66: one resume state file a node (its leader's), not a rank: a rank finds its own in
     its node's file, in another node's where the ranks lie elsewhere now, and in a
     checkpoint written before states went by node, in its own ``rank-NNNNN``."""
-    from hpckit.run.writing.rankstate import node_states, read_state, write_state
+    from hpckit.run.writing.writer import node_states, read_state, write_state
     from hpckit.storage.location import local
 
     checkpoint = local(str(tmp_path / "by-node"))

@@ -47,9 +47,8 @@ WRITERS = {
     "hpckit/storage/": "the storage layer itself",
     "hpckit/experiment/": "the experiment directory's owner and its helpers",
     "hpckit/run/writing/shares.py": "each rank's files inside a pending checkpoint",
-    "hpckit/run/writing/rankstate.py": "a node's ranks' resume states, a file of a pending "
-                                       "checkpoint that the node's leader writes",
-    "hpckit/run/writing/writer.py": "a node leader's part of a pending checkpoint's records",
+    "hpckit/run/writing/writer.py": "a node leader's files of a pending checkpoint: its ranks' "
+                                    "resume states and its part of the records",
     "hpckit/run/levels/levels.py": "a cached checkpoint's files, copied to storage_path "
                                    "before rank 0 records them there",
     "hpckit/checkpoint.py": "Checkpoint.set_metadata and to_directory, the user's own calls",

@@ -14,7 +14,7 @@ import pytest
 from conftest import MPIEXEC, STEADY, manifest, mpiexec, python, run
 from support.processes import ended_at_exit
 
-from hpckit.run.writing.rankstate import state_name
+from hpckit.run.writing.writer import state_name
 
 
 @pytest.mark.parametrize("workers", [2, 3])

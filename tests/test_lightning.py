@@ -13,7 +13,7 @@ import pytest
 from conftest import MPIEXEC, checkpoint_dirs, manifest, metrics_lines, run, stopped_after_first_checkpoint
 
 from hpckit.experiment.manifest import is_rank_state
-from hpckit.run.writing.rankstate import state_name
+from hpckit.run.writing.writer import state_name
 
 pl = pytest.importorskip("lightning.pytorch", reason="pip install -e '.[lightning]'")
 

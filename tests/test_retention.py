@@ -71,7 +71,7 @@ def test_waiting_for_a_purge_never_joins_a_thread_not_yet_started(tmp_path, monk
     import threading
 
     from hpckit.experiment.manifest import CheckpointRecord
-    from hpckit.experiment.purge import Purge
+    from hpckit.experiment.experiment import Purge
 
     started = threading.Event()
     real_start = threading.Thread.start

@@ -22,7 +22,7 @@ from hpckit.experiment.experiment import Experiment
 from hpckit.experiment.manifest import VALIDATED, Validation
 from hpckit.errors import ExperimentClosedError
 from hpckit.experiment.writer import Writer
-from hpckit.run.commit.callbacks import Callbacks
+from hpckit.run.commit.coordinator import Callbacks
 from hpckit.run.commit.coordinator import Coordinator
 from hpckit.storage.location import resolve
 

@@ -29,7 +29,7 @@ from hpckit.experiment.manifest import Manifest
 from hpckit.experiment.opening import Opening
 from hpckit.logs import log
 from hpckit.result import Result, result_of
-from hpckit.run.commit.callbacks import Callbacks
+from hpckit.run.commit.coordinator import Callbacks
 from hpckit.run.commit.protocol import CommitProtocol
 from hpckit.run.ending import stop
 from hpckit.run.ending.hang import HangWatch

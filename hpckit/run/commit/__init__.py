@@ -1,9 +1,9 @@
 """The commit protocol behind ``report()``, in two roles: the collective steps every rank
 takes (``protocol``) and rank 0's decisions, the plan of each step, the commits and the
-reports not yet written to the experiment, in report order (``coordinator``; its pure part,
-the plan made from the announcements and the records merged and checked: ``planning``), the
-background commits handed to the experiment's writer (``committer``), and the run's
-UserCallbacks, called on rank 0 outside the collectives (``callbacks``).
+reports not yet written to the experiment, in report order, the background commits handed
+to the experiment's writer, and the run's UserCallbacks, called on rank 0 outside the
+collectives (``coordinator``; its pure part, the plan made from the announcements and the
+records merged and checked: ``planning``).
 
 The experiment directory changes only through rank 0's
 :class:`~hpckit.experiment.experiment.Experiment` (manifest, metrics, markers, discarded

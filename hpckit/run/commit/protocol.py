@@ -35,8 +35,7 @@ from hpckit.experiment.experiment import Experiment
 from hpckit.experiment.manifest import CACHE, checkpoint_dirname
 from hpckit.experiment.values import to_json_metrics
 from hpckit.logs import log
-from hpckit.run.commit.callbacks import Callbacks
-from hpckit.run.commit.coordinator import Coordinator
+from hpckit.run.commit.coordinator import Callbacks, Coordinator
 from hpckit.run.ending import stop
 from hpckit.run.levels.levels import Levels
 from hpckit.run.mpi.comm import (
@@ -61,10 +60,9 @@ from hpckit.run.writing.plan import (
     SentFiles,
     own_part,
 )
-from hpckit.run.writing.rankstate import node_states
 from hpckit.run.writing.shares import Meeting
 from hpckit.run.writing.staging import Handed, Staging, Upload, hand_in, release
-from hpckit.run.writing.writer import InFlight, ShareWriter, finished_by_node, node_part
+from hpckit.run.writing.writer import InFlight, ShareWriter, finished_by_node, node_part, node_states
 from hpckit.storage.location import Location
 
 

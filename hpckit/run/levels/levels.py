@@ -45,9 +45,8 @@ from hpckit.run.mpi.comm import (
 )
 from hpckit.run.mpi.transfer import Receive, Received, Send, exchange
 from hpckit.run.writing.plan import Persisted, Plan, in_background
-from hpckit.run.writing.rankstate import state_name, with_state
 from hpckit.run.writing.shares import write_share
-from hpckit.run.writing.writer import InFlight, done_now
+from hpckit.run.writing.writer import InFlight, done_now, state_name, with_state
 from hpckit.storage.copy import algorithm_of, fsync_tree, persist_file
 from hpckit.storage.location import Location
 

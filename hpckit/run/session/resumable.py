@@ -19,7 +19,7 @@ import sys
 from typing import Any, Protocol
 
 from hpckit.logs import log
-from hpckit.run.writing.rankstate import read_state
+from hpckit.run.writing.writer import read_state
 from hpckit.storage.location import Location
 
 FORMAT = 1
