@@ -138,11 +138,12 @@ def test_scontrol_requeue_under_pmix_ends_as_an_uninterrupted_run(tmp_path, slur
     segments do not outlive the killed incarnation, so hpckit has nothing to remove."""
     command = (f"--mpi=pmix {PYTHON} {STEADY} --storage {tmp_path} --name again --workers 2 "
                "--epoch-seconds 1")
-    before = _segments()  # other runs' (Open MPI leaves them after a rank's SIGKILL)
     job = sbatch(slurm, tmp_path, minimal_script(tmp_path, 2, command), "--time=10", **ROOT)
     wait_for_reports(slurm, tmp_path, tmp_path / "again", 3, 180)
-    segments = _segments() - before
-    assert segments, os.listdir("/dev/shm")  # the killed incarnation's, while it runs
+    # The killed incarnation's, while it runs: those its ranks map. Another test's Open MPI
+    # job may make and leave segments meanwhile (a rank it SIGKILLs leaves its own).
+    segments = _mapped_by_job(job)
+    assert segments, os.listdir("/dev/shm")
     slurm.run("scontrol", "requeue", job)
     assert wait(slurm, tmp_path, job, 300) == {job: "COMPLETED"}, output_of(tmp_path)
     assert not segments & _segments(), "Open MPI's segments were left"
@@ -153,6 +154,25 @@ def test_scontrol_requeue_under_pmix_ends_as_an_uninterrupted_run(tmp_path, slur
 
 def _segments() -> set[str]:
     return {name for name in os.listdir("/dev/shm") if name.startswith("sm_segment.")}
+
+
+def _mapped_by_job(job: str) -> set[str]:
+    """The Open MPI segments that processes of Slurm job ``job`` map now."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            if f"SLURM_JOB_ID={job}".encode() not in environ:
+                continue
+            for line in Path(f"/proc/{entry}/maps").read_text().splitlines():
+                path = line.split(None, 5)[5].strip() if len(line.split(None, 5)) == 6 else ""
+                if path.startswith("/dev/shm/sm_segment."):
+                    found.add(os.path.basename(path))
+        except OSError:
+            continue
+    return found
 
 
 @pytest.mark.alone  # it times the ending
