@@ -158,20 +158,24 @@ def _segments() -> set[str]:
 
 def _mapped_by_job(job: str) -> set[str]:
     """The Open MPI segments that processes of Slurm job ``job`` map now."""
-    found = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    from hpckit.run.startup.shm import mapping_pids
+
+    in_job = set()
+    for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-            if f"SLURM_JOB_ID={job}".encode() not in environ:
-                continue
-            for line in Path(f"/proc/{entry}/maps").read_text().splitlines():
-                path = line.split(None, 5)[5].strip() if len(line.split(None, 5)) == 6 else ""
-                if path.startswith("/dev/shm/sm_segment."):
-                    found.add(os.path.basename(path))
+            if f"SLURM_JOB_ID={job}".encode() in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                in_job.add(int(entry))
         except OSError:
             continue
+    mapped = mapping_pids()
+    found = set()
+    for name in _segments():
+        try:
+            status = os.stat(os.path.join("/dev/shm", name))
+        except FileNotFoundError:
+            continue
+        if mapped.get((status.st_dev, status.st_ino), set()) & in_job:
+            found.add(name)
     return found
 
 
