@@ -51,7 +51,10 @@ def _layers() -> tuple[list[list[str]], list[list[str]]]:
     contracts = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
     found = {tuple(c.get("containers", ())): c["layers"]
              for c in contracts["tool"]["importlinter"]["contracts"] if c["type"] == "layers"}
-    split = lambda layers: [[name.strip() for name in layer.split("|")] for layer in layers]
+
+    def split(layers: list[str]) -> list[list[str]]:
+        return [[name.strip() for name in layer.split("|")] for layer in layers]
+
     return split(found[()]), split(found[("hpckit.run",)])
 
 
