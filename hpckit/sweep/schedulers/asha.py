@@ -12,8 +12,7 @@ from typing import Any
 
 from hpckit.errors import ConfigError
 from hpckit.sweep.schedulers.base import (
-    DEFAULT_METRIC,
-    FIFOScheduler,
+    RankingScheduler,
     Trial,
     TrialScheduler,
     TuneController,
@@ -56,7 +55,7 @@ class _Bracket:
         return action
 
 
-class AsyncHyperBandScheduler(FIFOScheduler):
+class AsyncHyperBandScheduler(RankingScheduler):
     """As ``ray.tune.schedulers.AsyncHyperBandScheduler`` (alias ``ASHAScheduler``).
 
     Args:
@@ -93,19 +92,8 @@ class AsyncHyperBandScheduler(FIFOScheduler):
         self._num_stopped = 0
         self._rng = random.Random()
 
-    def set_search_properties(self, metric: str | None, mode: str | None, **spec: Any) -> bool:
-        if self._metric and self._mode:
-            return False
-        self._metric = self._metric or metric
-        self._mode = self._mode or mode
-        if self._metric is None and self._mode:
-            self._metric = DEFAULT_METRIC
-        return True
-
     def on_trial_add(self, tune_controller: TuneController, trial: Trial) -> None:
-        if not self._metric or not self._mode:
-            raise ConfigError(f"{type(self).__name__} needs a metric and a mode: pass them to "
-                              "it, or to TuneConfig(metric=..., mode=...).")
+        self._require_metric()
         sizes = [len(b.rungs) for b in self._brackets]
         weights = [math.exp(s - max(sizes)) for s in sizes]
         self._trial_info[trial.trial_id] = self._rng.choices(range(len(sizes)), weights)[0]

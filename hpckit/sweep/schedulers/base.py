@@ -199,6 +199,28 @@ class FIFOScheduler(TrialScheduler):
         pass
 
 
+class RankingScheduler(FIFOScheduler):
+    """A scheduler that ranks trials by a metric in a mode (ASHA, HyperBand, the median rule,
+    PBT): its own where it was given them, else TuneConfig's."""
+
+    _mode: str | None = None
+
+    def set_search_properties(self, metric: str | None, mode: str | None, **spec: Any) -> bool:
+        if self._metric and self._mode:
+            return False
+        self._metric = self._metric or metric
+        self._mode = self._mode or mode
+        if self._metric is None and self._mode:
+            self._metric = DEFAULT_METRIC
+        return True
+
+    def _require_metric(self) -> None:
+        """Before a trial is added: a ranking needs both (ConfigError saying where to pass them)."""
+        if not self._metric or not self._mode:
+            raise ConfigError(f"{type(self).__name__} needs a metric and a mode: pass them to "
+                              "it, or to TuneConfig(metric=..., mode=...).")
+
+
 def check_mode(owner: str, mode: str | None) -> None:
     if mode not in (None, "min", "max"):
         raise ConfigError(f"{owner}(mode={mode!r}) is invalid: use 'max' (higher is better) "

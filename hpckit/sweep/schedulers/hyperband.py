@@ -11,10 +11,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from hpckit.errors import ConfigError
 from hpckit.sweep.schedulers.base import (
     DEFAULT_METRIC,
-    FIFOScheduler,
+    RankingScheduler,
     Trial,
     TrialScheduler,
     TuneController,
@@ -101,7 +100,7 @@ class _Bracket:
         return work
 
 
-class HyperBandScheduler(FIFOScheduler):
+class HyperBandScheduler(RankingScheduler):
     """As ``ray.tune.schedulers.HyperBandScheduler`` (synchronous HyperBand).
 
     Args:
@@ -131,19 +130,8 @@ class HyperBandScheduler(FIFOScheduler):
         self._current: tuple[int, int] | None = None
         self._num_stopped = 0
 
-    def set_search_properties(self, metric: str | None, mode: str | None, **spec: Any) -> bool:
-        if self._metric and self._mode:
-            return False
-        self._metric = self._metric or metric
-        self._mode = self._mode or mode
-        if self._metric is None and self._mode:
-            self._metric = DEFAULT_METRIC
-        return True
-
     def on_trial_add(self, tune_controller: TuneController, trial: Trial) -> None:
-        if not self._metric or not self._mode:
-            raise ConfigError(f"{type(self).__name__} needs a metric and a mode: pass them to "
-                              "it, or to TuneConfig(metric=..., mode=...).")
+        self._require_metric()
         if self._current is None or self._bracket(self._current).filled():
             self._current = self._new_bracket()
         self._bracket(self._current).add(trial.trial_id)

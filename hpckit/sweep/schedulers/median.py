@@ -10,7 +10,7 @@ from typing import Any
 
 from hpckit.sweep.schedulers.base import (
     DEFAULT_METRIC,
-    FIFOScheduler,
+    RankingScheduler,
     Trial,
     TrialScheduler,
     TuneController,
@@ -20,7 +20,7 @@ from hpckit.sweep.schedulers.base import (
 )
 
 
-class MedianStoppingRule(FIFOScheduler):
+class MedianStoppingRule(RankingScheduler):
     """As ``ray.tune.schedulers.MedianStoppingRule``.
 
     Args:
@@ -51,15 +51,6 @@ class MedianStoppingRule(FIFOScheduler):
         self._stopped: set[str] = set()
         self._results: dict[str, list[tuple[float, float]]] = defaultdict(list)  # (time, sign·metric)
         self._last_pause: dict[str, float] = defaultdict(lambda: float("-inf"))
-
-    def set_search_properties(self, metric: str | None, mode: str | None, **spec: Any) -> bool:
-        if self._metric and self._mode:
-            return False
-        self._metric = self._metric or metric
-        self._mode = self._mode or mode
-        if self._metric is None and self._mode:
-            self._metric = DEFAULT_METRIC
-        return True
 
     def on_trial_result(self, tune_controller: TuneController, trial: Trial,
                         result: dict[str, Any]) -> str:

@@ -21,7 +21,7 @@ from hpckit.logs import log
 from hpckit.sweep.domains import Domain, SampleFrom
 from hpckit.sweep.schedulers.base import (
     DEFAULT_METRIC,
-    FIFOScheduler,
+    RankingScheduler,
     Trial,
     TrialScheduler,
     TuneController,
@@ -41,7 +41,7 @@ class _Member:
     has_checkpoint: bool = False
 
 
-class PopulationBasedTraining(FIFOScheduler):
+class PopulationBasedTraining(RankingScheduler):
     """As ``ray.tune.schedulers.PopulationBasedTraining``.
 
     Args:
@@ -106,19 +106,8 @@ class PopulationBasedTraining(FIFOScheduler):
         self._num_perturbations = 0
         self._rng = random.Random()
 
-    def set_search_properties(self, metric: str | None, mode: str | None, **spec: Any) -> bool:
-        if self._metric and self._mode:
-            return False
-        self._metric = self._metric or metric
-        self._mode = self._mode or mode
-        if self._metric is None and self._mode:
-            self._metric = DEFAULT_METRIC
-        return True
-
     def on_trial_add(self, tune_controller: TuneController, trial: Trial) -> None:
-        if not self._metric or not self._mode:
-            raise ConfigError(f"{type(self).__name__} needs a metric and a mode: pass them to "
-                              "it, or to TuneConfig(metric=..., mode=...).")
+        self._require_metric()
         self._members.setdefault(trial.trial_id, _Member())
 
     def on_trial_result(self, tune_controller: TuneController, trial: Trial,
