@@ -26,7 +26,6 @@ import hashlib
 import os
 import shutil
 import socket
-import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -37,11 +36,9 @@ from hpckit.errors import CheckpointError, ProtocolError
 from hpckit.experiment.manifest import CACHE, STORAGE, CheckpointRecord, is_checkpoint_dirname
 from hpckit.logs import log
 from hpckit.run.mpi.comm import (
+    BackgroundComm,
     captured,
     everywhere,
-    for_background,
-    free_background,
-    retire_background,
 )
 from hpckit.run.mpi.transfer import Receive, Received, Send, exchange
 from hpckit.run.writing.plan import Persisted, Plan, in_background
@@ -158,8 +155,11 @@ class Levels:
         self.host = nodes.hosts[comm.rank]
         self.leader = nodes.ranks_on(self.host)[0] == comm.rank
         self.partnered = config.redundancy == "partner" and len(nodes.names) > 1
-        self._abandon = threading.Event()
-        self._copies = _copies_comm(comm) if self.partnered else None
+        self._copies = BackgroundComm()
+        if self.partnered and not self._copies.open(comm) and comm.rank == 0:
+            log.warning("MPI runs without MPI_THREAD_MULTIPLE (mpi4py.rc.thread_level or "
+                        "MPI4PY_RC_THREAD_LEVEL?), so partner copies run inside report() "
+                        "instead of in the background")
         if comm.rank == 0 and config.redundancy == "partner" and not self.partnered:
             log.warning("CheckpointConfig(redundancy='partner') needs two nodes or more; this "
                         "job runs on one (%s), so its cached checkpoints have no copy", self.host)
@@ -209,7 +209,7 @@ class Levels:
             return mine._replace(copies=tuple((r.name, r.checksum) for r in copies))
 
         in_flight.start(directory, self.cache.location(directory),
-                        copy if self._copies is not None else done_now(copy))
+                        copy if self._copies.comm is not None else done_now(copy))
         return mine is not None
 
     def _partner_copy(self, plan: Plan) -> list[Received]:
@@ -225,8 +225,8 @@ class Levels:
         receives = [Receive(source, name, self.cache.path(PARTNER, directory, name))
                     for source in self.nodes.receives_from(rank)
                     for name in [*plan.writes.get(source, []), state_name(source)]]
-        received = exchange(self._copies or self.comm, sends, receives,
-                            lambda: faults.reached("partnering", rank), self._abandon)
+        received = exchange(self._copies.comm or self.comm, sends, receives,
+                            lambda: faults.reached("partnering", rank), self._copies.abandoned)
         failed = [r for r in received if r.error]
         if failed:
             raise CheckpointError(f"rank {rank} on {self.host}: the partner copy of {directory} "
@@ -234,17 +234,12 @@ class Levels:
         return [r for r in received if not r.absent]
 
     def abandon(self) -> None:
-        """The attempt ends: a partner copy still under way stops (its peers may be gone),
-        and a communicator not released is retired."""
-        if self._copies is not None and not self._abandon.is_set():
-            retire_background(self._copies)  # kept here: a copy under way may still use it
-        self._abandon.set()
+        """The attempt ends: a partner copy still under way stops."""
+        self._copies.abandon()
 
     def release(self) -> None:
         """Collective, after the last partner copy of an attempt that ended well."""
-        if self._copies is not None and not self._abandon.is_set():
-            free_background(self._copies)
-            self._copies = None
+        self._copies.release()
 
     def tidy_after_persist(self, kept: list[str]) -> None:
         """Once the newest checkpoint is on storage_path: the caches keep only what the
@@ -289,18 +284,6 @@ class Levels:
                     f"local disk?); it stays cached only, and {target.display} is not recorded")
 
         return copy, check
-
-
-def _copies_comm(comm: Comm) -> Comm | None:
-    """A duplicate of ``comm`` for partner copies on the background thread, made at start-up
-    (collective); None when MPI cannot serve two threads at once, and the copies then run
-    in ``report()``, said once."""
-    copies = for_background(comm)
-    if copies is None and comm.rank == 0:
-        log.warning("MPI runs without MPI_THREAD_MULTIPLE (mpi4py.rc.thread_level or "
-                    "MPI4PY_RC_THREAD_LEVEL?), so partner copies run inside report() instead "
-                    "of in the background")
-    return copies
 
 
 def locate(comm: Comm, cache: NodeCache, nodes: Nodes, record: CheckpointRecord, leader: bool

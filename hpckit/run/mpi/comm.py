@@ -25,6 +25,7 @@ Ctrl-C: every wait here watches the world for rank 0's word, as the world's gath
 from __future__ import annotations
 
 import pickle
+import threading
 import traceback
 import weakref
 from collections.abc import Callable, Sequence
@@ -330,6 +331,36 @@ def free_background(duplicate: Comm) -> None:
 def retire_background(duplicate: Comm) -> None:
     """An attempt that ended badly: its duplicate is freed at the next attempt's start."""
     _retired.append(duplicate)
+
+
+class BackgroundComm:
+    """One attempt's duplicate communicator for a background thread's messages, and the
+    signal that ends their use: freed together after an attempt that ended well, retired (freed
+    at the next attempt's start) after one that did not, since a message under way on another
+    thread may still use it then."""
+
+    def __init__(self) -> None:
+        self.comm: Comm | None = None
+        self.abandoned = threading.Event()  # set: the background waits and copies stop
+
+    def open(self, comm: Comm) -> bool:
+        """Make the duplicate of ``comm`` (collective, as :func:`for_background`); whether MPI
+        can serve the background thread."""
+        self.comm = for_background(comm)
+        return self.comm is not None
+
+    def abandon(self) -> None:
+        """The attempt ends: what runs in the background stops (its peers may be gone), and a
+        duplicate not released is retired."""
+        if self.comm is not None and not self.abandoned.is_set():
+            retire_background(self.comm)
+        self.abandoned.set()
+
+    def release(self) -> None:
+        """Collective, after the last background message of an attempt that ended well."""
+        if self.comm is not None and not self.abandoned.is_set():
+            free_background(self.comm)
+            self.comm = None
 
 
 def live_backgrounds() -> int:

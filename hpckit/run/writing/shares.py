@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -37,7 +36,7 @@ from hpckit.experiment.manifest import (
     is_safe_relpath,
 )
 from hpckit.logs import log
-from hpckit.run.mpi.comm import for_background, free_background, retire_background
+from hpckit.run.mpi.comm import BackgroundComm
 from hpckit.run.mpi.waiting import wait_for_all
 from hpckit.run.writing.plan import Persisted, Plan
 from hpckit.storage import files
@@ -283,43 +282,37 @@ class Meeting:
 
     def __init__(self, comm: Comm) -> None:
         self.comm = comm
-        self._own: Comm | None = None
+        self._background = BackgroundComm()
         self._asked = False
-        self._abandon = threading.Event()
 
     def in_background(self) -> bool:
         """Whether the ranks can meet on the in-flight thread. The first call makes its
         communicator: collective, on the training thread, at the same report on every rank."""
         if not self._asked:
             self._asked = True
-            self._own = for_background(self.comm)
-        return self._own is not None
+            self._background.open(self.comm)
+        return self._background.comm is not None
 
     def meet(self, background: bool) -> None:
         if background:  # maybe long (another rank's upload): the training thread keeps the GIL
-            if self._own is None:
+            if self._background.comm is None:
                 raise ProtocolError("a meeting in the background before in_background() said "
                                     "the ranks can meet there")
-            wait_for_all(self._own, check=self._go_on, longest=BACKGROUND_LOOKS)
+            wait_for_all(self._background.comm, check=self._go_on, longest=BACKGROUND_LOOKS)
         else:
             wait_for_all(self.comm)
 
     def _go_on(self) -> None:
-        if self._abandon.is_set():
+        if self._background.abandoned.is_set():
             raise CheckpointError(
                 f"rank {self.comm.rank}: waiting for the other ranks' checkpoint_upload_fn was "
                 "abandoned: the attempt ended (a rank may be gone); the next attempt starts "
                 "afresh")
 
     def abandon(self) -> None:
-        """The attempt ends: a background wait still under way stops (its peers may be gone),
-        and a communicator not released is retired."""
-        if self._own is not None and not self._abandon.is_set():
-            retire_background(self._own)  # kept here: a wait under way may still use it
-        self._abandon.set()
+        """The attempt ends: a background wait still under way stops."""
+        self._background.abandon()
 
     def release(self) -> None:
         """Collective, after the last upload of an attempt that ended well."""
-        if self._own is not None and not self._abandon.is_set():
-            free_background(self._own)
-            self._own = None
+        self._background.release()
