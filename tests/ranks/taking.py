@@ -62,13 +62,23 @@ def shared(config: dict) -> None:
 
 def refused_after(config: dict) -> None:
     """An ASYNC report persists a handed directory; the next report is refused (a name that
-    is not UTF-8, or the same Checkpoint object, whose directory ASYNC took)."""
+    is not UTF-8, the same Checkpoint object, whose directory ASYNC took, or another
+    directory under the name the checkpoint still in flight has)."""
     rank = hpckit.get_context().get_world_rank()
     checkpoint = Checkpoint.from_directory(config["handed"]) if rank == 0 else None
-    hpckit.report({"n": 0}, checkpoint, checkpoint_upload_mode="async")
+    named = "best" if config["again"] == "taken-name" else None
+    hpckit.report({"n": 0}, checkpoint, checkpoint_upload_mode="async", checkpoint_dir_name=named)
     time.sleep(0.5)  # the background write is done; its commit waits for the next step
     if config["again"] == "same":
         hpckit.report({"n": 1}, checkpoint, checkpoint_upload_mode="async")
+    elif config["again"] == "taken-name":
+        other = os.path.join(config["storage"], "other")
+        if rank == 0:
+            os.makedirs(other)
+            with open(os.path.join(other, "model.pt"), "wb") as f:
+                f.write(b"y")
+        hpckit.report({"n": 1}, Checkpoint.from_directory(other) if rank == 0 else None,
+                      checkpoint_upload_mode="async", checkpoint_dir_name="best")
     else:
         bad = os.path.join(config["storage"], "bad")
         if rank == 0:
@@ -109,7 +119,7 @@ def main() -> None:
     p.add_argument("--storage", required=True)
     p.add_argument("--handed", required=True)
     p.add_argument("--workers", type=int, default=int(os.environ.get("PMI_SIZE", "1")))
-    p.add_argument("--again", default="bad-name", choices=["bad-name", "same"])
+    p.add_argument("--again", default="bad-name", choices=["bad-name", "same", "taken-name"])
     args = p.parse_args()
     config = {"handed": args.handed, "storage": args.storage, "again": args.again}
     try:

@@ -51,7 +51,7 @@ from hpckit import faults, settings
 from hpckit.checkpoint import Checkpoint, checkpoint_at
 from hpckit.config import CheckpointConfig
 from hpckit.config.callbacks import TrainRunContext, UserCallback
-from hpckit.errors import HpckitError, ReportMismatchError
+from hpckit.errors import CheckpointError, HpckitError, ReportMismatchError
 from hpckit.experiment.experiment import Experiment
 from hpckit.experiment.manifest import CACHE, STORAGE, CheckpointRecord, Validation, checkpoint_dirname
 from hpckit.experiment.reading import records_of
@@ -128,19 +128,23 @@ class Coordinator:
         # them for known from now on, even where this step then fails.
         try:
             plan = make_plan(announcements, step, index, self.handed)
-        except ReportMismatchError:
+        except ReportMismatchError:  # the ranks are in different calls: no plan reaches them
             raise
         except HpckitError as refusal:  # of this report's files: as a rank's failure to prepare
             plan = Plan(step, refused=(RankFailure.capture(0, refusal),))
         self.experiment.check_lock()  # a run that lost its lock fails here, on every rank
         self.check_validations()  # so does one whose validation could not be recorded
+        report = announcements[0].kind == REPORT
+        if report and (directory := plan.directory) is not None and not plan.refused:
+            try:
+                self.prepare(plan, index)  # its directory, before anything of it is written
+            except CheckpointError as refusal:  # a name taken: refused as the files above
+                plan = Plan(step, refused=(RankFailure.capture(0, refusal),))
+            else:
+                self.ask_validation(directory, validation)
         if plan.refused:  # what the ranks finished before commits first; then they raise
             return replace(plan, committed=self.commit_finished(announcements),
                            committing=self.committer.directories)
-        report = announcements[0].kind == REPORT
-        if report and plan.directory is not None:
-            self.prepare(plan, index)  # may refuse the report: before anything commits
-            self.ask_validation(plan.directory, validation)
         # At a report, rank 0 writes the commits in the background and replies at once (a
         # later step says they are committed); a drain, the end and the caches' levels wait for them.
         plan = replace(plan, committed=self.commit_finished(
