@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import HERE, MPIEXEC, manifest, mpiexec, run
+from conftest import HERE, HPCKIT, MPIEXEC, manifest, mpiexec, run
 
 TAKING = HERE / "ranks" / "taking.py"
 # Root without the capabilities that let it ignore permissions: a user's view of a 0555
@@ -122,6 +122,31 @@ def test_a_refused_report_commits_what_was_persisted_before_it(tmp_path, again):
             (k, v) for k, v in before.items() if isinstance(v, tuple))}, out
     if again == "bad-name":
         assert os.listdir(os.fsencode(tmp_path / "bad")) == [b"bad\xff.pt"]
+
+
+def test_files_put_back_after_a_commit_they_did_not_hear_of_are_the_users_own(tmp_path):
+    """The ranks fail while rank 0 commits an ASYNC report's checkpoint in the background:
+    the commit lands, and the ranks, which never heard of it, put the moved files back. The
+    committed files are links to the staged ones; those put back must be files of their
+    own, or the user's next save over one (torch.save truncates in place) would change the
+    committed checkpoint."""
+    handed = model_folder(tmp_path)
+    before = tree(handed)
+    out = mpiexec(2, "failed-after-commit", "--storage", str(tmp_path), "--handed", str(handed),
+                  script=TAKING, timeout=120, expect=1).output
+    assert "the training fails" in out, out
+    assert manifest(tmp_path / "exp")["latest"] == "checkpoint_000000", out
+    originals = {name: content for name, (content, _) in (
+        (k, v) for k, v in before.items() if isinstance(v, tuple))}
+    checkpoint = tmp_path / "exp" / "checkpoint_000000"
+    for name in originals:
+        if (handed / name).exists():
+            assert not os.path.samefile(handed / name, checkpoint / name), name
+            (handed / name).write_bytes(b"the user's next save")
+    assert committed_files(tmp_path / "exp") == originals, out
+    verified = subprocess.run([HPCKIT, "verify", str(tmp_path / "exp")], capture_output=True,
+                              text=True)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
 def test_ctrl_c_before_the_commit_puts_the_moved_files_back(tmp_path):

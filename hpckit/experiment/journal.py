@@ -10,7 +10,9 @@ the commit puts every file back from it (:meth:`Journal.put_back`: the files, th
 directories the hand-over removed, their modes and times); a rank killed meanwhile leaves
 it, and the next start (or ``hpckit gc``) puts the files back before it removes anything
 of the staging (:func:`replay`). Once the checkpoint commits, the files are the
-checkpoint's and the journal goes with the staging.
+checkpoint's and the journal goes with the staging. A file the checkpoint links (persisted
+into it, and maybe committed after all, by rank 0's committer while the ranks failed) goes
+back as a copy of its own, never as a second name of the checkpoint's file.
 
 A journal is ``{staged directory}.hpckit-journal``, JSON, written whole (temp file, fsync,
 rename, the directory synced); this module both writes and reads it, with its version.
@@ -23,6 +25,7 @@ import errno
 import glob
 import json
 import os
+import shutil
 import stat
 from dataclasses import dataclass
 
@@ -118,7 +121,7 @@ class Journal:
                 missing += 1
                 continue
             self._make_parents(name)
-            os.rename(staged, original)
+            _give_back(staged, original)
             back += 1
         self._restore_directories()
         done = PutBack(back, superseded, missing)
@@ -153,6 +156,25 @@ class Journal:
                     continue
                 os.chmod(path, stat.S_IMODE(before.mode))
                 os.utime(path, ns=(before.atime_ns, before.mtime_ns))
+
+
+def _give_back(staged: str, original: str) -> None:
+    """The staged file at ``original`` again: renamed, unless another name links it (the
+    checkpoint it was persisted into, which may have committed after all): then a copy of
+    its own takes its place, so that writing over the user's file never changes a
+    checkpoint. The copy is made whole under a temporary name first."""
+    if os.lstat(staged).st_nlink <= 1:
+        os.rename(staged, original)
+        return
+    temporary = f"{original}.hpckit-{os.getpid()}.tmp"
+    try:
+        shutil.copy2(staged, temporary, follow_symlinks=False)
+        os.rename(temporary, original)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    os.unlink(staged)
 
 
 def _as_it_is(source: str, relative: str) -> Directory:

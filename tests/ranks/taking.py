@@ -89,6 +89,17 @@ def refused_after(config: dict) -> None:
                       checkpoint_upload_mode="async")
 
 
+def failed_after_commit(config: dict) -> None:
+    """The ranks fail just after rank 0 began committing an ASYNC report's checkpoint in the
+    background, before any rank heard that it committed."""
+    rank = hpckit.get_context().get_world_rank()
+    hpckit.report({"n": 0}, Checkpoint.from_directory(config["handed"]) if rank == 0 else None,
+                  checkpoint_upload_mode="async")
+    time.sleep(0.5)  # the background write is done; its commit waits for the next step
+    hpckit.report({"n": 1})  # rank 0 commits checkpoint_000000 off the collective
+    raise RuntimeError("the training fails before the ranks hear of that commit")
+
+
 def interrupted(config: dict) -> None:
     """Ctrl-C while the checkpoint of an ASYNC report is persisted but not committed."""
     rank = hpckit.get_context().get_world_rank()
@@ -110,7 +121,8 @@ def killed(config: dict) -> None:
 
 
 SCENARIOS = {"read-only": read_only, "shared": shared, "refused-after": refused_after,
-             "interrupted": interrupted, "killed": killed}
+             "failed-after-commit": failed_after_commit, "interrupted": interrupted,
+             "killed": killed}
 
 
 def main() -> None:
