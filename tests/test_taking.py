@@ -19,6 +19,11 @@ from pathlib import Path
 import pytest
 from conftest import HERE, HPCKIT, MPIEXEC, manifest, mpiexec, run
 
+from hpckit.experiment import journal
+from hpckit.experiment.manifest import STAGING_NAME, checkpoint_dirname
+from hpckit.run.writing.staging import Staging
+from hpckit.storage.location import resolve
+
 TAKING = HERE / "ranks" / "taking.py"
 # Root without the capabilities that let it ignore permissions: a user's view of a 0555
 # folder (the tests run as root, which would otherwise rename out of it).
@@ -147,6 +152,51 @@ def test_files_put_back_after_a_commit_they_did_not_hear_of_are_the_users_own(tm
     verified = subprocess.run([HPCKIT, "verify", str(tmp_path / "exp")], capture_output=True,
                               text=True)
     assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def _taken(source: Path, staging: Path, index: int, content: bytes,
+           directory: str | None = None) -> None:
+    """What an ASYNC report's hand-over does to ``source``'s model.pt for checkpoint
+    ``index`` (named ``directory``): the journal written, then the file moved into the
+    rank's staging."""
+    directory = directory or checkpoint_dirname(index)
+    (source / "model.pt").write_bytes(content)
+    staged = staging / "rank-0" / directory
+    staged.mkdir(parents=True)
+    journal.Journal.before_moving(str(source), str(staged), directory, index, ["model.pt"])
+    os.rename(source / "model.pt", staged / "model.pt")
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("names", [(None, None), ("epoch-b", "epoch-a")])
+def test_a_name_handed_twice_before_a_kill_gets_the_newer_file_back(tmp_path, names):
+    """Two ASYNC reports took one folder's model.pt (the second after the user saved it
+    again), and the rank was killed before either checkpoint committed: the next start puts
+    back the newer file, not the older, whether the journals' names sort oldest first
+    (numbered checkpoints) or not (names of the user's)."""
+    source, staging = tmp_path / "handed", tmp_path / "staging"
+    source.mkdir()
+    _taken(source, staging, 9, b"saved first", names[0])
+    _taken(source, staging, 10, b"saved since", names[1])
+    assert journal.replay([str(staging)], next_index=9) == []
+    assert (source / "model.pt").read_bytes() == b"saved since"
+    assert not list(staging.rglob("*" + journal.SUFFIX))
+
+
+@pytest.mark.quick
+def test_files_kept_unsettled_survive_the_next_attempts_checkpoint_of_that_name(tmp_path):
+    """A hand-over's files that could not go back stay in their staging, marked unsettled,
+    for the user; the next attempt reaches the same checkpoint again (it never committed)
+    and stages it elsewhere, never over them."""
+    source, root = tmp_path / "handed", tmp_path / "exp" / STAGING_NAME
+    source.mkdir()
+    _taken(source, root, 3, b"only here")
+    path = str(root / "rank-0" / checkpoint_dirname(3)) + journal.SUFFIX
+    journal.keep_unsettled(path, OSError("the folder is gone"))
+    staging = Staging(resolve(str(tmp_path / "exp")), 0, None)
+    again = staging.for_files(str(source), checkpoint_dirname(3))
+    assert again != str(root / "rank-0" / checkpoint_dirname(3))
+    assert (root / "rank-0" / checkpoint_dirname(3) / "model.pt").read_bytes() == b"only here"
 
 
 def test_ctrl_c_before_the_commit_puts_the_moved_files_back(tmp_path):

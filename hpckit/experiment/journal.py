@@ -221,9 +221,17 @@ def replay(roots: list[str], next_index: int) -> list[str]:
     removed, with the manifest as the last attempt left it. A journal whose files cannot
     be put back is kept, marked unsettled, with its staging, which no cleanup removes;
     returns those, and says where they are."""
+    journals: list[tuple[str, Journal | None]] = []
     for path in sorted(p for root in roots for p in _glob(root, SUFFIX)):
         try:
-            journal = read(path)
+            journals.append((path, read(path)))
+        except OSError as exc:
+            keep_unsettled(path, exc)
+    # Newest first, as a closing attempt puts back: where two hand-overs took one name, the
+    # newer file is the user's, and the older one then finds it there.
+    for path, journal in sorted(journals, key=lambda found: found[1].index if found[1] else -1,
+                                reverse=True):
+        try:
             if journal is not None and journal.index >= next_index:
                 journal.put_back(f"checkpoint {journal.directory} of an earlier attempt did "
                                  "not commit")

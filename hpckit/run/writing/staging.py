@@ -235,7 +235,9 @@ class Staging:
 
     def for_files(self, source: str, directory: str) -> str:
         """A fresh staging directory for ``directory``'s files, on ``source``'s filesystem
-        where a staging directory can be, else the first that can be made."""
+        where a staging directory can be, else the first that can be made. Where a journal
+        still names that directory (an earlier attempt's files that could not go back, kept
+        for the user), another name beside it."""
         device = os.stat(source).st_dev
         made = []
         for root in (self.shared, self.local):
@@ -254,6 +256,8 @@ class Staging:
                           f"for {source} in {tried}; make one of them writable, or set "
                           "HPCKIT_LOCAL_DIR to a writable local path")
         staged = os.path.join(made[-1], directory)
+        if any(os.path.lexists(staged + suffix) for suffix in (journal.SUFFIX, journal.UNSETTLED)):
+            staged = os.path.join(made[-1], f"{directory}-{uuid.uuid4().hex[:12]}")
         shutil.rmtree(staged, ignore_errors=True)
         os.makedirs(staged)
         return staged
