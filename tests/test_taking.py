@@ -3,25 +3,32 @@ directory is written down first, and goes back where it was on any failure befor
 checkpoint commits (a refusal at a later report, Ctrl-C, a kill, which the next start
 replays); what cannot all be taken is copied; a directory several ranks hand is never moved
 from. On real ranks; tests/test_fuzzed_trees.py injects failures at every step of the
-hand-over and at the commit."""
+hand-over and at the commit, and the last test here SIGKILLs one hand-over's life right
+after each of its file operations, in a forked child, and replays it as the next start
+would."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import HERE, HPCKIT, MPIEXEC, manifest, mpiexec, run
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hpckit.experiment import journal
 from hpckit.experiment.manifest import STAGING_NAME, checkpoint_dirname
-from hpckit.run.writing.staging import Staging
+from hpckit.run.writing.shares import _link
+from hpckit.run.writing.staging import Staging, hand_over
 from hpckit.storage.location import resolve
 
 TAKING = HERE / "ranks" / "taking.py"
@@ -265,3 +272,106 @@ def seen_counts(output: str) -> dict[str, int]:
     found = re.search(r"SHARED (\{.*\})", output)
     assert found, output
     return json.loads(found.group(1))
+
+
+# One hand-over's life, SIGKILLed right after each of its file operations: the operations that
+# change a tree, as the modules call them (shutil.rmtree and copyfile too go through them).
+KILLABLE = (("os", "rename"), ("os", "replace"), ("os", "link"), ("os", "unlink"),
+            ("os", "rmdir"), ("os", "mkdir"), ("shutil", "copyfile"), ("shutil", "copy2"))
+COMMITTED = "COMMITTED"  # the manifest's replacement, as far as the hand-over can tell
+
+
+def _life(source: str, staged: str, checkpoint: str, names: list[str], end: str) -> None:
+    """A rank's part of one ASYNC report of ``source``: the hand-over, its files persisted
+    into the checkpoint as links (shares.write_share on one filesystem), then as ``end``
+    says: rank 0's commit and the staging released; the checkpoint given up and the files
+    put back; or rank 0's commit landing while the rank, which never heard of it, gives the
+    checkpoint up (the ranks failed as rank 0's committer committed)."""
+    taken = hand_over(source, staged, names, [], True, set(), "checkpoint_000000", 0, 0)
+    for name in names:
+        _link(os.path.join(staged, name), os.path.join(checkpoint, name))
+    if end != "given up":
+        with open(os.path.join(checkpoint, COMMITTED + ".tmp"), "w") as f:
+            f.write("1")
+        os.replace(os.path.join(checkpoint, COMMITTED + ".tmp"), os.path.join(checkpoint, COMMITTED))
+    if end == "committed":
+        taken.committed()
+    else:
+        taken.abandoned("checkpoint_000000 did not commit")
+
+
+def _killed_after(operations: int, *life: Any) -> bool:
+    """``_life`` in a child process that SIGKILLs itself right after its ``operations``-th
+    file operation; whether it was killed (False: it ended first)."""
+    child = os.fork()
+    if child == 0:
+        try:
+            os.fsync = lambda fd: None  # a killed process loses nothing written: no power cut
+            count = 0
+            for module, name in KILLABLE:
+                real = getattr(sys.modules[module], name)
+
+                def counted(*args: Any, _real: Any = real, **kwargs: Any) -> Any:
+                    nonlocal count
+                    result = _real(*args, **kwargs)
+                    count += 1
+                    if count == operations:
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    return result
+
+                setattr(sys.modules[module], name, counted)
+            _life(*life)
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(child, 0)
+    return os.WIFSIGNALED(status)
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+TREES = st.dictionaries(
+    st.lists(st.sampled_from(["a", "b", "sub", "deep"]), min_size=1, max_size=3).map("/".join)
+    .filter(lambda name: not any(name.startswith(other + "/") for other in ("a", "b"))),
+    st.binary(min_size=1, max_size=64), min_size=1, max_size=6)
+
+
+@settings(max_examples=120, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tree=TREES, end=st.sampled_from(["committed", "given up", "committed unheard"]),
+       operations=st.integers(1, 60))
+def test_a_rank_killed_after_any_file_operation_of_a_hand_over_loses_nothing(
+        tmp_path_factory, tree, end, operations):
+    """SIGKILL right after each rename, link, copy, unlink, rmdir and journal write of one
+    hand-over's life (taken, persisted as links, committed or given up), then the next start
+    (the journals replayed against the manifest, the leftovers removed): the user's tree is
+    byte-identical to its snapshot, or the checkpoint committed and holds it, with any file
+    that went back a file of its own."""
+    root = tmp_path_factory.mktemp("life")
+    source, staging, checkpoint = root / "handed", root / STAGING_NAME, root / "checkpoint_000000"
+    tree = {name: content for name, content in tree.items()
+            if not any(other.startswith(name + "/") for other in tree)}
+    for name, content in tree.items():
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        (source / name).write_bytes(content)
+    staged = staging / "rank-0" / "checkpoint_000000"
+    staged.mkdir(parents=True)
+    killed = _killed_after(operations, str(source), str(staged), str(checkpoint),
+                           sorted(tree), end)
+    committed = (checkpoint / COMMITTED).exists()
+    assert killed or committed == (end != "given up")
+    unsettled = journal.replay([str(staging)], next_index=1 if committed else 0)
+    assert unsettled == [], unsettled
+    if not journal.found([str(staging)]):
+        shutil.rmtree(staging)
+    if committed:
+        assert {n: c for n, c in _files(checkpoint).items() if n != COMMITTED} == tree
+        for name in tree:
+            if (source / name).exists():
+                assert not os.path.samefile(source / name, checkpoint / name), name
+                assert (source / name).read_bytes() == tree[name], name
+    else:
+        shutil.rmtree(checkpoint, ignore_errors=True)  # a leftover no manifest names
+        assert _files(source) == tree
+    assert not staging.exists() or not any(staging.rglob("*" + journal.SUFFIX))

@@ -162,11 +162,12 @@ def _give_back(staged: str, original: str) -> None:
     """The staged file at ``original`` again: renamed, unless another name links it (the
     checkpoint it was persisted into, which may have committed after all): then a copy of
     its own takes its place, so that writing over the user's file never changes a
-    checkpoint. The copy is made whole under a temporary name first."""
+    checkpoint. The copy is made whole beside the staged file first: a kill meanwhile leaves
+    it in the staging, which goes, never in the user's directory."""
     if os.lstat(staged).st_nlink <= 1:
         os.rename(staged, original)
         return
-    temporary = f"{original}.hpckit-{os.getpid()}.tmp"
+    temporary = f"{staged}.hpckit-copy"
     try:
         shutil.copy2(staged, temporary, follow_symlinks=False)
         os.rename(temporary, original)
