@@ -14,6 +14,7 @@ import pyarrow.fs
 
 from hpckit import settings, writes
 from hpckit.errors import CheckpointError
+from hpckit.experiment.encoding import FORMAT as MANIFEST_FORMAT
 from hpckit.experiment.manifest import MANIFEST_NAME
 from hpckit.experiment.ownership import experiment_of, inside
 from hpckit.storage import files
@@ -204,7 +205,10 @@ class Checkpoint:
         if files.file_type(manifest) != pyarrow.fs.FileType.File:
             return
         try:
-            listed = json.loads(files.read_bytes(manifest)).get("checkpoints") or []
+            body = json.loads(files.read_bytes(manifest))
+            if body.get("format") != MANIFEST_FORMAT:  # a project's own manifest.json
+                return
+            listed = body.get("checkpoints") or []
             committed = {entry.get("directory") for entry in listed if isinstance(entry, dict)}
         except (ValueError, AttributeError):
             return

@@ -340,6 +340,12 @@ def test_a_project_with_a_manifest_json_of_its_own_is_not_taken_for_an_experimen
     run([HPCKIT, "export", str(tmp_path / "runs" / "e"), str(project / "exported")], timeout=60)
     assert (project / "exported" / "model.bin").read_bytes() == bytes([2]) * 10
     assert (project / "manifest.json").read_text() == '{"name": "my project", "version": 2}\n'
+    # One that even lists a "checkpoints" entry of the name does not make its folder a
+    # committed checkpoint, whose metadata could not change.
+    listing = '{"checkpoints": [{"directory": "copy"}]}\n'
+    (project / "manifest.json").write_text(listing)
+    Checkpoint.from_directory(copied).update_metadata({"note": "mine"})
+    assert Checkpoint.from_directory(copied).get_metadata() == {"note": "mine"}
 
 
 def _hands_a_directory_of_the_run(config: dict) -> None:
