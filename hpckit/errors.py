@@ -9,7 +9,7 @@ the built-in base Ray uses), so a Ray program's ``except`` clauses still catch i
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, ClassVar
 
 from hpckit import exits
 
@@ -52,9 +52,16 @@ def how_to_report() -> str:
 class HpckitError(Exception):
     """Base class of every error raised by hpckit."""
 
+    recurs: ClassVar[bool] = False
+    """A refusal of the program's own input (a configuration, metrics that are not JSON,
+    ranks that disagree on report()): a restart from the same checkpoint meets it again, so
+    it is never restarted, whatever ``FailureConfig(max_failures)`` allows."""
+
 
 class ConfigError(HpckitError, ValueError):
     """A configuration value is invalid; the message names it and what is accepted."""
+
+    recurs = True
 
 
 class StorageError(HpckitError, OSError):
@@ -67,6 +74,8 @@ class ManifestError(HpckitError, RuntimeError):
 
 class MetricsError(HpckitError, TypeError):
     """Reported metrics cannot be stored as JSON; the message names the key."""
+
+    recurs = True
 
 
 class CheckpointError(HpckitError, RuntimeError):
@@ -92,6 +101,8 @@ class ProtocolError(CommitError):
 
 class ReportMismatchError(CommitError):
     """Ranks disagree on how many times they called ``report()``."""
+
+    recurs = True
 
 
 class LaunchError(HpckitError):

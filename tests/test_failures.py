@@ -71,6 +71,21 @@ def test_failures_beyond_max_failures_give_up(tmp_path):
     assert checkpoint_dirs(tmp_path / "exp") == []
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_refusal_a_restart_would_meet_again_is_not_restarted(tmp_path, workers):
+    """Metrics that are not JSON are refused at every report from the same checkpoint on:
+    FailureConfig(max_failures=3) spends no restart on them, in a single rank that restarts
+    itself or under python train.py's launcher, and says why once."""
+    run = python("--workers", str(workers), "--storage", str(tmp_path), "--metrics", "bad",
+                 "--max-failures", "3", expect=3, timeout=90)
+    assert "metric 'model'" in run.output, run.output
+    assert [a["status"] for a in manifest(tmp_path / "exp")["attempts"]] == ["failed"]
+    said = "not restarted: a restart from the last committed checkpoint would meet the same " \
+           "MetricsError again"
+    assert run.output.count(said) == 1, run.output
+    assert "restarting from the last committed checkpoint" not in run.output
+
+
 def test_single_rank_retries_in_process(tmp_path):
     run = python("--workers", "1", "--storage", str(tmp_path), "--epochs", "3", "--fail-rank", "0",
                  "--fail-epoch", "1", "--max-failures", "-1", timeout=90)

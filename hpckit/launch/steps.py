@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from hpckit.errors import NoSpareNode
 from hpckit.launch import heartbeat, lost
@@ -21,7 +21,7 @@ from hpckit.launch.allocation import Allocation, current, srun_command
 from hpckit.launch.process import Launch, mpiexec
 from hpckit.logs import log
 from hpckit.run.ending import stop
-from hpckit.run.ending.retry import RetryPolicy
+from hpckit.run.ending.retry import RetryPolicy, recurring
 from hpckit.run.mpi.library import srun_plugin
 from hpckit.settings import Settings
 
@@ -147,9 +147,13 @@ class Next(enum.Enum):
     NO_SPARE = "no spare"  # too few nodes are left: the job is requeued where it allows it
 
 
-def after_failure(steps: Steps, policy: RetryPolicy, failed_attempt: int) -> Next:
-    """After the attempt numbered ``failed_attempt`` failed."""
-    if not policy.allows(failed_attempt):
+def after_failure(steps: Steps, policy: RetryPolicy, failed_attempt: int,
+                  errors: Iterable[BaseException] = ()) -> Next:
+    """After the attempt numbered ``failed_attempt`` failed (with ``errors``, each failed
+    rank's, where known)."""
+    if not policy.allows(failed_attempt, errors):
+        if why := recurring(errors):
+            log.error("%s", why)
         return Next.SPENT
     return Next.RESTART if steps.after_failure() else Next.NO_SPARE
 

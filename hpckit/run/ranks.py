@@ -15,10 +15,10 @@ from hpckit.run.attempt import Ranks, run_attempt
 from hpckit.run.ending import exit as rank_exit
 from hpckit.run.ending import stop
 from hpckit.run.ending.exit import finalize_with_hydra
-from hpckit.run.ending.retry import RetryPolicy
+from hpckit.run.ending.retry import RetryPolicy, recurring
 from hpckit.run.job import TrainingJob
 from hpckit.run.mpi import library, progress
-from hpckit.run.mpi.comm import RankFailure, duplicate, raised_together, world
+from hpckit.run.mpi.comm import RankFailure, duplicate, failed_ranks, raised_together, world
 from hpckit.run.mpi.group import discover
 from hpckit.run.mpi.waiting import from_root, wait_for_all
 from hpckit.run.startup import shm
@@ -149,7 +149,10 @@ def _attempts(job: TrainingJob, settings: Settings, trial: Comm | None, ranks: R
             alone = comm.size == 1
             here = (alone and settings.launcher is None) or (
                 trial is not None and (alone or failure.collective))
-            if not (here and policy.allows(number)):
+            causes = list(failed_ranks(failure.cause).values()) or [failure.cause]
+            if not (here and policy.allows(number, causes)):
+                if here and (why := recurring(causes)) and comm.rank == 0:
+                    log.error("%s", why)
                 rank_exit.fail(comm, settings, failure.cause, failure.collective, training=True,
                                resume=job.resume_hint(settings))
             number += 1

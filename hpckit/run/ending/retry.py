@@ -3,7 +3,10 @@ restarting itself, hpckit's launcher, ``hpckit run`` and ``hpckit resume``)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+from hpckit.errors import HpckitError
 
 UNLIMITED = -1
 
@@ -14,11 +17,27 @@ class RetryPolicy:
 
     max_failures: int = 0
 
-    def allows(self, failed_attempt: int) -> bool:
-        """Whether the attempt numbered ``failed_attempt`` (0 first) may be followed by another."""
+    def allows(self, failed_attempt: int, errors: Iterable[BaseException] = ()) -> bool:
+        """Whether the attempt numbered ``failed_attempt`` (0 first) may be followed by
+        another; never where it failed with ``errors`` (each failed rank's, where known) that
+        all recur (:func:`recurring`)."""
+        if recurring(errors) is not None:
+            return False
         return self.max_failures == UNLIMITED or failed_attempt < self.max_failures
 
     def describe(self, restart: int) -> str:
         """``restart 2 of 3`` (or ``of unlimited``), for log lines."""
         limit = "unlimited" if self.max_failures == UNLIMITED else str(self.max_failures)
         return f"restart {restart} of {limit}"
+
+
+def recurring(errors: Iterable[BaseException]) -> str | None:
+    """Why a failure with ``errors`` is not restarted, where every one of them is a refusal of
+    the program's own input (``HpckitError.recurs``) that a restart would meet again; None
+    where a restart may help (or nothing is known of the errors)."""
+    found = list(errors)
+    if not found or not all(isinstance(e, HpckitError) and e.recurs for e in found):
+        return None
+    kinds = ", ".join(sorted({type(e).__name__ for e in found}))
+    return (f"not restarted: a restart from the last committed checkpoint would meet the same "
+            f"{kinds} again; fix the program, then run it again to resume")
