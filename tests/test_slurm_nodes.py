@@ -161,10 +161,15 @@ def node_back(slurm_nodes):
 
 
 def bring_back(slurm, node: str) -> None:
+    """``node`` marked DOWN (which ends what Slurm still counts as running there), its slurmd
+    started again where the test has not started it already, and resumed. A DOWN node whose
+    slurmd answers returns to service by itself (ReturnToService=2), maybe before a look
+    sees it DOWN; then there is nothing to resume."""
     slurm.run("scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=lost in a test")
-    slurm.start_node(node)
-    wait_node(slurm, node, lambda state: state.startswith("DOWN"))
-    slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
+    if node not in slurm.nodes:
+        slurm.start_node(node)
+    wait_node(slurm, node, lambda state: state.startswith("DOWN") or state == "IDLE")
+    slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
     wait_node(slurm, node, lambda state: state == "IDLE")
 
 
