@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection
 
 from hpckit.errors import NoSpareNode
 from hpckit.launch import heartbeat, lost
@@ -148,7 +148,7 @@ class Next(enum.Enum):
 
 
 def after_failure(steps: Steps, policy: RetryPolicy, failed_attempt: int,
-                  errors: Iterable[BaseException] = ()) -> Next:
+                  errors: Collection[BaseException] = ()) -> Next:
     """After the attempt numbered ``failed_attempt`` failed (with ``errors``, each failed
     rank's, where known)."""
     if not policy.allows(failed_attempt, errors):

@@ -3,7 +3,7 @@ restarting itself, hpckit's launcher, ``hpckit run`` and ``hpckit resume``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from hpckit.errors import HpckitError
@@ -17,7 +17,7 @@ class RetryPolicy:
 
     max_failures: int = 0
 
-    def allows(self, failed_attempt: int, errors: Iterable[BaseException] = ()) -> bool:
+    def allows(self, failed_attempt: int, errors: Collection[BaseException] = ()) -> bool:
         """Whether the attempt numbered ``failed_attempt`` (0 first) may be followed by
         another; never where it failed with ``errors`` (each failed rank's, where known) that
         all recur (:func:`recurring`)."""
@@ -31,13 +31,12 @@ class RetryPolicy:
         return f"restart {restart} of {limit}"
 
 
-def recurring(errors: Iterable[BaseException]) -> str | None:
+def recurring(errors: Collection[BaseException]) -> str | None:
     """Why a failure with ``errors`` is not restarted, where every one of them is a refusal of
     the program's own input (``HpckitError.recurs``) that a restart would meet again; None
     where a restart may help (or nothing is known of the errors)."""
-    found = list(errors)
-    if not found or not all(isinstance(e, HpckitError) and e.recurs for e in found):
+    if not errors or not all(isinstance(e, HpckitError) and e.recurs for e in errors):
         return None
-    kinds = ", ".join(sorted({type(e).__name__ for e in found}))
+    kinds = ", ".join(sorted({type(e).__name__ for e in errors}))
     return (f"not restarted: a restart from the last committed checkpoint would meet the same "
             f"{kinds} again; fix the program, then run it again to resume")
