@@ -138,26 +138,38 @@ def one(example: Example, root: Path) -> None:
     before = digests(folder) if WORLD.rank == 0 else {}
     WORLD.Barrier()
     undo = inject(example)
-    failed = False
+    ended = "returned"
     try:
         DataParallelTrainer(hands_the_folder, train_loop_config={
             "folder": str(folder), "mode": example.mode, "delete_local": example.delete_local},
             scaling_config=ScalingConfig(num_workers=WORLD.size),
             run_config=RunConfig(name="exp", storage_path=str(storage))).fit()
     except HpckitError:
-        failed = True
+        ended = "raised"
+    except Exception as exc:
+        ended = f"raised {exc!r}, which is no HpckitError"
     finally:
         undo()
+    # Rank 0 looks once every rank's fit() has returned: a rank's fit() may return while
+    # another still ends its attempt (its staging, under base, removed; handed files removed).
+    endings = WORLD.allgather(ended)
     problem = None
     if WORLD.rank == 0:
         try:
-            check(example, folder, storage, before, failed)
+            if len(set(endings)) > 1 or endings[0] not in ("returned", "raised"):
+                raise AssertionError(f"{example}: the ranks' fit() ended so: {endings}")
+            check(example, folder, storage, before, ended != "returned")
         except AssertionError as exc:
             problem = str(exc)
-        for parent, dirs, _ in os.walk(base):
-            for name in dirs:
-                os.chmod(os.path.join(parent, name), 0o755)
-        shutil.rmtree(base)
+        except Exception as exc:  # any other: both ranks must still leave this example alike
+            problem = f"{example}: checking raised {exc!r}"
+        try:
+            for parent, dirs, _ in os.walk(base):
+                for name in dirs:
+                    os.chmod(os.path.join(parent, name), 0o755)
+            shutil.rmtree(base)
+        except OSError as exc:
+            problem = problem or f"{example}: removing {base} raised {exc!r}"
     problem = WORLD.bcast(problem, root=0)
     COUNTS["examples"] += 1
     if problem is not None:
