@@ -62,14 +62,18 @@ def shared(config: dict) -> None:
 
 def refused_after(config: dict) -> None:
     """An ASYNC report persists a handed directory; the next report is refused (a name that
-    is not UTF-8, the same Checkpoint object, whose directory ASYNC took, or another
-    directory under the name the checkpoint still in flight has)."""
+    is not UTF-8, the same Checkpoint object, whose directory ASYNC took, another directory
+    under the name the checkpoint still in flight has, or a report that rank 0 alone makes
+    while rank 1 returns)."""
     rank = hpckit.get_context().get_world_rank()
     checkpoint = Checkpoint.from_directory(config["handed"]) if rank == 0 else None
     named = "best" if config["again"] == "taken-name" else None
     hpckit.report({"n": 0}, checkpoint, checkpoint_upload_mode="async", checkpoint_dir_name=named)
     time.sleep(0.5)  # the background write is done; its commit waits for the next step
-    if config["again"] == "same":
+    if config["again"] == "miscounted":
+        if rank == 0:
+            hpckit.report({"n": 1})
+    elif config["again"] == "same":
         hpckit.report({"n": 1}, checkpoint, checkpoint_upload_mode="async")
     elif config["again"] == "taken-name":
         other = os.path.join(config["storage"], "other")
@@ -131,7 +135,7 @@ def main() -> None:
     p.add_argument("--storage", required=True)
     p.add_argument("--handed", required=True)
     p.add_argument("--workers", type=int, default=int(os.environ.get("PMI_SIZE", "1")))
-    p.add_argument("--again", default="bad-name", choices=["bad-name", "same", "taken-name"])
+    p.add_argument("--again", default="bad-name", choices=["bad-name", "same", "taken-name", "miscounted"])
     args = p.parse_args()
     config = {"handed": args.handed, "storage": args.storage, "again": args.again}
     try:

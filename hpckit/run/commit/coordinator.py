@@ -128,9 +128,12 @@ class Coordinator:
         # them for known from now on, even where this step then fails.
         try:
             plan = make_plan(announcements, step, index, self.handed)
-        except ReportMismatchError:  # the ranks are in different calls: no plan reaches them
-            raise
         except HpckitError as refusal:  # of this report's files: as a rank's failure to prepare
+            if isinstance(refusal, ReportMismatchError) and not all(
+                    isinstance(a, Announcement) for a in announcements):
+                raise  # a rank in another collective call: it reads no plan
+            # Ranks at different report() calls (or one returned) still finished what they
+            # announced finished: it commits first, as for any refusal.
             plan = Plan(step, refused=(RankFailure.capture(0, refusal),))
         self.experiment.check_lock()  # a run that lost its lock fails here, on every rank
         self.check_validations()  # so does one whose validation could not be recorded
