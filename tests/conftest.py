@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,19 +133,25 @@ def checkpoint_dirs(experiment: Path) -> list[str]:
 @pytest.fixture(scope="session", autouse=True)
 def no_leftovers(tmp_path_factory: pytest.TempPathFactory):
     """What the ranks that tests SIGKILL cannot clean up does not outlive the suite. Their
-    temporary files go to this session's own TMPDIR, which pytest prunes with its other
-    temporary directories. The MPICH shared memory they leave in /dev/shm is RAM: a suite's
-    worth is about 1 GB, and a few runs on one machine once starved CI of memory. It is
-    removed before and after the session once no process maps it."""
+    temporary files, and the tests' own (``tempfile``'s cached directory is forgotten here,
+    where the import of support.turns had read /tmp), go to this session's own TMPDIR, which
+    pytest prunes with its other temporary directories. The MPICH shared memory they leave
+    in /dev/shm is RAM: a suite's worth is about 1 GB, and a few runs on one machine once
+    starved CI of memory. It is removed before and after the session once no process maps
+    it; so are, after it, the topology files of the MPICH launchers the tests killed."""
     leftovers.remove_killed_ranks_leftovers()
+    started = time.time()
     previous = os.environ.get("TMPDIR")
     os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("tmp"))
+    tempfile.tempdir = None
     yield
     if previous is None:
         del os.environ["TMPDIR"]
     else:
         os.environ["TMPDIR"] = previous
+    tempfile.tempdir = None
     leftovers.remove_killed_ranks_leftovers()
+    leftovers.remove_killed_launchers_files(started)
     daemons = leftovers.daemons_left()  # the session's fixtures, stopped by now
     if daemons:
         pytest.fail("left running by the session's fixtures:\n" + "\n".join(daemons))

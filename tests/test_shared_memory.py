@@ -156,6 +156,31 @@ def test_only_shared_memory_that_nothing_maps_is_removed():
 
 
 @pytest.mark.quick
+def test_the_topology_files_of_killed_launchers_are_removed_and_one_in_use_is_kept():
+    """MPICH's launcher writes /tmp/hydra_hwloc_xmlfile_* whatever TMPDIR says and removes it
+    as it exits: the suite's SIGKILLed jobs left about 30 a run. At the session's end those
+    made since it began go, but one that a process holds open (a running launcher's proxy
+    does) and one older than the session. Their times lie hours back, so that another
+    session's end removes none of them."""
+    from support.leftovers import KILLED_LAUNCHERS_LEAVE, remove_killed_launchers_files
+
+    made = [Path(KILLED_LAUNCHERS_LEAVE.replace("*", f"test{os.getpid()}{name}"))
+            for name in ("old", "left", "held")]
+    old, left, held = made
+    try:
+        for path, hours_ago in ((old, 4), (left, 2), (held, 2)):
+            path.write_text("<topology/>")
+            os.utime(path, (time.time() - hours_ago * 3600,) * 2)
+        with open(held):
+            removed = remove_killed_launchers_files(since=time.time() - 3 * 3600)
+        assert left.name in removed and not {old.name, held.name} & set(removed), removed
+        assert old.exists() and held.exists() and not left.exists()
+    finally:
+        for path in made:
+            path.unlink(missing_ok=True)
+
+
+@pytest.mark.quick
 def test_a_named_semaphore_in_use_is_not_taken_for_a_killed_ranks():
     """glibc maps a semaphore under a temporary name, then links it to ``sem.mp-*``: a
     DataLoader's semaphore looks unmapped by name, and its workers open it by name later."""

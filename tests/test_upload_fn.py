@@ -103,11 +103,13 @@ def test_checkpoint_dir_name_names_the_directory_the_upload_fn_gets(mode, tmp_pa
 
 
 def uploads_elsewhere(config: dict) -> None:
+    beside = os.path.dirname(hpckit.get_context().get_experiment_path())  # the test's tmp_path
+
     def upload(checkpoint: Checkpoint, checkpoint_dir_name: str) -> Checkpoint:
-        return Checkpoint.from_directory(tempfile.mkdtemp(prefix="elsewhere-"))
+        return Checkpoint.from_directory(tempfile.mkdtemp(prefix="elsewhere-", dir=beside))
 
     for step in range(2):
-        hpckit.report({"step": step}, checkpoint=Checkpoint(tempfile.mkdtemp()),
+        hpckit.report({"step": step}, checkpoint=Checkpoint(tempfile.mkdtemp(dir=beside)),
                       checkpoint_upload_mode=config["mode"], checkpoint_upload_fn=upload)
 
 

@@ -59,7 +59,8 @@ def _uploading(state: dict, where: str):
     def upload(checkpoint: Checkpoint, checkpoint_dir_name: str) -> Checkpoint:
         directory = os.path.join(hpckit.get_context().get_experiment_path(), checkpoint_dir_name)
         if where == "outside":
-            directory = tempfile.mkdtemp(prefix="elsewhere-")
+            directory = tempfile.mkdtemp(prefix="elsewhere-", dir=os.path.dirname(
+                hpckit.get_context().get_experiment_path()))  # beside the experiment
         dcp.async_save(state, checkpoint_id=directory).result()
         return Checkpoint.from_directory(directory)
     return upload

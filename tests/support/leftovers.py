@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import glob
 import os
 import signal
 import sys
@@ -48,6 +49,9 @@ TORCH_GROUP_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
 # Set for the process by hpckit.torch's deterministic seeding (cuBLAS reads it once).
 PROCESS_VARIABLES = ("CUBLAS_WORKSPACE_CONFIG",)
 KILLED_RANKS_LEAVE = ("mpich_*", "ucx_shm_posix_*", "sm_segment.*", "sem.mp-*", "sem.??????")
+# MPICH's launcher writes the node's topology here, whatever TMPDIR says, and removes it as it
+# exits; one that a test SIGKILLs (a whole job, on purpose) leaves it.
+KILLED_LAUNCHERS_LEAVE = "/tmp/hydra_hwloc_xmlfile_*"
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,41 @@ def _variables(before: dict[str, str], after: dict[str, str]) -> list[str]:
 def remove_killed_ranks_leftovers() -> list[str]:
     """At the end of the session: every segment and semaphore that no process maps."""
     return remove_unmapped([os.path.join(SHM_DIR, p) for p in KILLED_RANKS_LEAVE])
+
+
+def remove_killed_launchers_files(since: float) -> list[str]:
+    """At the end of the session: the launchers' topology files made since ``since`` that
+    no live process holds open (a running launcher's proxies do), in two looks RECHECK_S
+    apart, as for the segments."""
+    left = [path for path in glob.glob(KILLED_LAUNCHERS_LEAVE) if _changed_since(path, since)]
+    for look in range(2):
+        if look and left:
+            time.sleep(RECHECK_S)
+        held = _open_files()
+        left = [path for path in left if path not in held]
+    removed = []
+    for path in left:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+            removed.append(os.path.basename(path))
+    return removed
+
+
+def _changed_since(path: str, since: float) -> bool:
+    try:
+        return os.stat(path).st_mtime >= since
+    except FileNotFoundError:
+        return False
+
+
+def _open_files() -> set[str]:
+    held = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    held.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    return held
 
 
 def daemons_left() -> list[str]:
