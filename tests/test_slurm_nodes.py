@@ -283,10 +283,15 @@ def test_a_sweep_in_an_allocation_spreads_its_trials_and_a_lost_node_costs_only_
     """``python sweep.py`` in a three-node allocation, four one-rank trials two at a time:
     each trial a job step, on n1 and n2 first; n2, the node of a running trial, is lost. Its
     trial starts again on another node from its checkpoint (one of its max_failures=1), the
-    other goes on, the job completes without a requeue, and every trial has each step once."""
+    other goes on, the job completes without a requeue, and every trial has each step once.
+    Of the two trials that start later, lr=0.3 raises once, in its first attempt, and starts
+    again from its checkpoint as a lost node's trial does (its step's ranks raised it; they
+    had recorded it ERROR with no restart); lr=0.4 reports metrics that are no JSON, which a
+    restart would meet again: ERROR at once."""
     script = tmp_path / "sweep.sbatch"
     script.write_text(f"#!/bin/bash\n{sys.executable} {SWEEP} --storage {tmp_path} "
-                      "--grid 0.1,0.2,0.3,0.4 --concurrent 2 --max-failures 1\n")
+                      "--grid 0.1,0.2,0.3,0.4 --concurrent 2 --max-failures 1 "
+                      "--fail-once-lr 0.3 --refuse-lr 0.4\n")
     job = sbatch(slurm_nodes, tmp_path, script, "--nodes=3", "--ntasks-per-node=1", "--no-kill",
                  HPCKIT_LOCAL_DIR=str(slurm_nodes.local), STEP_SECONDS="1.5")
     node_back.append("n2")
@@ -298,17 +303,25 @@ def test_a_sweep_in_an_allocation_spreads_its_trials_and_a_lost_node_costs_only_
     slurm_nodes.kill_node("n2")
     assert ended(slurm_nodes, tmp_path, job) == "COMPLETED", output_of(tmp_path)
     output = output_of(tmp_path)
-    assert json.loads(output.split("GRID ", 1)[1].splitlines()[0])["terminated"] == 4, output
-    assert "Traceback" not in output, output
+    grid = json.loads(output.split("GRID ", 1)[1].splitlines()[0])
+    assert (grid["terminated"], grid["errors"]) == (3, 1), output
+    for traceback in output.split("Traceback")[1:]:  # lr=0.3's own, shown; no other
+        assert "ValueError: lr 0.3 diverged once" in "\n".join(traceback.splitlines()[:12]), output
     hosts = dict(trials_reported(sweep))
     assert len(hosts) == 4 and {"n1", "n2"} <= {h for trial in hosts.values() for h in trial}
     for dirname, trial_hosts in hosts.items():
-        assert [m["metrics"]["step"] for m in metrics_lines(sweep / dirname)] == [0, 1, 2], output
+        lost, once, refused = dirname == on_n2[0][0], "lr=0.3" in dirname, "lr=0.4" in dirname
+        assert not lost or not (once or refused), (dirname, "started first", output)
+        steps = [m["metrics"]["step"] for m in metrics_lines(sweep / dirname)]
+        assert steps == ([0] if refused else [0, 1, 2]), (dirname, output)
         statuses = [a["status"] for a in manifest(sweep / dirname)["attempts"]]
-        lost = dirname == on_n2[0][0]
-        assert statuses == (["failed", "finished"] if lost else ["finished"]), (dirname, output)
+        assert statuses == (["failed"] if refused else ["failed", "finished"] if lost or once
+                            else ["finished"]), (dirname, output)
         assert (trial_hosts[-1] != "n2") if lost else ("n2" not in trial_hosts[1:]), output
-    assert f"trial {on_n2[0][0]} failed on n2" in output and "(restart 1 of 1)" in output, output
+    assert f"trial {on_n2[0][0]} failed on n2" in output, output
+    assert output.count("(restart 1 of 1)") == 2, output
+    assert re.search(r"trial \S*lr=0\.4\S* not restarted: a restart from the last committed "
+                     r"checkpoint would meet the same MetricsError again", output), output
     assert "Restarts=0" in slurm_nodes.run("scontrol", "show", "job", "-o", job).stdout
 
 

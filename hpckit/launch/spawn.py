@@ -44,7 +44,7 @@ from hpckit.logs import log
 from hpckit.result import Result, result_read
 from hpckit.run.ending import stop
 from hpckit.run.ending.exit import ERRORS, read_errors
-from hpckit.run.ending.retry import RetryPolicy
+from hpckit.run.ending.retry import RetryPolicy, causes
 from hpckit.run.job import TrainingJob, write_payload
 from hpckit.run.mpi.comm import describe
 from hpckit.run.ranks import configure_logs
@@ -92,7 +92,7 @@ def spawn(job: TrainingJob, settings: Settings) -> Result:
                                       "rank(s)", AttemptStatus.STOPPED)
                 continue
             failure = _recorded_failure(payload, code, steps, experiment)
-            following = after_failure(steps, policy, failures, _causes(failure))
+            following = after_failure(steps, policy, failures, causes(failure))
             if following is Next.NO_SPARE:
                 _no_spare(steps.no_spare(experiment.display, named), settings, failure)
             if following is Next.SPENT:
@@ -117,11 +117,6 @@ def _recorded_failure(payload: str, code: int, steps: Steps,
     end_abandoned_attempt(experiment, str(failure).split("\n", 1)[0],
                           AttemptStatus.HUNG if code == exits.HUNG else AttemptStatus.FAILED)
     return failure
-
-
-def _causes(failure: BaseException) -> list[BaseException]:
-    """Each failed rank's exception, where the ranks sent them."""
-    return list(failure.worker_failures.values()) if isinstance(failure, WorkerGroupError) else []
 
 
 def _ended_on_purpose(code: int, payload: str, experiment: Location, job: TrainingJob) -> None:

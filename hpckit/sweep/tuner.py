@@ -25,6 +25,7 @@ from hpckit.experiment.values import jsonable
 from hpckit.launch import mainimport
 from hpckit.logs import log
 from hpckit.result import Result
+from hpckit.run.ending.retry import causes, recurring
 from hpckit.run.job import DEFAULT_STORAGE, RESUMED_SWEEP, command_record
 from hpckit.run.mpi.comm import on_root, world
 from hpckit.storage.location import Location, resolve
@@ -355,9 +356,14 @@ class Tuner:
             return self._params(manifest)
         return {t.index: t.config for t in controller.get_trials_all()}
 
-    def _attempt(self, assignment: Assignment, location: Location, group: Comm | None) -> Trial:
+    def _attempt(self, assignment: Assignment, location: Location, group: Comm | None,
+                 failures_end_step: bool = False) -> Trial:
         """Run one trial (on ``group``'s ranks, or as fit() does); the trial as it ended. A
-        trial that exploited another starts from a copy of its newest checkpoint."""
+        trial that exploited another starts from a copy of its newest checkpoint.
+        ``failures_end_step``: a job step's trial, whose ranks do not restart themselves; a
+        failure that a restart may mend is raised, for the step to end failed and the
+        sweep's process to count it; a refusal that a restart would meet again ends the
+        trial ``ERROR`` here."""
         trial = assignment.trial
         log.info("trial %s starts: %s", trial.dirname, jsonable(assignment.params))
         run_config = trial_run_config(self.run_config, location, trial.dirname)
@@ -371,6 +377,10 @@ class Tuner:
                 result = run_trial(self.trainable, assignment.params, run_config, group)
         except TrainingFailedError as exc:
             log.error("trial %s failed: %s", trial.dirname, exc)
+            if failures_end_step:
+                if (why := recurring(causes(exc))) is None:
+                    raise
+                log.error("trial %s %s", trial.dirname, why)
             first = str(exc).splitlines()[0] if str(exc) else ""  # the trial's manifest has all
             return replace(trial, status=ERROR, error=f"{type(exc).__name__}: {first}")
         log.info("trial %s finished: %s", trial.dirname, result.metrics)

@@ -9,9 +9,9 @@ import os
 import pickle
 from typing import Any
 
-from hpckit import logs
+from hpckit import exits, logs
 from hpckit import settings as _settings
-from hpckit.errors import LaunchError
+from hpckit.errors import LaunchError, TrainingFailedError
 from hpckit.launch.mainimport import enter
 from hpckit.run.mpi.comm import world
 from hpckit.run.startup.watchdog import start_heartbeat
@@ -46,7 +46,10 @@ def run_one_trial(tuner: Any, index: int, payload: str) -> None:
     # As fit() under srun: a failure ends the step, and the sweep's process counts it (the
     # ranks do not restart themselves, so one counter spends max_failures).
     with serving(Files(payload, index)):
-        ended = tuner._attempt(assignment, location, None)  # noqa: SLF001
+        try:
+            ended = tuner._attempt(assignment, location, None, failures_end_step=True)  # noqa: SLF001
+        except TrainingFailedError:  # every rank raised it: logged, and recorded as FAILED
+            raise SystemExit(exits.FAILED) from None
     if comm.rank == 0:
         write_outcome(payload, ended)
 

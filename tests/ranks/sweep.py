@@ -1,5 +1,8 @@
 """A small sweep: a grid over ``lr`` times a drawn ``shift``, three steps per trial, each
 step a checkpoint. ``--fail-lr X`` makes the trials with that lr fail at their second step;
+``--fail-once-lr X`` only in an attempt that started from scratch (a restart from the first
+checkpoint goes on); ``--refuse-lr X`` reports metrics that are no JSON there (a
+MetricsError, which a restart would meet again);
 $HOLD_LR=X makes them wait there until killed (not a param: a rerun without it is the same
 sweep); $STEP_SECONDS makes every step take that long. ``--samples N`` repeats the grid N times, ``--grid``
 names its lr values. Each report says the host it ran on. ``--ranks 2``
@@ -28,6 +31,10 @@ def train_fn(config: dict) -> None:
     for step in range(start, 3):
         if step == 1 and config["lr"] == config["fail_lr"]:
             raise ValueError(f"lr {config['lr']} diverged")
+        if step == 1 and start == 0 and config["lr"] == config["fail_once_lr"]:
+            raise ValueError(f"lr {config['lr']} diverged once")
+        if step == 1 and config["lr"] == config["refuse_lr"]:
+            tune.report({"score": object()})
         if step == 1 and str(config["lr"]) == os.environ.get("HOLD_LR"):
             print(f"HOLDING pid {os.getpid()}", flush=True)
             time.sleep(600)
@@ -49,6 +56,8 @@ def main() -> None:
     p.add_argument("--storage", required=True)
     p.add_argument("--ranks", type=int, default=1)
     p.add_argument("--fail-lr", type=float, default=-1.0)
+    p.add_argument("--fail-once-lr", type=float, default=-1.0)
+    p.add_argument("--refuse-lr", type=float, default=-1.0)
     p.add_argument("--samples", type=int, default=1)
     p.add_argument("--grid", default="0.1,0.2,0.3", help="the lr values, comma-separated")
     p.add_argument("--max-failures", type=int, default=0)
@@ -62,7 +71,8 @@ def main() -> None:
 
         callbacks.append(MLflowLoggerCallback(tracking_uri=args.mlflow))
     space = {"lr": tune.grid_search([float(lr) for lr in args.grid.split(",")]), "shift": tune.uniform(0, 1),
-             "fail_lr": args.fail_lr}
+             "fail_lr": args.fail_lr, "fail_once_lr": args.fail_once_lr,
+             "refuse_lr": args.refuse_lr}
     trainable = train_fn if args.ranks == 1 else hpckit.DataParallelTrainer(
         train_fn, scaling_config=hpckit.ScalingConfig(num_workers=args.ranks))
     grid = tune.Tuner(trainable, param_space=space,

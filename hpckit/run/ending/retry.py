@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from hpckit.errors import HpckitError
+from hpckit.errors import HpckitError, WorkerGroupError
 
 UNLIMITED = -1
 
@@ -40,3 +40,9 @@ def recurring(errors: Collection[BaseException]) -> str | None:
     kinds = ", ".join(sorted({type(e).__name__ for e in errors}))
     return (f"not restarted: a restart from the last committed checkpoint would meet the same "
             f"{kinds} again; fix the program, then run it again to resume")
+
+
+def causes(failure: BaseException) -> list[BaseException]:
+    """Each failed rank's exception, where the ranks sent them (a ``WorkerGroupError``'s);
+    what :func:`recurring` reads."""
+    return list(failure.worker_failures.values()) if isinstance(failure, WorkerGroupError) else []
